@@ -1,0 +1,26 @@
+"""jupyter_vram: see, explain and shrink PyTorch memory from inside a notebook."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .model import CATEGORIES, Frame, Profile
+from .recording import Recording, record
+from .session import last_profile
+
+__all__ = ["CATEGORIES", "Frame", "Profile", "Recording", "last_profile", "record"]
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
+
+def load_ipython_extension(ipython: InteractiveShell) -> None:
+    """`%load_ext jupyter_vram`: register `%%vram` and `%vram`."""
+    from .magics import VramMagics
+
+    ipython.register_magics(VramMagics)
+
+
+def _jupyter_labextension_paths() -> list[dict[str, Any]]:
+    return [{"src": "labextension", "dest": "jupyter-vram"}]

@@ -1,0 +1,1 @@
+"""Pure functions from a Profile to numbers, groups and trees; no torch, no UI."""

@@ -1,0 +1,118 @@
+"""Replay a profile's alloc/free events into live bytes over time, and find the peak."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from ..model import CATEGORIES, Int64Array
+
+if TYPE_CHECKING:
+    from ..model import Profile
+
+BoolArray = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Live bytes on one device after each event, in sequence order.
+
+    Index ``-1`` stands for the state before the first event (the baseline alone); every
+    function that takes an event index accepts it.
+    """
+
+    profile: Profile = field(repr=False)
+    device_mask: BoolArray = field(repr=False)  # allocations on the profile's device
+    seq: Int64Array  # event sequence numbers, ascending
+    time_ns: Int64Array  # event times, relative to the start of recording
+    alloc_index: Int64Array  # allocation row of each event
+    delta: Int64Array  # +size for an alloc, -size for a free
+    total: Int64Array  # live bytes after each event
+    baseline_bytes: int
+    peak_index: int
+    peak_bytes: int
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def seq_at(self, index: int) -> int:
+        return -1 if index < 0 else int(self.seq[index])
+
+    def live_mask(self, index: int) -> BoolArray:
+        """Allocations (rows of the profile) live right after event ``index``."""
+        a = self.profile.allocations
+        s = self.seq_at(index)
+        alive = (a.alloc_seq <= s) & ((a.free_seq < 0) | (a.free_seq > s))
+        return alive & self.device_mask
+
+    def breakdown_at(self, index: int) -> dict[str, int]:
+        """Category -> live bytes after event ``index``; sums to the total at that point."""
+        a = self.profile.allocations
+        mask = self.live_mask(index)
+        sums = np.bincount(a.category[mask], weights=a.size[mask], minlength=len(CATEGORIES))
+        return {name: int(round(v)) for name, v in zip(CATEGORIES, sums, strict=True)}
+
+    def total_at(self, index: int) -> int:
+        return self.baseline_bytes if index < 0 else int(self.total[index])
+
+    def index_at_time(self, time_ns: int) -> int:
+        """The last event at or before ``time_ns`` (-1 if none)."""
+        return int(np.searchsorted(self.time_ns, time_ns, side="right")) - 1
+
+    def by_category(self) -> npt.NDArray[np.int64]:
+        """Live bytes per category after each event: shape (events, categories)."""
+        a = self.profile.allocations
+        n_cat = len(CATEGORIES)
+        out = np.zeros((len(self.seq), n_cat), np.int64)
+        cats = a.category[self.alloc_index]
+        for c in range(n_cat):
+            col = np.where(cats == c, self.delta, 0)
+            out[:, c] = np.cumsum(col)
+        base = self.baseline_by_category()
+        return out + base[None, :]
+
+    def baseline_by_category(self) -> Int64Array:
+        a = self.profile.allocations
+        mask = (a.alloc_seq < 0) & self.device_mask
+        sums = np.bincount(a.category[mask], weights=a.size[mask], minlength=len(CATEGORIES))
+        return np.rint(sums).astype(np.int64)
+
+
+def replay(profile: Profile) -> Timeline:
+    """Sort the profile's events on its device by sequence and accumulate live bytes."""
+    a = profile.allocations
+    device_id = profile.devices.index(profile.device) if profile.device in profile.devices else -1
+    on_device = a.device == device_id
+    rows = np.arange(len(a), dtype=np.int64)
+
+    alloc_rows = rows[on_device & (a.alloc_seq >= 0)]
+    free_rows = rows[on_device & (a.free_seq >= 0)]
+    seq = np.concatenate([a.alloc_seq[alloc_rows], a.free_seq[free_rows]])
+    times = np.concatenate([a.alloc_ns[alloc_rows], a.free_ns[free_rows]])
+    alloc_index = np.concatenate([alloc_rows, free_rows])
+    delta = np.concatenate([a.size[alloc_rows], -a.size[free_rows]])
+    order = np.argsort(seq, kind="stable")
+    seq, times, alloc_index, delta = seq[order], times[order], alloc_index[order], delta[order]
+
+    baseline = int(a.size[on_device & (a.alloc_seq < 0)].sum())
+    total = baseline + np.cumsum(delta, dtype=np.int64)
+    if len(total) and int(total.max()) > baseline:
+        peak_index = int(np.argmax(total))
+        peak = int(total[peak_index])
+    else:
+        peak_index, peak = -1, baseline
+    return Timeline(
+        profile=profile,
+        device_mask=on_device,
+        seq=seq,
+        time_ns=times,
+        alloc_index=alloc_index,
+        delta=delta,
+        total=total,
+        baseline_bytes=baseline,
+        peak_index=peak_index,
+        peak_bytes=peak,
+    )

@@ -1,0 +1,307 @@
+"""Who is allocating, and what role a tensor plays: module path, phase and category hints.
+
+Roles come from identity, never from names: parameters and buffers of the modules that run,
+their ``.grad``, the state tensors of optimizers that step, tensors autograd saves for backward
+(saved-tensor hooks) and tensors passed into a top-level module. Every hook installed here is
+removed in :meth:`Tagger.stop`, and nothing here holds a strong reference to a user object once
+a hook returns.
+"""
+
+from __future__ import annotations
+
+import gc
+import warnings
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+from torch.optim import optimizer as optimizer_module
+from torch.utils.hooks import RemovableHandle
+
+from ..model import CATEGORY_INDEX, PHASE_INDEX
+from .builder import Interner
+
+PARAMETER = CATEGORY_INDEX["parameter"]
+BUFFER = CATEGORY_INDEX["buffer"]
+GRADIENT = CATEGORY_INDEX["gradient"]
+OPTIMIZER_STATE = CATEGORY_INDEX["optimizer_state"]
+INPUT = CATEGORY_INDEX["input"]
+ACTIVATION = CATEGORY_INDEX["activation"]
+
+PHASE_OTHER = PHASE_INDEX["other"]
+PHASE_FORWARD = PHASE_INDEX["forward"]
+PHASE_BACKWARD = PHASE_INDEX["backward"]
+PHASE_OPTIMIZER = PHASE_INDEX["optimizer"]
+
+NODE_MODULE_KEY = "jupyter_vram.module"
+RoleCallback = Callable[[torch.Tensor, int], None]
+
+
+def iter_tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    """Tensors inside args / outputs (tuples, lists, dicts, dataclass-like outputs)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth > 3:
+        return
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from iter_tensors(item, depth + 1)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from iter_tensors(item, depth + 1)
+
+
+def optimizer_tensors(opt: Optimizer) -> Iterator[tuple[torch.Tensor, int]]:
+    """(tensor, category) for an optimizer's params, their grads and its state."""
+    for group in opt.param_groups:
+        for p in group["params"]:
+            yield p, PARAMETER
+            if p.grad is not None:
+                yield p.grad, GRADIENT
+    for state in opt.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                yield value, OPTIMIZER_STATE
+
+
+def module_tensors(module: nn.Module) -> Iterator[tuple[torch.Tensor, int]]:
+    for p in module.parameters():
+        yield p, PARAMETER
+        if p.grad is not None:
+            yield p.grad, GRADIENT
+    for b in module.buffers():
+        yield b, BUFFER
+
+
+def live_objects() -> tuple[list[torch.Tensor], list[nn.Module], list[Optimizer]]:
+    """Every tensor, module and optimizer the garbage collector can see right now."""
+    tensors: list[torch.Tensor] = []
+    modules: list[nn.Module] = []
+    optimizers: list[Optimizer] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # isinstance on lazy module attributes may warn
+        for obj in gc.get_objects():
+            try:
+                if isinstance(obj, torch.Tensor):
+                    tensors.append(obj)
+                elif isinstance(obj, nn.Module):
+                    modules.append(obj)
+                elif isinstance(obj, Optimizer):
+                    optimizers.append(obj)
+            except Exception:  # noqa: BLE001 - exotic objects may fail isinstance
+                continue
+    return tensors, modules, optimizers
+
+
+class Tagger:
+    """Hooks that tell the recorder the module, phase and role behind each allocation."""
+
+    def __init__(self, on_role: RoleCallback, modules: Interner) -> None:
+        self._on_role = on_role
+        self._modules = modules
+        self._names: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
+        self._params = _WeakTensorSet()
+        self._optimizers: weakref.WeakSet[Optimizer] = weakref.WeakSet()
+        self.module_stack: list[int] = []
+        self._first_node_seq: list[int] = []
+        self.optimizer_depth = 0
+        self.optimizer_module = 0
+        self.forward_sticky = False
+        self.backward_task = -1
+        self._handles: list[RemovableHandle] = []
+        self._saved_hooks: torch.autograd.graph.saved_tensors_hooks | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._handles = [
+            nn.modules.module.register_module_forward_pre_hook(self._pre_forward),
+            nn.modules.module.register_module_forward_hook(self._post_forward, always_call=True),
+            optimizer_module.register_optimizer_step_pre_hook(self._pre_step),
+            optimizer_module.register_optimizer_step_post_hook(self._post_step),
+        ]
+        self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+        self._saved_hooks.__enter__()
+
+    def stop(self) -> None:
+        """Remove every hook; safe to call twice and after a failed start."""
+        if self._saved_hooks is not None:
+            hooks, self._saved_hooks = self._saved_hooks, None
+            try:
+                hooks.__exit__(None, None, None)
+            except Exception:  # noqa: BLE001 - a user context was left open above ours
+                pass
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.module_stack.clear()
+        self._first_node_seq.clear()
+
+    # -- roles -----------------------------------------------------------------------------
+
+    def adopt(self, modules: Iterable[nn.Module], optimizers: Iterable[Optimizer]) -> None:
+        """Report the roles of tensors held by these modules and optimizers."""
+        for module in modules:
+            for tensor, category in module_tensors(module):
+                if category == PARAMETER:
+                    self._params.add(tensor)
+                self._on_role(tensor, category)
+        for opt in optimizers:
+            self._optimizers.add(opt)
+            for tensor, category in optimizer_tensors(opt):
+                if category == PARAMETER:
+                    self._params.add(tensor)
+                self._on_role(tensor, category)
+
+    def scan_gradients(self) -> None:
+        """Report the ``.grad`` of every parameter seen so far (after backward, before step)."""
+        for p in self._params:
+            if p.grad is not None:
+                self._on_role(p.grad, GRADIENT)
+
+    def final_scan(self) -> None:
+        self.scan_gradients()
+        self.adopt((), list(self._optimizers))
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        self._on_role(tensor, ACTIVATION)
+        return tensor
+
+    # -- phase and module ------------------------------------------------------------------
+
+    def phase_and_module(self) -> tuple[int, int]:
+        """The phase and module path id to charge an allocation made right now to."""
+        if self.optimizer_depth:
+            return PHASE_OPTIMIZER, self.optimizer_module
+        task = torch._C._current_graph_task_id()
+        if task != -1:
+            if task != self.backward_task:
+                self._backward_started(task)
+            node = torch._C._current_autograd_node()
+            module = node.metadata.get(NODE_MODULE_KEY, 0) if node is not None else 0
+            return PHASE_BACKWARD, module
+        if self.module_stack:
+            return PHASE_FORWARD, self.module_stack[-1]
+        return (PHASE_FORWARD if self.forward_sticky else PHASE_OTHER), 0
+
+    def _backward_started(self, task: int) -> None:
+        self.backward_task = task
+        self.forward_sticky = False
+        try:
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_finished)
+        except RuntimeError:
+            pass  # not inside the engine after all; the next scan catches the grads
+
+    def _backward_finished(self) -> None:
+        self.backward_task = -1
+        self.scan_gradients()
+
+    def _module_id(self, module: nn.Module) -> int:
+        mid = self._names.get(module)
+        if mid is not None:
+            return mid
+        if self.module_stack:
+            parent = self._modules.names[self.module_stack[-1]]
+            mid = self._modules(f"{parent}.{type(module).__name__}")
+            self._names[module] = mid
+            return mid
+        # A top-level module: name it and all of its submodules once, and adopt its tensors.
+        root = type(module).__name__
+        for name, sub in module.named_modules():
+            if sub not in self._names:
+                self._names[sub] = self._modules(f"{root}.{name}" if name else root)
+        self.adopt([module], ())
+        return self._names[module]
+
+    def _pre_forward(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        try:
+            top_level = not self.module_stack
+            self.module_stack.append(self._module_id(module))
+            first = 0
+            for t in iter_tensors(args):
+                if top_level:
+                    self._on_role(t, INPUT)
+                if t.grad_fn is not None:
+                    first = max(first, t.grad_fn._sequence_nr() + 1)
+            self._first_node_seq.append(first)
+            if top_level:
+                self.forward_sticky = True
+        except Exception:  # noqa: BLE001 - bookkeeping must never break the user's forward
+            pass
+
+    def _post_forward(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if not self.module_stack:
+            return
+        module_id = self.module_stack.pop()
+        first = self._first_node_seq.pop() if self._first_node_seq else 0
+        try:
+            if torch.is_grad_enabled():
+                self._tag_graph(output, module_id, first)
+        except Exception:  # noqa: BLE001
+            pass
+
+    @staticmethod
+    def _tag_graph(output: Any, module_id: int, first_seq: int) -> None:
+        """Mark autograd nodes this module call created, so backward ops can name it.
+
+        Inner modules finish first and tag their nodes; an outer module tags only the nodes
+        still untagged, and never walks past nodes created before it was called.
+        """
+        stack = [t.grad_fn for t in iter_tensors(output) if t.grad_fn is not None]
+        seen: set[int] = set()
+        while stack:
+            node = stack.pop()
+            if node is None or id(node) in seen or node._sequence_nr() < first_seq:
+                continue
+            seen.add(id(node))
+            meta = node.metadata
+            if NODE_MODULE_KEY not in meta:
+                meta[NODE_MODULE_KEY] = module_id
+            stack.extend(fn for fn, _ in node.next_functions)
+
+    def _pre_step(self, opt: Optimizer, args: Any, kwargs: Any) -> None:
+        self.optimizer_depth += 1
+        self.forward_sticky = False
+        self.optimizer_module = self._modules(f"{type(opt).__name__}.step")
+        try:
+            self.adopt((), [opt])
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _post_step(self, opt: Optimizer, args: Any, kwargs: Any) -> None:
+        self.optimizer_depth = max(0, self.optimizer_depth - 1)
+        try:
+            self.adopt((), [opt])
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _unpack(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+class _WeakTensorSet:
+    """Tensors by identity, without keeping them alive (WeakSet would compare tensors)."""
+
+    def __init__(self) -> None:
+        self._refs: dict[int, weakref.ref[torch.Tensor]] = {}
+
+    def add(self, tensor: torch.Tensor) -> None:
+        key = id(tensor)
+        if key in self._refs and self._refs[key]() is tensor:
+            return
+
+        def forget(ref: weakref.ref[torch.Tensor], key: int = key) -> None:
+            if self._refs.get(key) is ref:
+                del self._refs[key]
+
+        self._refs[key] = weakref.ref(tensor, forget)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for ref in list(self._refs.values()):
+            tensor = ref()
+            if tensor is not None:
+                yield tensor

@@ -1,0 +1,1 @@
+"""Pure renderers: analysis results to text, tables, figures and HTML."""
