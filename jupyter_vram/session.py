@@ -1,8 +1,15 @@
-"""Kernel-side state: the latest %%vram profile."""
+"""Run a cell's code in the user namespace under a recorder; keep the latest profile."""
 
 from __future__ import annotations
 
+import ast
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from .capture import RECORDING_LOCK
 from .model import Profile
+from .recording import record
 
 _history: list[Profile] = []
 
@@ -14,3 +21,60 @@ def remember(profile: Profile) -> None:
 def last_profile() -> Profile | None:
     """The Profile of the latest `%%vram` run in this kernel (None before the first)."""
     return _history[-1] if _history else None
+
+
+@dataclass(frozen=True)
+class CellRun:
+    """What running a cell produced: the value of its last expression and its profile."""
+
+    value: Any
+    profile: Profile | None  # None when nothing was recorded (nested %%vram, empty cell)
+    nested: bool = False
+
+
+def split_last_expression(source: str, filename: str) -> tuple[Any, Any]:
+    """Compile a cell into (statements, last expression or None), like IPython displays it."""
+    tree = ast.parse(source, filename=filename)
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    body = compile(tree, filename, "exec")
+    return body, (compile(last, filename, "eval") if last is not None else None)
+
+
+def run_code(
+    source: str,
+    namespace: MutableMapping[str, Any],
+    *,
+    filename: str = "<vram-cell>",
+    device: str | None = None,
+    stacks: bool = True,
+    on_profile: Callable[[Profile], None] | None = None,
+) -> CellRun:
+    """Run ``source`` in ``namespace`` under recording and return its last value and profile.
+
+    A SyntaxError is raised before anything is recorded. If the code raises (KeyboardInterrupt
+    included), recording is switched off, ``on_profile`` still receives the partial profile and
+    the exception propagates unchanged. Nested use runs the code unrecorded.
+    """
+    __tracebackhide__ = True  # IPython hides this frame in the user's traceback
+    body, last = split_last_expression(source, filename)
+    globals_ = namespace if isinstance(namespace, dict) else dict(namespace)
+    if RECORDING_LOCK.locked():
+        exec(body, globals_)  # noqa: S102 - running the user's cell is the point
+        value = eval(last, globals_) if last is not None else None  # noqa: S307
+        return CellRun(value, None, nested=True)
+    rec = record(device, stacks=stacks)
+    value = None
+    try:
+        with rec:
+            exec(body, globals_)  # noqa: S102
+            if last is not None:
+                value = eval(last, globals_)  # noqa: S307
+    finally:
+        profile = rec.profile if rec._profile is not None else None
+        if profile is not None:
+            remember(profile)
+            if on_profile is not None:
+                on_profile(profile)
+    return CellRun(value, profile)

@@ -73,7 +73,6 @@ class DispatchRecorder:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._t0 = time.perf_counter_ns()
         self._baseline_op = self.builder.ops(BASELINE_OP)
         tensors, modules, optimizers = live_objects()
         for tensor in tensors:
@@ -83,6 +82,7 @@ class DispatchRecorder:
         self.tagger.adopt(modules, optimizers)
         del modules, optimizers
         self.tagger.start()
+        self._t0 = time.perf_counter_ns()
         self._mode.__enter__()
         self._mode_entered = True
 
@@ -217,7 +217,7 @@ class DispatchRecorder:
         self._track(storage, key, row)
         return row
 
-    def _on_role(self, tensor: torch.Tensor, category: int) -> None:
+    def _on_role(self, tensor: torch.Tensor, category: int, module: int) -> None:
         if not self._active:
             return
         try:
@@ -231,3 +231,5 @@ class DispatchRecorder:
         if category == ACTIVATION and self.builder.alloc_seq[row] < 0:
             category = INPUT  # data that existed before the cell, which autograd also saved
         self.builder.promote(row, category)
+        if module and not self.builder.module[row]:
+            self.builder.module[row] = module

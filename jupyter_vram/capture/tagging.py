@@ -37,7 +37,7 @@ PHASE_BACKWARD = PHASE_INDEX["backward"]
 PHASE_OPTIMIZER = PHASE_INDEX["optimizer"]
 
 NODE_MODULE_KEY = "jupyter_vram.module"
-RoleCallback = Callable[[torch.Tensor, int], None]
+RoleCallback = Callable[[torch.Tensor, int, int], None]  # tensor, category, module id
 
 
 def iter_tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
@@ -52,28 +52,6 @@ def iter_tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
     elif isinstance(value, dict):
         for item in value.values():
             yield from iter_tensors(item, depth + 1)
-
-
-def optimizer_tensors(opt: Optimizer) -> Iterator[tuple[torch.Tensor, int]]:
-    """(tensor, category) for an optimizer's params, their grads and its state."""
-    for group in opt.param_groups:
-        for p in group["params"]:
-            yield p, PARAMETER
-            if p.grad is not None:
-                yield p.grad, GRADIENT
-    for state in opt.state.values():
-        for value in state.values():
-            if isinstance(value, torch.Tensor):
-                yield value, OPTIMIZER_STATE
-
-
-def module_tensors(module: nn.Module) -> Iterator[tuple[torch.Tensor, int]]:
-    for p in module.parameters():
-        yield p, PARAMETER
-        if p.grad is not None:
-            yield p.grad, GRADIENT
-    for b in module.buffers():
-        yield b, BUFFER
 
 
 def live_objects() -> tuple[list[torch.Tensor], list[nn.Module], list[Optimizer]]:
@@ -103,7 +81,7 @@ class Tagger:
         self._on_role = on_role
         self._modules = modules
         self._names: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
-        self._params = _WeakTensorSet()
+        self._params = _WeakTensorMap()  # parameter -> owning module id
         self._optimizers: weakref.WeakSet[Optimizer] = weakref.WeakSet()
         self.module_stack: list[int] = []
         self._first_node_seq: list[int] = []
@@ -143,31 +121,59 @@ class Tagger:
     # -- roles -----------------------------------------------------------------------------
 
     def adopt(self, modules: Iterable[nn.Module], optimizers: Iterable[Optimizer]) -> None:
-        """Report the roles of tensors held by these modules and optimizers."""
+        """Report the roles of tensors held by these modules and optimizers.
+
+        Modules are named first (top-level ones by class name, submodules by their path), so
+        parameters, buffers, gradients and optimizer state are charged to the module that owns
+        the parameter.
+        """
+        modules = list(modules)
+        children = {id(c) for m in modules for c in m.children()}
+        for root in modules:
+            if id(root) not in children:
+                self._name_tree(root)
         for module in modules:
-            for tensor, category in module_tensors(module):
-                if category == PARAMETER:
-                    self._params.add(tensor)
-                self._on_role(tensor, category)
+            self._report_module(module)
         for opt in optimizers:
             self._optimizers.add(opt)
-            for tensor, category in optimizer_tensors(opt):
-                if category == PARAMETER:
-                    self._params.add(tensor)
-                self._on_role(tensor, category)
+            self._report_optimizer(opt)
+
+    def _report_module(self, module: nn.Module) -> None:
+        owner = self._names.get(module, 0)
+        for p in module.parameters(recurse=False):
+            self._params.add(p, owner)
+            self._on_role(p, PARAMETER, owner)
+            if p.grad is not None:
+                self._on_role(p.grad, GRADIENT, owner)
+        for b in module.buffers(recurse=False):
+            self._on_role(b, BUFFER, owner)
+
+    def _report_optimizer(self, opt: Optimizer) -> None:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                owner = self._params.get(p)
+                self._params.add(p, owner)
+                self._on_role(p, PARAMETER, owner)
+                if p.grad is not None:
+                    self._on_role(p.grad, GRADIENT, owner)
+        for p, state in opt.state.items():
+            owner = self._params.get(p) if isinstance(p, torch.Tensor) else 0
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    self._on_role(value, OPTIMIZER_STATE, owner)
 
     def scan_gradients(self) -> None:
         """Report the ``.grad`` of every parameter seen so far (after backward, before step)."""
-        for p in self._params:
+        for p, owner in self._params.items():
             if p.grad is not None:
-                self._on_role(p.grad, GRADIENT)
+                self._on_role(p.grad, GRADIENT, owner)
 
     def final_scan(self) -> None:
         self.scan_gradients()
         self.adopt((), list(self._optimizers))
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        self._on_role(tensor, ACTIVATION)
+        self._on_role(tensor, ACTIVATION, 0)
         return tensor
 
     # -- phase and module ------------------------------------------------------------------
@@ -205,16 +211,17 @@ class Tagger:
             return mid
         if self.module_stack:
             parent = self._modules.names[self.module_stack[-1]]
-            mid = self._modules(f"{parent}.{type(module).__name__}")
-            self._names[module] = mid
+            mid = self._names[module] = self._modules(f"{parent}.{type(module).__name__}")
             return mid
-        # A top-level module: name it and all of its submodules once, and adopt its tensors.
-        root = type(module).__name__
-        for name, sub in module.named_modules():
-            if sub not in self._names:
-                self._names[sub] = self._modules(f"{root}.{name}" if name else root)
         self.adopt([module], ())
         return self._names[module]
+
+    def _name_tree(self, root: nn.Module) -> None:
+        """Name a top-level module by its class and every submodule by its attribute path."""
+        prefix = type(root).__name__
+        for name, sub in root.named_modules():
+            if sub not in self._names:
+                self._names[sub] = self._modules(f"{prefix}.{name}" if name else prefix)
 
     def _pre_forward(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         try:
@@ -223,7 +230,7 @@ class Tagger:
             first = 0
             for t in iter_tensors(args):
                 if top_level:
-                    self._on_role(t, INPUT)
+                    self._on_role(t, INPUT, 0)
                 if t.grad_fn is not None:
                     first = max(first, t.grad_fn._sequence_nr() + 1)
             self._first_node_seq.append(first)
@@ -283,25 +290,32 @@ def _unpack(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-class _WeakTensorSet:
-    """Tensors by identity, without keeping them alive (WeakSet would compare tensors)."""
+class _WeakTensorMap:
+    """Tensor -> int by identity, without keeping tensors alive (weakref containers compare
+    tensors with ``==``, which is elementwise)."""
 
     def __init__(self) -> None:
-        self._refs: dict[int, weakref.ref[torch.Tensor]] = {}
+        self._refs: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
 
-    def add(self, tensor: torch.Tensor) -> None:
+    def add(self, tensor: torch.Tensor, value: int) -> None:
         key = id(tensor)
-        if key in self._refs and self._refs[key]() is tensor:
+        entry = self._refs.get(key)
+        if entry is not None and entry[0]() is tensor and (entry[1] or not value):
             return
 
         def forget(ref: weakref.ref[torch.Tensor], key: int = key) -> None:
-            if self._refs.get(key) is ref:
+            entry = self._refs.get(key)
+            if entry is not None and entry[0] is ref:
                 del self._refs[key]
 
-        self._refs[key] = weakref.ref(tensor, forget)
+        self._refs[key] = (weakref.ref(tensor, forget), value)
 
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        for ref in list(self._refs.values()):
+    def get(self, tensor: torch.Tensor) -> int:
+        entry = self._refs.get(id(tensor))
+        return entry[1] if entry is not None and entry[0]() is tensor else 0
+
+    def items(self) -> Iterator[tuple[torch.Tensor, int]]:
+        for ref, value in list(self._refs.values()):
             tensor = ref()
             if tensor is not None:
-                yield tensor
+                yield tensor, value

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..model import PHASES
+
+if TYPE_CHECKING:
+    from ..model import Profile
+
 
 def format_bytes(n: float) -> str:
     """Human-readable binary size: 1536 -> '1.5 KiB'."""
@@ -12,3 +20,68 @@ def format_bytes(n: float) -> str:
             return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100 * part / whole:5.1f}%" if whole else "   - "
+
+
+def summary(profile: Profile, *, top: int = 5) -> str:
+    """The plain-text report: peak, breakdown at the peak, top modules and sites, device."""
+    from ..analysis.groups import live_at_peak
+    from ..analysis.tables import top_sites
+
+    t = profile.timeline
+    peak = profile.peak_bytes
+    peak_phase = "baseline"
+    if t.peak_index >= 0:
+        row = int(t.alloc_index[t.peak_index])
+        peak_phase = PHASES[int(profile.allocations.phase[row])]
+    source = {"dispatch": "tensor tracker", "cuda_snapshot": "CUDA allocator"}.get(
+        profile.source, profile.source
+    )
+    lines = [
+        f"jupyter_vram · {profile.device} ({source}) · {profile.wall_ns / 1e9:.3f} s · "
+        f"{profile.event_count:,} events",
+    ]
+    if profile.error:
+        lines.append(f"the cell raised {profile.error}; the profile covers the run up to it")
+    when = f"{t.time_ns[t.peak_index] / 1e6:.1f} ms in" if t.peak_index >= 0 else "before the run"
+    lines.append(
+        f"peak {format_bytes(peak)} ({when}, {peak_phase} phase); "
+        f"before the cell {format_bytes(t.baseline_bytes)}, after {format_bytes(t.total_at(len(t) - 1))}"
+    )
+    lines.append("at the peak:")
+    for name, nbytes in profile.peak_breakdown().items():
+        if nbytes:
+            lines.append(f"  {name:<16}{format_bytes(nbytes):>12} {_pct(nbytes, peak)}")
+    modules = [g for g in live_at_peak(profile, "module", limit=top) if g.bytes]
+    if modules:
+        lines.append("modules at the peak:")
+        lines.extend(
+            f"  {format_bytes(g.bytes):>12} {_pct(g.bytes, peak)}  {g.label}" for g in modules
+        )
+    sites = top_sites(profile, limit=top)
+    sites = sites[sites["live_at_peak_bytes"] > 0]
+    if len(sites):
+        lines.append("top allocation sites (live at the peak):")
+        for _, s in sites.iterrows():
+            lines.append(
+                f"  {format_bytes(int(s['live_at_peak_bytes'])):>12}  {s['op']:<20} {s['site']}"
+            )
+    lines.extend(device_lines(profile.device_info))
+    return "\n".join(lines)
+
+
+def device_lines(info: Mapping[str, Any]) -> list[str]:
+    """Allocator / device figures, when the recorder had them (CUDA)."""
+    parts = []
+    for key, label in (
+        ("allocated", "allocated"),
+        ("reserved", "reserved"),
+        ("device_used", "device used"),
+        ("total", "device total"),
+    ):
+        if info.get(key) is not None:
+            parts.append(f"{label} {format_bytes(int(info[key]))}")
+    return [f"device: {info.get('name', '')} " + ", ".join(parts)] if parts else []

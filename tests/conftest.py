@@ -1,0 +1,62 @@
+"""Shared fixtures: small real models, and a check that every test leaves recording off."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.modules import module as module_hooks
+from torch.optim import optimizer as optimizer_hooks
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+from jupyter_vram.capture import RECORDING_LOCK
+
+
+def recording_state() -> dict[str, object]:
+    """Everything a recorder may switch on; all must be back to normal after a recording."""
+    return {
+        "dispatch_modes": len(_get_current_dispatch_mode_stack()),
+        "forward_pre_hooks": len(module_hooks._global_forward_pre_hooks),
+        "forward_hooks": len(module_hooks._global_forward_hooks),
+        "step_pre_hooks": len(optimizer_hooks._global_optimizer_pre_hooks),
+        "step_post_hooks": len(optimizer_hooks._global_optimizer_post_hooks),
+        "saved_tensor_hooks": torch._C._autograd._top_saved_tensors_default_hooks(False),
+        "lock": RECORDING_LOCK.locked(),
+    }
+
+
+CLEAN = {
+    "dispatch_modes": 0,
+    "forward_pre_hooks": 0,
+    "forward_hooks": 0,
+    "step_pre_hooks": 0,
+    "step_post_hooks": 0,
+    "saved_tensor_hooks": None,
+    "lock": False,
+}
+
+
+@pytest.fixture(autouse=True)
+def recording_left_off() -> Iterator[None]:
+    assert recording_state() == CLEAN
+    yield
+    assert recording_state() == CLEAN, "a test left recording (or one of its hooks) switched on"
+
+
+class MLP(nn.Module):
+    def __init__(self, d_in: int = 256, d_hidden: int = 512, d_out: int = 256) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_in, d_hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(d_hidden, d_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+@pytest.fixture
+def mlp() -> MLP:
+    torch.manual_seed(0)
+    return MLP()

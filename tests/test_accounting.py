@@ -1,0 +1,144 @@
+"""Exact accounting on real training steps, checked against independent arithmetic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import jupyter_vram as jv
+from jupyter_vram.model import CATEGORY_INDEX, PHASES
+
+from .conftest import MLP
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
+    """One step that frees what it allocates (zero_grad last), so a profiler that cannot see
+    frees of older memory still measures it completely."""
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def bytes_saved_by_autograd(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
+    """Distinct storages autograd saves in one forward, minus parameters and the data."""
+    keep: dict[int, torch.UntypedStorage] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        keep[t.untyped_storage()._cdata] = t.untyped_storage()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        F.mse_loss(model(x), y)
+    exclude = {p.untyped_storage()._cdata for p in model.parameters()}
+    exclude |= {x.untyped_storage()._cdata, y.untyped_storage()._cdata}
+    return sum(s.nbytes() for k, s in keep.items() if k not in exclude)
+
+
+def profiler_peak_delta(step: object) -> int:
+    """Peak of CPU bytes allocated during `step`, from torch.profiler's allocation events."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()  # type: ignore[operator]
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())
+    running = np.cumsum([e.nbytes() for e in events])
+    return int(max(0, running.max()))
+
+
+@pytest.fixture
+def second_step(mlp: MLP) -> tuple[MLP, torch.optim.Adam, torch.Tensor, torch.Tensor, jv.Profile]:
+    opt = torch.optim.Adam(mlp.parameters(), lr=1e-3)
+    x, y = torch.randn(16, 256), torch.randn(16, 256)
+    train_step(mlp, opt, x, y)  # step 1 creates the optimizer state
+    with jv.record() as rec:
+        train_step(mlp, opt, x, y)
+    return mlp, opt, x, y, rec.profile
+
+
+def test_mlp_adam_breakdown_at_peak_is_exact(second_step) -> None:  # type: ignore[no-untyped-def]
+    model, opt, _, _, prof = second_step
+    params = list(model.parameters())
+    param_bytes = 4 * sum(p.numel() for p in params)
+    step_scalar_bytes = len(params) * torch.tensor(0.0).element_size()
+
+    breakdown = prof.peak_breakdown()
+    assert breakdown["parameter"] == param_bytes
+    assert breakdown["gradient"] == param_bytes
+    assert breakdown["optimizer_state"] == 2 * param_bytes + step_scalar_bytes
+    assert sum(breakdown.values()) == prof.peak_bytes
+    assert set(breakdown) == set(jv.CATEGORIES)
+    peak_row = prof.timeline.alloc_index[prof.timeline.peak_index]
+    assert PHASES[prof.allocations.phase[peak_row]] == "optimizer"
+
+
+def test_activation_bytes_are_what_autograd_saved(second_step) -> None:  # type: ignore[no-untyped-def]
+    model, _, x, y, prof = second_step
+    expected = bytes_saved_by_autograd(model, x, y)
+    activation = prof.timeline.by_category()[:, CATEGORY_INDEX["activation"]]
+    assert expected > 0
+    assert activation.max() == expected
+    assert activation[-1] == 0  # all freed by backward
+
+
+def test_input_and_baseline_categories(second_step) -> None:  # type: ignore[no-untyped-def]
+    _, _, x, _, prof = second_step
+    df = prof.to_dataframe()
+    inputs = df[df["category"] == "input"]
+    # x went into the model; y was saved by mse_loss: both existed before the cell
+    assert sorted(inputs["bytes"]) == [x.nbytes, x.nbytes]
+    assert (inputs["alloc_seq"] == -1).all()
+
+
+def test_peak_agrees_with_torch_profiler(second_step) -> None:  # type: ignore[no-untyped-def]
+    model, opt, x, y, prof = second_step
+    independent = profiler_peak_delta(lambda: train_step(model, opt, x, y))
+    ours = prof.peak_bytes - prof.timeline.baseline_bytes
+    assert independent > 0
+    assert abs(ours - independent) <= 0.01 * independent, (ours, independent)
+
+
+def test_frees_follow_storage_not_views() -> None:
+    with jv.record() as rec:
+        a = torch.empty(1000)
+        view = a[10:]
+        del a
+        b = torch.empty(10)
+        del view
+        del b
+    df = rec.profile.to_dataframe()
+    big = df[df["bytes"] == 4000].iloc[0]
+    small = df[df["bytes"] == 40].iloc[0]
+    assert big["alloc_seq"] < small["alloc_seq"] < big["free_seq"] < small["free_seq"]
+    assert rec.profile.peak_bytes - rec.profile.timeline.baseline_bytes == 4040
+
+
+def test_out_argument_resize_is_an_allocation() -> None:
+    a, b = torch.ones(256), torch.ones(256)
+    out = torch.empty(0)
+    with jv.record() as rec:
+        torch.add(a, b, out=out)
+    df = rec.profile.to_dataframe()
+    assert list(df[df["alloc_seq"] >= 0]["bytes"]) == [1024]
+    assert rec.profile.peak_bytes - rec.profile.timeline.baseline_bytes == 1024
+
+
+def test_baseline_is_categorised(mlp: MLP) -> None:
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(4, 256)
+    mlp(x).sum().backward()
+    opt.step()
+    with jv.record() as rec:
+        pass
+    b = rec.profile.timeline.breakdown_at(-1)
+    param_bytes = 4 * sum(p.numel() for p in mlp.parameters())
+    assert b["parameter"] == param_bytes
+    assert b["gradient"] == param_bytes
+    assert b["optimizer_state"] == param_bytes  # one momentum buffer per parameter
+    assert rec.profile.event_count == 0
+    modules = set(rec.profile.to_dataframe().query("category == 'parameter'")["module"])
+    assert modules == {"MLP.fc1", "MLP.fc2"}
