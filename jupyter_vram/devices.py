@@ -23,7 +23,9 @@ def memory_now(device: str | None = None) -> str:
         ]
         nvml = device_memory(index)
         if nvml is not None:
-            lines.append(f"  device used {format_bytes(nvml['used']):>12} of {format_bytes(nvml['total'])}")
+            lines.append(
+                f"  device used {format_bytes(nvml['used']):>12} of {format_bytes(nvml['total'])}"
+            )
         return "\n".join(lines)
     from .capture import RECORDING_LOCK
     from .capture.dispatch import DispatchRecorder

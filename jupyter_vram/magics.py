@@ -15,7 +15,9 @@ from .session import run_code
 @magics_class
 class VramMagics(Magics):
     @magic_arguments()
-    @argument("--device", default=None, help="device to record (default: cuda if available, else cpu)")
+    @argument(
+        "--device", default=None, help="device to record (default: cuda if available, else cpu)"
+    )
     @argument("--no-stacks", action="store_true", help="skip Python stacks (lower overhead)")
     @argument("--quiet", "-q", action="store_true", help="record only; show nothing")
     @line_cell_magic

@@ -160,7 +160,9 @@ class Profile:
         self.stacks: tuple[tuple[int, ...], ...] = tuple(tuple(s) for s in stacks)
         self.wall_ns = int(wall_ns)
         if event_count is None:
-            event_count = int((allocations.alloc_seq >= 0).sum() + (allocations.free_seq >= 0).sum())
+            event_count = int(
+                (allocations.alloc_seq >= 0).sum() + (allocations.free_seq >= 0).sum()
+            )
         self.event_count = event_count
         self.segments = segments if segments is not None else SegmentEvents()
         self.device_info: dict[str, Any] = dict(device_info or {})

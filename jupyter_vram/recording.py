@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from types import TracebackType
 
 from .capture import RECORDING_LOCK, Recorder, RecordingError, make_recorder
@@ -29,10 +30,12 @@ class Recording:
 
     def __enter__(self) -> Recording:
         if not RECORDING_LOCK.acquire(blocking=False):
-            raise RecordingError("jupyter_vram is already recording; nested recording is not supported")
+            raise RecordingError(
+                "jupyter_vram is already recording; nested recording is not supported"
+            )
         try:
             self._recorder = make_recorder(self._device, stacks=self._stacks)
-            self._recorder.start()
+            self._recorder.start(sys._getframe(1))
         except BaseException:
             if self._recorder is not None:
                 self._recorder.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from .capture import RECORDING_LOCK
 from .model import Profile
@@ -37,7 +37,7 @@ def split_last_expression(source: str, filename: str) -> tuple[Any, Any]:
     tree = ast.parse(source, filename=filename)
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
+        last = ast.Expression(cast(ast.Expr, tree.body.pop()).value)
     body = compile(tree, filename, "exec")
     return body, (compile(last, filename, "eval") if last is not None else None)
 
@@ -61,16 +61,16 @@ def run_code(
     body, last = split_last_expression(source, filename)
     globals_ = namespace if isinstance(namespace, dict) else dict(namespace)
     if RECORDING_LOCK.locked():
-        exec(body, globals_)  # noqa: S102 - running the user's cell is the point
-        value = eval(last, globals_) if last is not None else None  # noqa: S307
+        exec(body, globals_)
+        value = eval(last, globals_) if last is not None else None
         return CellRun(value, None, nested=True)
     rec = record(device, stacks=stacks)
     value = None
     try:
         with rec:
-            exec(body, globals_)  # noqa: S102
+            exec(body, globals_)
             if last is not None:
-                value = eval(last, globals_)  # noqa: S307
+                value = eval(last, globals_)
     finally:
         profile = rec.profile if rec._profile is not None else None
         if profile is not None:

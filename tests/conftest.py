@@ -60,3 +60,19 @@ class MLP(nn.Module):
 def mlp() -> MLP:
     torch.manual_seed(0)
     return MLP()
+
+
+def owned_breakdown(profile: object, index: int, prefix: str) -> dict[str, int]:
+    """Category -> bytes live after event ``index`` in allocations charged to modules under
+    ``prefix`` (tests share a process, so other tests' models may be alive too)."""
+    import numpy as np
+
+    from jupyter_vram.model import CATEGORIES
+
+    prof = profile  # a jupyter_vram.Profile
+    a = prof.allocations  # type: ignore[attr-defined]
+    mask = prof.timeline.live_mask(index)  # type: ignore[attr-defined]
+    names = np.array([m.startswith(prefix) for m in prof.modules], dtype=bool)  # type: ignore[attr-defined]
+    mask &= names[a.module]
+    sums = np.bincount(a.category[mask], weights=a.size[mask], minlength=len(CATEGORIES))
+    return {c: int(v) for c, v in zip(CATEGORIES, sums, strict=True)}

@@ -11,10 +11,12 @@ from torch import nn
 import jupyter_vram as jv
 from jupyter_vram.model import CATEGORY_INDEX, PHASES
 
-from .conftest import MLP
+from .conftest import MLP, owned_breakdown
 
 
-def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
+def train_step(
+    model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+) -> None:
     """One step that frees what it allocates (zero_grad last), so a profiler that cannot see
     frees of older memory still measures it completely."""
     loss = F.mse_loss(model(x), y)
@@ -61,17 +63,21 @@ def second_step(mlp: MLP) -> tuple[MLP, torch.optim.Adam, torch.Tensor, torch.Te
 
 
 def test_mlp_adam_breakdown_at_peak_is_exact(second_step) -> None:  # type: ignore[no-untyped-def]
-    model, opt, _, _, prof = second_step
+    model, _, _, _, prof = second_step
     params = list(model.parameters())
     param_bytes = 4 * sum(p.numel() for p in params)
     step_scalar_bytes = len(params) * torch.tensor(0.0).element_size()
 
     breakdown = prof.peak_breakdown()
-    assert breakdown["parameter"] == param_bytes
-    assert breakdown["gradient"] == param_bytes
-    assert breakdown["optimizer_state"] == 2 * param_bytes + step_scalar_bytes
     assert sum(breakdown.values()) == prof.peak_bytes
     assert set(breakdown) == set(jv.CATEGORIES)
+    owned = owned_breakdown(prof, prof.timeline.peak_index, "MLP")
+    assert owned["parameter"] == param_bytes
+    assert owned["gradient"] == param_bytes
+    assert owned["optimizer_state"] == 2 * param_bytes + step_scalar_bytes
+    # nothing else holds parameters, gradients or optimizer state in this test
+    for category in ("parameter", "gradient", "optimizer_state"):
+        assert breakdown[category] == owned[category]
     peak_row = prof.timeline.alloc_index[prof.timeline.peak_index]
     assert PHASES[prof.allocations.phase[peak_row]] == "optimizer"
 

@@ -16,8 +16,11 @@ def shell() -> Iterator[InteractiveShell]:
     ip = start_ipython()
     assert ip is not None
     ip.run_line_magic("load_ext", "jupyter_vram")
-    ip.run_cell("import torch\nfrom torch import nn\nmodel = nn.Linear(64, 32)\nx = torch.randn(8, 64)")
+    ip.run_cell(
+        "import torch\nfrom torch import nn\nmodel = nn.Linear(64, 32)\nx = torch.randn(8, 64)"
+    )
     yield ip
+    ip.run_cell("del model, x")
 
 
 def test_cell_magic_runs_in_user_namespace_and_returns_last_value(
@@ -54,7 +57,9 @@ def test_empty_cell(shell: InteractiveShell, capsys: pytest.CaptureFixture[str])
 
 
 def test_nested_cell_magic(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
-    cell = "%%vram\nw = torch.ones(64)\nget_ipython().run_cell_magic('vram', '', 'v = torch.ones(8)')"
+    cell = (
+        "%%vram\nw = torch.ones(64)\nget_ipython().run_cell_magic('vram', '', 'v = torch.ones(8)')"
+    )
     assert shell.run_cell(cell).success
     out = capsys.readouterr().out
     assert "nested cell ran without its own recording" in out

@@ -10,6 +10,8 @@ import jupyter_vram as jv
 from jupyter_vram.analysis.groups import live_at_peak
 from jupyter_vram.model import PHASES
 
+from .conftest import owned_breakdown
+
 transformers = pytest.importorskip("transformers")
 
 
@@ -52,7 +54,9 @@ def test_phases_and_modules_match(gpt2_profile) -> None:  # type: ignore[no-unty
     bwd = run[run["phase"] == "backward"]
     opt = run[run["phase"] == "optimizer"]
     assert fwd["module"].str.contains(r"transformer\.h\.0\.attn").any()
-    assert bwd["module"].str.contains(r"transformer\.h\.1\.attn").any()  # backward charged to modules
+    assert (
+        bwd["module"].str.contains(r"transformer\.h\.1\.attn").any()
+    )  # backward charged to modules
     assert (opt["module"] == "AdamW.step").all()
     # forward allocations come before backward ones, which come before the optimizer's
     assert fwd["alloc_seq"].max() < bwd["alloc_seq"].min()
@@ -64,13 +68,13 @@ def test_gpt2_breakdown(gpt2_profile) -> None:  # type: ignore[no-untyped-def]
     param_bytes = 4 * sum(p.numel() for p in model.parameters())  # tied lm_head counted once
     n_params = len(list(model.parameters()))
     b = prof.peak_breakdown()
-    assert b["parameter"] == param_bytes
     assert sum(b.values()) == prof.peak_bytes
-    # just before the optimizer's first allocation every gradient and all the state are live
     t = prof.timeline
+    assert owned_breakdown(prof, t.peak_index, "GPT2LMHeadModel")["parameter"] == param_bytes
+    # just before the optimizer's first allocation every gradient and all the state are live
     phases = prof.allocations.phase[t.alloc_index]
     first_opt = int(np.flatnonzero(phases == PHASES.index("optimizer"))[0])
-    before_step = t.breakdown_at(first_opt - 1)
+    before_step = owned_breakdown(prof, first_opt - 1, "GPT2LMHeadModel")
     assert before_step["gradient"] == param_bytes
     assert before_step["optimizer_state"] == 2 * param_bytes + 4 * n_params
     assert before_step["activation"] == 0

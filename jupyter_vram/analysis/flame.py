@@ -24,20 +24,8 @@ class FlameNode:
     name: str
     bytes: int = 0
     count: int = 0
-    by_category: list[int] = field(default_factory=lambda: [0] * len(CATEGORIES))
+    by_category: tuple[int, ...] = (0,) * len(CATEGORIES)
     children: dict[str, FlameNode] = field(default_factory=dict)
-
-    def child(self, name: str) -> FlameNode:
-        node = self.children.get(name)
-        if node is None:
-            node = self.children[name] = FlameNode(name)
-        return node
-
-    def add(self, nbytes: int, count: int, by_category: npt.NDArray[np.float64]) -> None:
-        self.bytes += nbytes
-        self.count += count
-        for i, v in enumerate(by_category):
-            self.by_category[i] += int(round(v))
 
     def sorted_children(self) -> list[FlameNode]:
         return sorted(self.children.values(), key=lambda n: -n.bytes)
@@ -49,6 +37,7 @@ class FlameNode:
         return node
 
     def walk(self, depth: int = 0) -> list[tuple[int, FlameNode]]:
+        """(depth, node) pairs, depth first, largest child first."""
         out = [(depth, self)]
         for c in self.sorted_children():
             out.extend(c.walk(depth + 1))
@@ -90,31 +79,76 @@ def flame_tree(
         else:
             mask = allocated_during_run(profile)
     rows = np.flatnonzero(mask)
-    n_cat = len(CATEGORIES)
     if hierarchy == "module":
-        keys = np.stack([a.module[rows], a.phase[rows].astype(np.int32), a.op[rows]], axis=1)
+        prefix_key = a.module[rows].astype(np.int64) * len(PHASES) + a.phase[rows]
     else:
-        keys = np.stack([a.stack[rows], a.op[rows]], axis=1)
-    root = FlameNode("all")
-    if len(rows) == 0:
-        return root
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    sizes = a.size[rows]
+        prefix_key = a.stack[rows].astype(np.int64) + 1
+    keys = prefix_key * len(profile.ops) + a.op[rows]
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    n_cat = len(CATEGORIES)
+    sizes = a.size[rows].astype(np.float64)
     totals = np.bincount(inverse, weights=sizes, minlength=len(uniq))
     counts = np.bincount(inverse, minlength=len(uniq))
-    cat_idx = inverse.astype(np.int64) * n_cat + a.category[rows]
-    per_cat = np.bincount(cat_idx, weights=sizes, minlength=len(uniq) * n_cat).reshape(-1, n_cat)
-    for i, key in enumerate(uniq):
-        if hierarchy == "module":
-            path = _module_path(profile, int(key[0]), int(key[1]))
-        else:
-            path = _stack_path(profile, int(key[0]))
-        path.append(profile.ops[int(key[-1])])
-        nbytes, count = int(round(totals[i])), int(counts[i])
-        node = root
-        node.add(nbytes, count, per_cat[i])
-        for name in path:
-            node = node.child(name)
-            node.add(nbytes, count, per_cat[i])
-    return root
+    per_cat = np.bincount(
+        inverse * n_cat + a.category[rows], weights=sizes, minlength=len(uniq) * n_cat
+    ).reshape(-1, n_cat)
+
+    # Tree shape in plain dicts first (one entry per node), then sums with numpy.
+    names = ["all"]
+    parents = [-1]
+    index: dict[tuple[int, str], int] = {}
+    leaves = np.empty(len(uniq), np.int64)
+    prefix_nodes: dict[int, int] = {}
+    for i, key in enumerate(uniq.tolist()):
+        prefix, op = divmod(key, len(profile.ops))
+        node = prefix_nodes.get(prefix)
+        if node is None:
+            if hierarchy == "module":
+                module, phase = divmod(prefix, len(PHASES))
+                path = _module_path(profile, module, phase)
+            else:
+                path = _stack_path(profile, prefix - 1)
+            node = 0
+            for name in path:
+                node = _child(index, names, parents, node, name)
+            prefix_nodes[prefix] = node
+        leaves[i] = _child(index, names, parents, node, profile.ops[op])
+    n_nodes = len(names)
+    node_bytes = np.bincount(leaves, weights=totals, minlength=n_nodes)
+    node_counts = np.bincount(leaves, weights=counts, minlength=n_nodes)
+    node_cats = np.zeros((n_nodes, n_cat))
+    np.add.at(node_cats, leaves, per_cat)
+    # roll sums up the tree, deepest level first (a parent is always created before its child)
+    parent_of = np.asarray(parents, np.int64)
+    depth = np.zeros(n_nodes, np.int64)
+    for i in range(1, n_nodes):
+        depth[i] = depth[parent_of[i]] + 1
+    for d in range(int(depth.max(initial=0)), 0, -1):
+        level = np.flatnonzero(depth == d)
+        up = parent_of[level]
+        np.add.at(node_bytes, up, node_bytes[level])
+        np.add.at(node_counts, up, node_counts[level])
+        np.add.at(node_cats, up, node_cats[level])
+    built = [
+        FlameNode(
+            names[i],
+            int(round(node_bytes[i])),
+            int(round(node_counts[i])),
+            tuple(int(round(v)) for v in node_cats[i]),
+        )
+        for i in range(n_nodes)
+    ]
+    for i in range(1, n_nodes):
+        built[parents[i]].children[names[i]] = built[i]
+    return built[0]
+
+
+def _child(
+    index: dict[tuple[int, str], int], names: list[str], parents: list[int], parent: int, name: str
+) -> int:
+    node = index.get((parent, name))
+    if node is None:
+        node = index[(parent, name)] = len(names)
+        names.append(name)
+        parents.append(parent)
+    return node

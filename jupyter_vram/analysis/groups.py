@@ -64,7 +64,9 @@ def group(
     totals = np.bincount(sel_ids, weights=sizes, minlength=n)
     counts = np.bincount(sel_ids, minlength=n)
     n_cat = len(CATEGORIES)
-    per_cat = np.bincount(sel_ids.astype(np.int64) * n_cat + cats, weights=sizes, minlength=n * n_cat)
+    per_cat = np.bincount(
+        sel_ids.astype(np.int64) * n_cat + cats, weights=sizes, minlength=n * n_cat
+    )
     per_cat = per_cat.reshape(n, n_cat)
     order = [i for i in np.argsort(-totals, kind="stable") if counts[i] > 0]
     if limit is not None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from ..model import CATEGORIES, PHASES
@@ -13,84 +14,96 @@ if TYPE_CHECKING:
     from ..model import Profile
 
 
+SITE_COLUMNS = [
+    "site", "op", "live_at_peak_bytes", "allocated_bytes", "allocations", "largest_bytes",
+    "category", "stack",
+]  # fmt: skip
+
+
 def allocations_frame(profile: Profile) -> pd.DataFrame:
     """One row per allocation, with names resolved and a live-at-peak flag."""
     a = profile.allocations
     timeline = profile.timeline
-    site = [_site(profile, int(s)) for s in range(len(profile.stacks))]
-    stack_ids = a.stack
+    site_names = _unique([_site(profile, s) for s in range(len(profile.stacks))])
+    site_codes = np.where(a.stack >= 0, a.stack, -1)
     return pd.DataFrame(
         {
-            "op": pd.Categorical.from_codes(a.op, categories=_unique(profile.ops)),
-            "module": pd.Categorical.from_codes(a.module, categories=_unique(profile.modules)),
-            "phase": pd.Categorical.from_codes(a.phase, categories=list(PHASES)),
-            "category": pd.Categorical.from_codes(a.category, categories=list(CATEGORIES)),
+            "op": _categorical(a.op, _unique(profile.ops)),
+            "module": _categorical(a.module, _unique(profile.modules)),
+            "phase": _categorical(a.phase, list(PHASES)),
+            "category": _categorical(a.category, list(CATEGORIES)),
             "bytes": a.size,
-            "device": pd.Categorical.from_codes(a.device, categories=_unique(profile.devices)),
+            "device": _categorical(a.device, _unique(profile.devices)),
             "alloc_seq": a.alloc_seq,
             "free_seq": a.free_seq,
             "alloc_ms": np.where(a.alloc_seq >= 0, a.alloc_ns / 1e6, np.nan),
             "free_ms": np.where(a.free_seq >= 0, a.free_ns / 1e6, np.nan),
             "live_at_peak": timeline.live_mask(timeline.peak_index),
-            "site": [site[s] if s >= 0 else "" for s in stack_ids],
-            "stack_id": stack_ids,
+            "site": _categorical(site_codes, site_names),
+            "stack_id": a.stack,
         }
     )
 
 
-def _unique(names: tuple[str, ...]) -> list[str]:
-    """pandas categories must be unique; tables already are, but guard loaded files."""
+def _categorical(codes: npt.NDArray[np.integer[Any]], names: list[str]) -> pd.Categorical[str]:
+    return pd.Categorical.from_codes(codes, categories=pd.Index(names))
+
+
+def _unique(names: list[str] | tuple[str, ...]) -> list[str]:
+    """pandas categories must be unique: number repeats (two stacks, one innermost frame)."""
     seen: dict[str, int] = {}
     out = []
     for name in names:
         n = seen.get(name, 0)
         seen[name] = n + 1
-        out.append(name if n == 0 else f"{name} #{n}")
+        out.append(name if n == 0 else f"{name} #{n + 1}")
     return out
 
 
 def _site(profile: Profile, stack_id: int) -> str:
     frames = profile.stack_of(stack_id)
-    return str(frames[-1]) if frames else ""
+    return str(frames[-1]) if frames else "(no Python stack)"
 
 
 def top_sites(profile: Profile, limit: int = 20, *, by: str = "peak") -> pd.DataFrame:
-    """Allocation sites (innermost user frame + op), ranked by bytes live at the peak or allocated.
+    """Allocation sites (Python stack + op), ranked by bytes live at the peak or allocated.
 
-    Only allocations made during the run count: the baseline has no site.
-
-    Columns: site, op, live_at_peak_bytes, allocated_bytes, allocations, largest_bytes,
-    category (the category holding most of the site's bytes), stack.
+    Only allocations made during the run count: the baseline has no site. Columns: site
+    (innermost user frame), op, live_at_peak_bytes, allocated_bytes, allocations,
+    largest_bytes, category (the one holding most of the site's bytes), stack (full).
     """
-    df = allocations_frame(profile)
-    df = df[(df["alloc_seq"] >= 0) & (df["device"] == profile.device)]
-    if df.empty:
-        return pd.DataFrame(
-            columns=["site", "op", "live_at_peak_bytes", "allocated_bytes", "allocations",
-                     "largest_bytes", "category", "stack"]
-        )  # fmt: skip
-    df = df.assign(
-        peak_part=np.where(df["live_at_peak"], df["bytes"], 0),
-        run_part=np.where(df["alloc_seq"] >= 0, df["bytes"], 0),
+    a = profile.allocations
+    t = profile.timeline
+    rows = np.flatnonzero((a.alloc_seq >= 0) & t.device_mask)
+    if len(rows) == 0:
+        return pd.DataFrame(columns=SITE_COLUMNS)
+    n_ops = len(profile.ops)
+    keys = (a.stack[rows].astype(np.int64) + 1) * n_ops + a.op[rows]
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    sizes = a.size[rows].astype(np.float64)
+    live = t.live_mask(t.peak_index)[rows]
+    n = len(uniq)
+    peak_bytes = np.bincount(inverse, weights=np.where(live, sizes, 0), minlength=n)
+    allocated = np.bincount(inverse, weights=sizes, minlength=n)
+    counts = np.bincount(inverse, minlength=n)
+    largest = np.zeros(n)
+    np.maximum.at(largest, inverse, sizes)
+    n_cat = len(CATEGORIES)
+    per_cat = np.bincount(inverse * n_cat + a.category[rows], weights=sizes, minlength=n * n_cat)
+    main_cat = per_cat.reshape(n, n_cat).argmax(axis=1)
+    primary, secondary = (peak_bytes, allocated) if by == "peak" else (allocated, peak_bytes)
+    top = np.lexsort((-secondary, -primary))[:limit]
+    stacks = uniq[top] // n_ops - 1
+    return pd.DataFrame(
+        {
+            "site": [_site(profile, int(s)) for s in stacks],
+            "op": [profile.ops[int(k % n_ops)] for k in uniq[top]],
+            "live_at_peak_bytes": peak_bytes[top].astype(np.int64),
+            "allocated_bytes": allocated[top].astype(np.int64),
+            "allocations": counts[top],
+            "largest_bytes": largest[top].astype(np.int64),
+            "category": [CATEGORIES[int(c)] for c in main_cat[top]],
+            "stack": [" > ".join(str(f) for f in profile.stack_of(int(s))) for s in stacks],
+        },
+        columns=SITE_COLUMNS,
     )
-    grouped = df.groupby(["stack_id", "op"], observed=True, sort=False)
-    out = grouped.agg(
-        live_at_peak_bytes=("peak_part", "sum"),
-        allocated_bytes=("run_part", "sum"),
-        allocations=("bytes", "size"),
-        largest_bytes=("bytes", "max"),
-    ).reset_index()
-    cat = (
-        df.groupby(["stack_id", "op", "category"], observed=True)["bytes"].sum().reset_index()
-        .sort_values("bytes", ascending=False).drop_duplicates(["stack_id", "op"])
-    )  # fmt: skip
-    out = out.merge(cat[["stack_id", "op", "category"]], on=["stack_id", "op"], how="left")
-    out["site"] = [_site(profile, int(s)) or "(no Python stack)" for s in out["stack_id"]]
-    out["stack"] = [
-        " > ".join(str(f) for f in profile.stack_of(int(s))) for s in out["stack_id"]
-    ]
-    sort_key = "live_at_peak_bytes" if by == "peak" else "allocated_bytes"
-    out = out.sort_values([sort_key, "allocated_bytes"], ascending=False).head(limit)
-    cols = ["site", "op", "live_at_peak_bytes", "allocated_bytes", "allocations",
-            "largest_bytes", "category", "stack"]  # fmt: skip
-    return out[cols].reset_index(drop=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from types import FrameType
 from typing import Protocol
 
 from ..model import Profile
@@ -14,7 +15,7 @@ class Recorder(Protocol):
     source: str
     device: str
 
-    def start(self) -> None: ...
+    def start(self, entry_frame: FrameType | None = None) -> None: ...
 
     def stop(self, error: str | None = None) -> Profile: ...
 

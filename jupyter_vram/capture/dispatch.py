@@ -15,6 +15,7 @@ import sys
 import time
 import weakref
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import torch
@@ -29,11 +30,11 @@ _SKIP, _FRESH, _MUTATES = 0, 1, 2
 BASELINE_OP = "(before recording)"
 
 
-class _Mode(TorchDispatchMode):
+class _Mode(TorchDispatchMode):  # type: ignore[misc]
     """The dispatch mode itself: call the op, then hand its outputs to the recorder."""
 
     def __init__(self, observe: Callable[[Any, Any], None]) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self._observe = observe
 
     def __torch_dispatch__(
@@ -72,7 +73,13 @@ class DispatchRecorder:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, entry_frame: FrameType | None = None) -> None:
+        """Register the baseline and switch recording on.
+
+        ``entry_frame`` is the frame that asked for recording; stacks stop there.
+        """
+        if self._sampler is not None:
+            self._sampler.set_boundary(entry_frame)
         self._baseline_op = self.builder.ops(BASELINE_OP)
         tensors, modules, optimizers = live_objects()
         for tensor in tensors:
@@ -83,7 +90,7 @@ class DispatchRecorder:
         del modules, optimizers
         self.tagger.start()
         self._t0 = time.perf_counter_ns()
-        self._mode.__enter__()
+        self._mode.__enter__()  # type: ignore[no-untyped-call]
         self._mode_entered = True
 
     def stop(self, error: str | None = None) -> Profile:
@@ -91,7 +98,7 @@ class DispatchRecorder:
         try:
             if self._mode_entered:
                 self._mode_entered = False
-                self._mode.__exit__(None, None, None)
+                self._mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
         finally:
             self._wall_ns = time.perf_counter_ns() - self._t0
             try:
@@ -102,6 +109,8 @@ class DispatchRecorder:
                 self._active = False
                 self._refs.clear()  # dropping the weakrefs cancels their callbacks
                 self._live.clear()
+                if self._sampler is not None:
+                    self._sampler.set_boundary(None)  # do not keep the user's frame alive
         return self.builder.build(
             device=self.device,
             source=self.source,

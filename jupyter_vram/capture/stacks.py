@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from types import CodeType, FrameType
+from typing import cast
 
 import torch
 
@@ -16,12 +17,20 @@ def _package_dir(module: object) -> str:
     return os.path.dirname(os.path.abspath(getattr(module, "__file__", "") or "")) + os.sep
 
 
-def _hidden_prefixes() -> tuple[str, ...]:
-    import IPython  # noqa: PLC0415 - optional at import time of this module
+# The built-in example workload is user code as far as stacks are concerned.
+_EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples.py")
 
+
+def _hidden_prefixes() -> tuple[str, ...]:
     import jupyter_vram
 
-    prefixes = [_package_dir(torch), _package_dir(jupyter_vram), _package_dir(IPython)]
+    prefixes = [_package_dir(torch), _package_dir(jupyter_vram)]
+    try:
+        import IPython  # optional: capture also runs in plain Python (GPU benches, scripts)
+    except ImportError:
+        pass
+    else:
+        prefixes.append(_package_dir(IPython))
     for name in ("ipykernel", "tornado", "asyncio", "traitlets", "runpy", "contextlib"):
         module = sys.modules.get(name)
         if module is not None:
@@ -42,33 +51,48 @@ class StackSampler:
         self._hidden = _hidden_prefixes()
         self._keep: dict[CodeType, bool] = {}
         self._cache: dict[tuple[object, ...], int] = {}
+        self._boundary: FrameType | None = None
 
-    def _is_user_code(self, code: CodeType) -> bool:
-        keep = self._keep.get(code)
-        if keep is None:
-            filename = code.co_filename
-            keep = not (filename.startswith(self._hidden) or filename.startswith("<frozen"))
-            self._keep[code] = keep
+    def set_boundary(self, frame: FrameType | None) -> None:
+        """Stop walks at ``frame`` (the code that started recording): what lies above it is the
+        same for every allocation, and in a kernel it is twenty-odd frames of plumbing."""
+        self._boundary = frame
+
+    def _classify(self, code: CodeType) -> bool:
+        filename = code.co_filename
+        keep = filename == _EXAMPLES or not (
+            filename.startswith(self._hidden) or filename.startswith("<frozen")
+        )
+        self._keep[code] = keep
         return keep
 
     def sample(self, frame: FrameType | None) -> int:
         key: list[object] = []
-        depth = 0
-        is_user = self._is_user_code
-        while frame is not None and depth < self._max_depth:
+        append = key.append
+        keep = self._keep
+        boundary = self._boundary
+        budget = self._max_depth
+        while frame is not None:
             code = frame.f_code
-            if is_user(code):
-                key.append(code)
-                key.append(frame.f_lineno)
-                depth += 1
+            user = keep.get(code)
+            if user is None:
+                user = self._classify(code)
+            if user:
+                append(code)
+                append(frame.f_lineno)
+                budget -= 1
+                if not budget:
+                    break
+            if frame is boundary:
+                break
             frame = frame.f_back
         tkey = tuple(key)
         sid = self._cache.get(tkey)
         if sid is None:
-            pairs = [(tkey[i], tkey[i + 1]) for i in range(len(tkey) - 2, -1, -2)]
-            frames = tuple(
-                Frame(code.co_filename, int(line), code.co_name)  # type: ignore[attr-defined]
-                for code, line in pairs
-            )
+            pairs = [
+                (cast(CodeType, tkey[i]), cast(int, tkey[i + 1]))
+                for i in range(len(tkey) - 2, -1, -2)
+            ]
+            frames = tuple(Frame(code.co_filename, line, code.co_name) for code, line in pairs)
             sid = self._cache[tkey] = self._builder.intern_stack(frames)
         return sid

@@ -48,8 +48,8 @@ def summary(profile: Profile, *, top: int = 5) -> str:
         lines.append(f"the cell raised {profile.error}; the profile covers the run up to it")
     when = f"{t.time_ns[t.peak_index] / 1e6:.1f} ms in" if t.peak_index >= 0 else "before the run"
     lines.append(
-        f"peak {format_bytes(peak)} ({when}, {peak_phase} phase); "
-        f"before the cell {format_bytes(t.baseline_bytes)}, after {format_bytes(t.total_at(len(t) - 1))}"
+        f"peak {format_bytes(peak)} ({when}, {peak_phase} phase); before the cell "
+        f"{format_bytes(t.baseline_bytes)}, after {format_bytes(t.total_at(len(t) - 1))}"
     )
     lines.append("at the peak:")
     for name, nbytes in profile.peak_breakdown().items():

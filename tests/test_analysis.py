@@ -1,0 +1,144 @@
+"""Analysis on a hand-built profile whose answers are known by arithmetic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jupyter_vram.analysis.flame import flame_tree
+from jupyter_vram.analysis.groups import live_at_peak
+from jupyter_vram.analysis.tables import top_sites
+from jupyter_vram.capture.builder import ProfileBuilder
+from jupyter_vram.model import CATEGORY_INDEX, PHASE_INDEX, Frame, Profile
+from jupyter_vram.render.text import format_bytes, summary
+
+P, G, A, T = (CATEGORY_INDEX[c] for c in ("parameter", "gradient", "activation", "temporary"))
+FWD, BWD = PHASE_INDEX["forward"], PHASE_INDEX["backward"]
+
+
+@pytest.fixture
+def profile() -> Profile:
+    """baseline: weight 1000 B. Then (seq): 0 alloc act 300 (net.fc1, forward),
+    1 alloc tmp 50 (net.fc1), 2 free tmp, 3 alloc grad 1000 (net.fc1, backward),
+    4 alloc tmp 200 (net.fc2, backward), 5 free act, 6 free tmp 200. Peak after seq 4: 2550."""
+    b = ProfileBuilder()
+    fc1, fc2 = b.modules("net.fc1"), b.modules("net.fc2")
+    mm, relu = b.ops("mm"), b.ops("relu")
+    s1 = b.intern_stack((Frame("/u/train.py", 10, "<module>"), Frame("/u/model.py", 5, "forward")))
+    s2 = b.intern_stack((Frame("/u/train.py", 11, "<module>"),))
+    dev = b.devices("cpu")
+    b.add(1000, -1, 0, dev, b.ops("(before recording)"), fc1, -1, 0, P)
+    act = b.add(300, 0, 10, dev, relu, fc1, s1, FWD, A)
+    tmp = b.add(50, 1, 20, dev, mm, fc1, s1, FWD, T)
+    b.free(tmp, 2, 30)
+    b.add(1000, 3, 40, dev, mm, fc1, s2, BWD, G)
+    tmp2 = b.add(200, 4, 50, dev, mm, fc2, s2, BWD, T)
+    b.free(act, 5, 60)
+    b.free(tmp2, 6, 70)
+    # an allocation on another device never counts towards the cpu peak
+    b.add(10**9, 7, 80, b.devices("meta"), mm, fc2, s2, FWD, T)
+    return b.build(device="cpu", source="test", wall_ns=100)
+
+
+def test_peak_and_breakdown(profile: Profile) -> None:
+    assert profile.peak_bytes == 1000 + 300 + 1000 + 200
+    assert profile.peak_breakdown() == {
+        "parameter": 1000, "buffer": 0, "gradient": 1000, "optimizer_state": 0, "input": 0,
+        "activation": 300, "temporary": 200, "other": 0,
+    }  # fmt: skip
+    t = profile.timeline
+    assert t.baseline_bytes == 1000
+    assert list(t.total) == [1300, 1350, 1300, 2300, 2500, 2200, 2000]
+    assert t.seq_at(t.peak_index) == 4
+    assert profile.event_count == 8  # the meta allocation is an event, just not a cpu one
+
+
+def test_categories_over_time_sum_to_total(profile: Profile) -> None:
+    by_cat = profile.timeline.by_category()
+    assert (by_cat.sum(axis=1) == profile.timeline.total).all()
+    assert list(by_cat[:, A]) == [300, 300, 300, 300, 300, 0, 0]
+
+
+def test_index_at_time(profile: Profile) -> None:
+    t = profile.timeline
+    assert t.index_at_time(5) == -1
+    assert t.index_at_time(45) == 3
+    assert t.breakdown_at(t.index_at_time(35))["temporary"] == 0
+
+
+def test_live_at_peak_groups(profile: Profile) -> None:
+    by_module = {g.label: g.bytes for g in live_at_peak(profile, "module")}
+    assert by_module == {"net.fc1": 2300, "net.fc2": 200}
+    by_op = {g.label: (g.bytes, g.count) for g in live_at_peak(profile, "op")}
+    assert by_op == {"mm": (1200, 2), "(before recording)": (1000, 1), "relu": (300, 1)}
+    site = {g.label: g.bytes for g in live_at_peak(profile, "site")}
+    assert site == {"<module> (train.py:11)": 1200, "forward (model.py:5)": 300,
+                    "(no Python stack)": 1000}  # fmt: skip
+
+
+def test_flame_tree_module_peak(profile: Profile) -> None:
+    root = flame_tree(profile, "module", "peak")
+    assert root.bytes == profile.peak_bytes
+    fc1 = root.find(["net", "fc1"])
+    assert fc1 is not None and fc1.bytes == 1300
+    assert fc1.by_category[A] == 300 and fc1.by_category[P] == 1000
+    bwd = root.find(["[backward]", "net"])
+    assert bwd is not None and bwd.bytes == 1200
+    assert [c.name for c in bwd.sorted_children()] == ["fc1", "fc2"]
+    assert sum(c.bytes for c in root.children.values()) == root.bytes
+
+
+def test_flame_tree_stack_cumulative(profile: Profile) -> None:
+    root = flame_tree(profile, "stack", "cumulative")
+    assert root.bytes == 300 + 50 + 1000 + 200  # allocations made during the run, on cpu
+    train11 = root.find(["<module> (train.py:11)"])
+    assert train11 is not None and train11.bytes == 1200 and train11.count == 2
+    fwd = root.find(["<module> (train.py:10)", "forward (model.py:5)", "mm"])
+    assert fwd is not None and fwd.bytes == 50
+
+
+def test_top_sites(profile: Profile) -> None:
+    sites = top_sites(profile)
+    first = sites.iloc[0]
+    assert (first["site"], first["op"]) == ("<module> (train.py:11)", "mm")
+    assert first["live_at_peak_bytes"] == 1200 and first["allocated_bytes"] == 1200
+    assert first["allocations"] == 2 and first["largest_bytes"] == 1000
+    assert first["category"] == "gradient"
+    assert sites["live_at_peak_bytes"].sum() == profile.peak_bytes - 1000
+    cumulative = top_sites(profile, by="allocated")
+    assert list(cumulative["allocated_bytes"]) == sorted(
+        cumulative["allocated_bytes"], reverse=True
+    )
+
+
+def test_dataframe(profile: Profile) -> None:
+    df = profile.to_dataframe()
+    assert len(df) == len(profile.allocations)
+    assert df["bytes"][df["live_at_peak"]].sum() == profile.peak_bytes
+    assert set(df.columns) >= {"op", "module", "phase", "category", "bytes", "site", "alloc_ms"}
+
+
+def test_empty_profile() -> None:
+    prof = ProfileBuilder().build(device="cpu", source="test", wall_ns=0)
+    assert prof.peak_bytes == 0
+    assert sum(prof.peak_breakdown().values()) == 0
+    assert flame_tree(prof).bytes == 0
+    assert top_sites(prof).empty
+    assert "peak 0 B" in summary(prof)
+
+
+def test_format_bytes() -> None:
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(1536) == "1.5 KiB"
+    assert format_bytes(3 * 2**30) == "3.0 GiB"
+    assert format_bytes(-2048) == "-2.0 KiB"
+
+
+def test_summary_mentions_the_numbers(profile: Profile) -> None:
+    text = summary(profile)
+    assert "peak 2.4 KiB" in text and "backward phase" in text
+    assert "gradient" in text and "net.fc1" in text
+
+
+def test_timeline_is_sorted_by_sequence(profile: Profile) -> None:
+    assert np.all(np.diff(profile.timeline.seq) > 0)
