@@ -18,19 +18,27 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(width)
         self.attn = nn.MultiheadAttention(width, heads, batch_first=True)
         self.ln2 = nn.LayerNorm(width)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+        )
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         h = self.ln1(x)
         x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
-        return x + self.mlp(self.ln2(x))
+        out: torch.Tensor = x + self.mlp(self.ln2(x))
+        return out
 
 
 class TinyGPT(nn.Module):
     """A decoder-only transformer: embeddings, ``layers`` blocks, a tied output head."""
 
     def __init__(
-        self, vocab: int = 4096, width: int = 256, layers: int = 4, heads: int = 4, context: int = 256
+        self,
+        vocab: int = 4096,
+        width: int = 256,
+        layers: int = 4,
+        heads: int = 4,
+        context: int = 256,
     ) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, width)
@@ -44,7 +52,8 @@ class TinyGPT(nn.Module):
         x = self.embed(ids) + self.pos[:seq]
         for block in self.blocks:
             x = block(x, mask)
-        return self.ln(x) @ self.embed.weight.T
+        logits: torch.Tensor = self.ln(x) @ self.embed.weight.T
+        return logits
 
 
 def training_step(
@@ -59,7 +68,7 @@ def training_step(
     def step() -> float:
         logits = model(ids[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss.item()

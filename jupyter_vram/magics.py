@@ -20,6 +20,7 @@ class VramMagics(Magics):
     )
     @argument("--no-stacks", action="store_true", help="skip Python stacks (lower overhead)")
     @argument("--quiet", "-q", action="store_true", help="record only; show nothing")
+    @argument("--text", action="store_true", help="print the text summary instead of the app")
     @line_cell_magic
     def vram(self, line: str, cell: str | None = None) -> Any:
         """Cell: run the cell under memory recording and show where the memory went.
@@ -44,8 +45,16 @@ class VramMagics(Magics):
 
         def show(profile: Profile) -> None:
             shell.user_ns["_vram"] = profile
-            if not args.quiet:
+            if args.quiet:
+                return
+            if args.text:
                 print(summary(profile))
+                return
+            from IPython.display import display
+
+            from .app import ProfileApp
+
+            display(ProfileApp(profile))
 
         run = run_code(
             source,

@@ -18,7 +18,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -213,6 +213,15 @@ class Profile:
         from .analysis.tables import allocations_frame
 
         return allocations_frame(self)
+
+    def to_html(self, path: str | Path, *, resources: Literal["inline", "cdn"] = "inline") -> Path:
+        """Write a standalone interactive report (flame graphs, breakdown, timeline, sites).
+
+        With the default inline resources the file works offline.
+        """
+        from .render.html import write_report
+
+        return write_report(self, path, resources=resources)
 
     def stack_of(self, stack_id: int) -> tuple[Frame, ...]:
         if stack_id < 0:

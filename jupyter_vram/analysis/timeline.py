@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -62,17 +63,34 @@ class Timeline:
         """The last event at or before ``time_ns`` (-1 if none)."""
         return int(np.searchsorted(self.time_ns, time_ns, side="right")) - 1
 
-    def by_category(self) -> npt.NDArray[np.int64]:
-        """Live bytes per category after each event: shape (events, categories)."""
+    def by_category(self, indices: npt.NDArray[np.int64] | None = None) -> npt.NDArray[np.int64]:
+        """Live bytes per category after each event (or after the events at ``indices``):
+        shape (events, categories)."""
         a = self.profile.allocations
         n_cat = len(CATEGORIES)
-        out = np.zeros((len(self.seq), n_cat), np.int64)
+        rows = len(self.seq) if indices is None else len(indices)
+        out = np.zeros((rows, n_cat), np.int64)
         cats = a.category[self.alloc_index]
         for c in range(n_cat):
-            col = np.where(cats == c, self.delta, 0)
-            out[:, c] = np.cumsum(col)
-        base = self.baseline_by_category()
-        return out + base[None, :]
+            running = np.cumsum(np.where(cats == c, self.delta, 0))
+            out[:, c] = running if indices is None else running[indices]
+        return out + self.baseline_by_category()[None, :]
+
+    def sample(self, max_points: int = 2000) -> npt.NDArray[np.int64]:
+        """At most ``max_points`` event indices that keep the shape of the curve: the highest
+        point of each of ``max_points`` equal slices of the run, the global peak included."""
+        n = len(self.seq)
+        if n <= max_points:
+            return np.arange(n, dtype=np.int64)
+        edges = np.linspace(0, n, max_points + 1).astype(np.int64)
+        picks = np.maximum.reduceat(self.total, edges[:-1])
+        # first index in each slice where the slice maximum is reached
+        out = np.empty(max_points, np.int64)
+        for i, (lo, hi) in enumerate(itertools.pairwise(edges)):
+            out[i] = lo + int(np.argmax(self.total[lo:hi] == picks[i]))
+        if self.peak_index >= 0:
+            out = np.union1d(out, [self.peak_index])
+        return out
 
     def baseline_by_category(self) -> Int64Array:
         a = self.profile.allocations

@@ -1,0 +1,157 @@
+"""Allocator state: allocated vs reserved vs device used, and what explains each gap."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..model import Int64Array
+
+if TYPE_CHECKING:
+    from ..model import Profile
+
+FRAGMENTATION_ADVICE_THRESHOLD = 0.2  # cached-but-free share of reserved memory
+EXPANDABLE_MIN_RESERVED = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Bytes between two levels (e.g. reserved - allocated) and what they are."""
+
+    label: str
+    bytes: int
+    explanation: str
+
+
+@dataclass(frozen=True)
+class AllocatorState:
+    device: str
+    has_caching_allocator: bool
+    peak_allocated: int
+    peak_reserved: int | None
+    allocated_at_reserved_peak: int | None
+    end_allocated: int
+    end_reserved: int | None
+    device_used: int | None
+    device_total: int | None
+    fragmentation: float | None  # free share of reserved memory when reserved peaked
+    gaps: tuple[Gap, ...]
+    advice: tuple[str, ...]
+
+
+def has_segments(profile: Profile) -> bool:
+    return bool(len(profile.segments.seq) or profile.segments.baseline)
+
+
+def reserved_series(profile: Profile) -> tuple[Int64Array, Int64Array]:
+    """(seq, reserved bytes after that segment event), in sequence order."""
+    seg = profile.segments
+    order = np.argsort(seg.seq, kind="stable")
+    return seg.seq[order], seg.baseline + np.cumsum(seg.delta[order], dtype=np.int64)
+
+
+def reserved_peak(profile: Profile) -> int:
+    _, reserved = reserved_series(profile)
+    return int(max(profile.segments.baseline, int(reserved.max(initial=0))))
+
+
+def reserved_at(profile: Profile, seq: int) -> int:
+    """Reserved bytes right after event ``seq`` (-1: before the run)."""
+    seqs, reserved = reserved_series(profile)
+    i = int(np.searchsorted(seqs, seq, side="right")) - 1
+    return profile.segments.baseline if i < 0 else int(reserved[i])
+
+
+def _allocated_at_seq(profile: Profile, seq: int) -> int:
+    t = profile.timeline
+    i = int(np.searchsorted(t.seq, seq, side="right")) - 1
+    return t.total_at(i)
+
+
+def allocator_state(profile: Profile) -> AllocatorState:
+    """Reconcile the levels the user sees in different tools, and explain the differences."""
+    t = profile.timeline
+    info = profile.device_info
+    used = info.get("device_used")
+    total = info.get("total")
+    end_allocated = t.total_at(len(t) - 1)
+    gaps: list[Gap] = []
+    advice: list[str] = []
+    if not has_segments(profile):
+        gaps.append(
+            Gap(
+                "no caching allocator",
+                0,
+                "The tensor tracker counts live tensor storages; there is no reserved pool on "
+                "this device, so allocated is what the process holds for tensors.",
+            )
+        )
+        state = AllocatorState(
+            profile.device, False, profile.peak_bytes, None, None, end_allocated, None,
+            used, total, None, tuple(gaps), tuple(_category_advice(profile)),
+        )  # fmt: skip
+        return state
+
+    seqs, reserved = reserved_series(profile)
+    peak_reserved = reserved_peak(profile)
+    if len(reserved) and int(reserved.max()) >= profile.segments.baseline:
+        at = int(seqs[int(np.argmax(reserved))])
+    else:
+        at = -1
+    allocated_then = _allocated_at_seq(profile, at)
+    cached = max(0, peak_reserved - allocated_then)
+    fragmentation = cached / peak_reserved if peak_reserved else 0.0
+    end_reserved = int(reserved[-1]) if len(reserved) else profile.segments.baseline
+    gaps.append(
+        Gap(
+            "cached free blocks",
+            cached,
+            "Reserved minus allocated when reserved peaked: blocks the caching allocator keeps "
+            "after tensors are freed, for reuse. torch.cuda.empty_cache() hands them back, but "
+            "the next step reserves them again.",
+        )
+    )
+    if used is not None:
+        gaps.append(
+            Gap(
+                "CUDA context and others",
+                max(0, int(used) - end_reserved),
+                "Device used (nvidia-smi) minus reserved at the end: the CUDA context and "
+                "kernels (hundreds of MiB), cuBLAS / cuDNN workspaces, NCCL buffers and other "
+                "processes on this GPU.",
+            )
+        )
+    if fragmentation > FRAGMENTATION_ADVICE_THRESHOLD and peak_reserved >= EXPANDABLE_MIN_RESERVED:
+        advice.append(
+            f"{100 * fragmentation:.0f}% of reserved memory was cached but free at the peak: "
+            "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (before CUDA initialises) so "
+            "segments can grow instead of fragmenting."
+        )
+    if total and used is not None and int(used) > 0.9 * int(total):
+        advice.append("The device is more than 90% full: the next larger batch will likely OOM.")
+    advice += _category_advice(profile)
+    return AllocatorState(
+        profile.device, True, profile.peak_bytes, peak_reserved, allocated_then, end_allocated,
+        end_reserved, used, total, fragmentation, tuple(gaps), tuple(advice),
+    )  # fmt: skip
+
+
+def _category_advice(profile: Profile) -> list[str]:
+    peak = profile.peak_bytes
+    if not peak:
+        return []
+    b = profile.peak_breakdown()
+    out = []
+    if b["activation"] > 0.4 * peak:
+        out.append(
+            f"Activations are {100 * b['activation'] / peak:.0f}% of the peak: activation "
+            "checkpointing or bf16 autocast cut them most."
+        )
+    if b["optimizer_state"] > 0.3 * peak:
+        out.append(
+            f"Optimizer state is {100 * b['optimizer_state'] / peak:.0f}% of the peak: a "
+            "lower-memory optimizer (SGD, Adafactor, 8-bit Adam) or sharding (FSDP/ZeRO) helps."
+        )
+    return out
