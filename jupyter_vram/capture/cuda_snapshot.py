@@ -31,12 +31,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..model import CATEGORY_INDEX, PHASES, Frame, Profile, SegmentEvents
 from . import RecordingError
 from .builder import OTHER, TEMPORARY, UNKNOWN, Interner, ProfileBuilder
 from .dispatch import BASELINE_OP
+from .modes import ObservingMode
 from .stacks import _hidden_prefixes
 from .tagging import PHASE_OTHER, Tagger, live_objects
 
@@ -766,35 +766,6 @@ def _frame_chain(frame: FrameType | None) -> list[tuple[str, int, str]]:
     return chain
 
 
-class _LabelMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Labels the allocations of each aten op with ``"phase|module|op"``; nothing else."""
-
-    def __init__(self, recorder: CudaSnapshotRecorder) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self._rec = recorder
-
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        rec = self._rec
-        if not rec._in_marker:
-            try:
-                rec._dirty = True
-                phase, module = rec.tagger.phase_and_module()
-                key = (phase, module, func)
-                label = rec._labels.get(key)
-                if label is None:
-                    label = rec._labels[key] = f"{phase}|{module}|{func._overloadpacket.__name__}"
-                rec._api.set_metadata(label)  # per thread: backward runs on its own thread
-            except Exception:  # noqa: BLE001 - never raise from bookkeeping (FACTS.md)
-                pass
-        return func(*args, **kwargs) if kwargs else func(*args)
-
-
 class CudaSnapshotRecorder:
     """Records one CUDA device through the caching allocator's history (see the module doc).
 
@@ -828,7 +799,7 @@ class CudaSnapshotRecorder:
         self._api = _CudaApi()
         self._modules = Interner("")
         self.tagger = Tagger(self._on_role, self._modules)
-        self._mode = _LabelMode(self)
+        self._mode = ObservingMode(before=self._label)
         self._labels: dict[tuple[int, int, Any], str] = {}
         self._roles: list[Role] = []
         self._markers = 0
@@ -948,6 +919,21 @@ class CudaSnapshotRecorder:
             error=error,
             meta=meta,
         )
+
+    def _label(self, func: Any) -> None:
+        """Name the allocations of the op about to run: ``"phase|module|op"``."""
+        if self._in_marker:
+            return
+        try:
+            self._dirty = True
+            phase, module = self.tagger.phase_and_module()
+            key = (phase, module, func)
+            label = self._labels.get(key)
+            if label is None:
+                label = self._labels[key] = f"{phase}|{module}|{func._overloadpacket.__name__}"
+            self._api.set_metadata(label)  # per thread: backward runs on its own thread
+        except Exception:  # noqa: BLE001 - never raise from bookkeeping (FACTS.md)
+            pass
 
     # -- roles -------------------------------------------------------------------------------
 

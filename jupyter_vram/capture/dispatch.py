@@ -14,39 +14,19 @@ import itertools
 import sys
 import time
 import weakref
-from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..model import Profile
 from .builder import OTHER, TEMPORARY, ProfileBuilder
+from .modes import ObservingMode
 from .stacks import StackSampler
 from .tagging import ACTIVATION, INPUT, PHASE_OTHER, Tagger, live_objects
 
 _SKIP, _FRESH, _MUTATES = 0, 1, 2
 BASELINE_OP = "(before recording)"
-
-
-class _Mode(TorchDispatchMode):  # type: ignore[misc]
-    """The dispatch mode itself: call the op, then hand its outputs to the recorder."""
-
-    def __init__(self, observe: Callable[[Any, Any], None]) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self._observe = observe
-
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        out = func(*args, **kwargs) if kwargs else func(*args)
-        self._observe(func, out)
-        return out
 
 
 class DispatchRecorder:
@@ -69,7 +49,7 @@ class DispatchRecorder:
         self._mode_entered = False
         self.tagger = Tagger(self._on_role, self.builder.modules)
         self._sampler = StackSampler(self.builder) if stacks else None
-        self._mode = _Mode(self._observe)
+        self._mode = ObservingMode(after=self._observe)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
