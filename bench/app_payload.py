@@ -15,9 +15,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from synthetic import synthetic_profile  # noqa: E402
+from synthetic import synthetic_profile
 
-from jupyter_vram.app import ProfileApp  # noqa: E402
+from jupyter_vram.app import ProfileApp
 
 
 def widgets(widget: Any) -> list[Any]:

@@ -61,21 +61,47 @@ def timed(fn: Callable[[], None], record: bool, stacks: bool = True) -> float:
     return time.perf_counter() - start
 
 
+def per_step_inside(step: Callable[[], None], steps: int, stacks: bool = True) -> float:
+    """Seconds per step inside one recording of ``steps`` steps (start/stop costs excluded)."""
+    with jv.record("cpu", stacks=stacks):
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        return (time.perf_counter() - start) / steps
+
+
+def fixed_cost() -> float:
+    """Seconds to start and stop an empty recording (baseline scan, hooks, profile build)."""
+    start = time.perf_counter()
+    with jv.record("cpu"):
+        pass
+    return time.perf_counter() - start
+
+
 def measure(name: str, step: Callable[[], None], repeats: int) -> None:
     step()  # warm up: optimizer state, allocator
     step()
-    rows = {"bare": [], "recorded": [], "recorded, no stacks": []}  # type: dict[str, list[float]]
+    rows: dict[str, list[float]] = {
+        "bare step": [],
+        "one recorded step": [],
+        "per step, in a 5-step recording": [],
+        "  same, no stacks": [],
+    }
+    fixed = []
     for _ in range(repeats):  # interleave so drift hits all variants alike
-        rows["bare"].append(timed(step, False))
-        rows["recorded"].append(timed(step, True))
-        rows["recorded, no stacks"].append(timed(step, True, stacks=False))
-    bare = statistics.median(rows["bare"])
+        rows["bare step"].append(timed(step, False))
+        rows["one recorded step"].append(timed(step, True))
+        rows["per step, in a 5-step recording"].append(per_step_inside(step, 5))
+        rows["  same, no stacks"].append(per_step_inside(step, 5, stacks=False))
+        fixed.append(fixed_cost())
+    bare = statistics.median(rows["bare step"])
     with jv.record("cpu") as rec:
         step()
     print(f"{name}: {rec.profile.event_count:,} events per step")
     for label, times in rows.items():
         med = statistics.median(times)
-        print(f"  {label:<22} {med * 1e3:9.1f} ms  x{med / bare:.2f}")
+        print(f"  {label:<34} {med * 1e3:9.1f} ms  x{med / bare:.2f}")
+    print(f"  {'start + stop of a recording':<34} {statistics.median(fixed) * 1e3:9.1f} ms")
 
 
 def main() -> None:

@@ -23,4 +23,10 @@ def load_ipython_extension(ipython: InteractiveShell) -> None:
 
 
 def _jupyter_labextension_paths() -> list[dict[str, Any]]:
+    """The prebuilt lab extension (built from labextension/ into jupyter_vram/labextension)."""
     return [{"src": "labextension", "dest": "jupyter-vram"}]
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    """Server extension serving BokehJS to the lab extension (see jupyter_vram/server.py)."""
+    return [{"module": "jupyter_vram.server"}]
