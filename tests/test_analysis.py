@@ -73,7 +73,7 @@ def test_live_at_peak_groups(profile: Profile) -> None:
     assert by_op == {"mm": (1200, 2), "(before recording)": (1000, 1), "relu": (300, 1)}
     site = {g.label: g.bytes for g in live_at_peak(profile, "site")}
     assert site == {"<module> (train.py:11)": 1200, "forward (model.py:5)": 300,
-                    "(no Python stack)": 1000}  # fmt: skip
+                    "(alive before the run)": 1000}  # fmt: skip
 
 
 def test_flame_tree_module_peak(profile: Profile) -> None:

@@ -13,6 +13,7 @@ from ..model import CATEGORIES, PHASES
 if TYPE_CHECKING:
     from ..model import Profile
 
+BEFORE_THE_RUN = "(alive before the run)"
 GroupKey = Literal["category", "module", "op", "phase", "stack", "site"]
 
 
@@ -36,10 +37,11 @@ def _labels(profile: Profile, key: GroupKey) -> tuple[npt.NDArray[np.int32], lis
         return a.module, [m or "(no module)" for m in profile.modules]
     if key == "op":
         return a.op, list(profile.ops)
-    # stacks: id -1 (no stack) goes to an extra last label
+    # stacks: allocations from before the run, and those without a stack, get labels of their own
     labels = [_stack_label(profile, i, full=key == "stack") for i in range(len(profile.stacks))]
-    ids = np.where(a.stack < 0, len(labels), a.stack).astype(np.int32)
-    return ids, [*labels, "(no Python stack)"]
+    n = len(labels)
+    ids = np.where(a.alloc_seq < 0, n + 1, np.where(a.stack < 0, n, a.stack)).astype(np.int32)
+    return ids, [*labels, "(no Python stack)", BEFORE_THE_RUN]
 
 
 def _stack_label(profile: Profile, stack_id: int, *, full: bool) -> str:

@@ -25,10 +25,16 @@ class FlameView(w.VBox):  # type: ignore[misc]
         self.profile = profile
         self._trees: dict[tuple[Hierarchy, Mode], FlameNode] = {}
         self.focus: tuple[str, ...] = ()
-        self.hierarchy = w.ToggleButtons(options=list(HIERARCHIES), description="")
-        self.mode = w.ToggleButtons(options=list(MODES), description="")
-        self.up = w.Button(description="up", icon="arrow-up", tooltip="zoom out one level")
-        self.reset = w.Button(description="reset", icon="home", tooltip="show the whole tree")
+        fit = {"button_width": "auto"}
+        self.hierarchy = w.ToggleButtons(options=list(HIERARCHIES), style=fit)
+        self.mode = w.ToggleButtons(options=list(MODES), style=fit)
+        small = w.Layout(width="auto")
+        self.up = w.Button(
+            description="up", icon="arrow-up", tooltip="zoom out one level", layout=small
+        )
+        self.reset = w.Button(
+            description="reset", icon="home", tooltip="the whole tree", layout=small
+        )
         self.crumbs = w.HTML()
         for widget, css in (
             (self.hierarchy, "jv-flame-hierarchy"), (self.mode, "jv-flame-mode"),

@@ -38,6 +38,19 @@ def _hidden_prefixes() -> tuple[str, ...]:
     return tuple(p for p in prefixes if p and p != os.sep)
 
 
+def _cell_name(filename: str) -> str:
+    """'In[7]' for the code of a notebook cell (IPython knows its execution count), else the
+    filename unchanged: a kernel's temporary cell file names mean nothing to a reader."""
+    try:
+        from IPython.core.getipython import get_ipython
+    except ImportError:
+        return filename
+    shell = get_ipython()
+    names = getattr(getattr(shell, "compile", None), "_filename_map", None)
+    number = names.get(filename) if isinstance(names, dict) else None
+    return f"In[{number}]" if isinstance(number, int) else filename
+
+
 class StackSampler:
     """Turns the current call stack into an interned stack id, outermost frame first.
 
@@ -93,6 +106,8 @@ class StackSampler:
                 (cast(CodeType, tkey[i]), cast(int, tkey[i + 1]))
                 for i in range(len(tkey) - 2, -1, -2)
             ]
-            frames = tuple(Frame(code.co_filename, line, code.co_name) for code, line in pairs)
+            frames = tuple(
+                Frame(_cell_name(code.co_filename), line, code.co_name) for code, line in pairs
+            )
             sid = self._cache[tkey] = self._builder.intern_stack(frames)
         return sid

@@ -16,6 +16,7 @@ from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Range1d, TapT
 from bokeh.models.annotations import Legend, LegendItem, Span
 from bokeh.models.widgets.tables import DataTable, NumberFormatter, StringFormatter, TableColumn
 from bokeh.plotting import figure
+from bokeh.transform import stack
 
 from ..analysis.flame import FlameNode
 from ..analysis.timeline import Timeline
@@ -202,14 +203,16 @@ def timeline_data(timeline: Timeline, max_points: int = 2000) -> dict[str, Any]:
     """Sampled categories-over-time columns: t (ms), one column per category (MiB), total."""
     idx = timeline.sample(max_points)
     by_cat = timeline.by_category(idx)
-    data: dict[str, Any] = {
-        "t": (timeline.time_ns[idx] / 1e6).tolist(),
-        "index": idx.tolist(),
-        "total": (timeline.total[idx] / 2**20).tolist(),
-        "total_h": [format_bytes(int(v)) for v in timeline.total[idx]],
+    base = timeline.baseline_by_category()
+    totals = [timeline.baseline_bytes, *timeline.total[idx].tolist()]
+    data: dict[str, Any] = {  # a first point at t=0: the baseline, before the first event
+        "t": [0.0, *(timeline.time_ns[idx] / 1e6).tolist()],
+        "index": [-1, *idx.tolist()],
+        "total": [v / 2**20 for v in totals],
+        "total_h": [format_bytes(int(v)) for v in totals],
     }
     for i, c in enumerate(CATEGORIES):
-        data[c] = (by_cat[:, i] / 2**20).tolist()
+        data[c] = [base[i] / 2**20, *(by_cat[:, i] / 2**20).tolist()]
     return data
 
 
@@ -226,10 +229,12 @@ def timeline_figure(
         toolbar_location="right", x_axis_label="time (ms)", y_axis_label="MiB live",
         title="Live memory by category",
     )  # fmt: skip
-    fig.varea_stack(
-        list(CATEGORIES), x="t", source=source,
-        color=[CATEGORY_COLORS[c] for c in CATEGORIES], legend_label=list(CATEGORIES),
-    )  # fmt: skip
+    cats = list(CATEGORIES)
+    for i, c in enumerate(cats):  # steps, not slopes: memory changes at events, not between
+        fig.varea_step(
+            x="t", y1=stack(*cats[:i]), y2=stack(*cats[: i + 1]), step_mode="after",
+            source=source, color=CATEGORY_COLORS[c], legend_label=c,
+        )  # fmt: skip
     points = fig.scatter(
         "t", "total", source=source, size=7, fill_alpha=0.0, line_alpha=0.0,
         selection_fill_alpha=1.0, selection_line_alpha=1.0, selection_color="black",
@@ -244,7 +249,7 @@ def timeline_figure(
                             line_dash="dotted", line_width=2))  # fmt: skip
     fig.add_tools(
         HoverTool(renderers=[points], tooltips=[("t", "@t{0.000} ms"), ("live", "@total_h")],
-                  mode="vline"),
+                  mode="vline", point_policy="snap_to_data"),
         TapTool(renderers=[points]),
     )  # fmt: skip
     fig.legend.orientation = "horizontal"
