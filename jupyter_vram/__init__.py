@@ -8,11 +8,22 @@ from .model import CATEGORIES, Frame, Profile
 from .recording import Recording, record
 from .session import last_profile
 
-__all__ = ["CATEGORIES", "Frame", "Profile", "Recording", "last_profile", "record"]
+__all__ = ["CATEGORIES", "Frame", "Profile", "Recording", "last_profile", "record", "show"]
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
+
+
+def show(profile: Profile) -> Any:
+    """Display the interactive app for a profile (what `%%vram` shows) and return it."""
+    from IPython.display import display
+
+    from .app import ProfileApp
+
+    app = ProfileApp(profile)
+    display(app)
+    return app
 
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:
