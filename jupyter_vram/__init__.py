@@ -22,7 +22,7 @@ def show(profile: Profile) -> Any:
     from .app import ProfileApp
 
     app = ProfileApp(profile)
-    display(app)
+    display(app)  # type: ignore[no-untyped-call]
     return app
 
 
