@@ -299,8 +299,9 @@ class Profile:
         )
 
     def save(self, path: str | Path) -> Path:
-        """Write JSON; a path ending in ``.gz`` is gzip-compressed."""
+        """Write JSON; a path ending in ``.gz`` is gzip-compressed. Missing folders are made."""
         path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
         payload = json.dumps(self.to_dict(), separators=(",", ":")).encode()
         if path.suffix == ".gz":
             payload = gzip.compress(payload, compresslevel=6)
