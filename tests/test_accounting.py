@@ -148,3 +148,14 @@ def test_baseline_is_categorised(mlp: MLP) -> None:
     assert rec.profile.event_count == 0
     modules = set(rec.profile.to_dataframe().query("category == 'parameter'")["module"])
     assert modules == {"MLP.fc1", "MLP.fc2"}
+
+
+def test_backward_seed_is_backward_phase() -> None:
+    model = nn.Linear(8, 8)
+    with jv.record() as rec:
+        model(torch.randn(2, 8)).sum().backward()
+    df = rec.profile.to_dataframe()
+    run = df[df["alloc_seq"] >= 0]
+    phases = {op: set(run[run["op"] == op]["phase"]) for op in ("addmm", "ones_like", "mm")}
+    assert phases == {"addmm": {"forward"}, "ones_like": {"backward"}, "mm": {"backward"}}
+    assert set(run[run["op"] == "mm"]["module"]) == {"Linear"}  # backward charged to the module

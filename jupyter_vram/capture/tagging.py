@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from types import FrameType
 from typing import Any, cast
 
 import torch
@@ -201,6 +203,8 @@ class Tagger:
             return PHASE_BACKWARD, module
         if self.module_stack:
             return PHASE_FORWARD, self.module_stack[-1]
+        if _seeding_backward():
+            return PHASE_BACKWARD, 0
         return (PHASE_FORWARD if self.forward_sticky else PHASE_OTHER), 0
 
     def _backward_started(self, task: int) -> None:
@@ -289,6 +293,24 @@ class Tagger:
         self.optimizer_depth = max(0, self.optimizer_depth - 1)
         with contextlib.suppress(Exception):  # bookkeeping must never break the user's step
             self.adopt((), [opt])
+
+
+# `loss.backward()` creates the initial gradient (ones_like) in Python, before the engine runs.
+_SEED_CODES = frozenset(
+    fn.__code__ for fn in (getattr(torch.autograd, "_make_grads", None),) if fn is not None
+)
+
+
+def _seeding_backward(max_depth: int = 10) -> bool:
+    """True while `torch.autograd.backward` is making the seed gradients of a backward pass."""
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(max_depth):
+        if frame is None:
+            return False
+        if frame.f_code in _SEED_CODES:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _metadata(node: Node) -> dict[str, Any]:
