@@ -37,11 +37,8 @@ from torch import nn  # noqa: E402
 
 import jupyter_vram as jv  # noqa: E402
 from jupyter_vram.capture.builder import ProfileBuilder  # noqa: E402
-from jupyter_vram.capture.cuda_snapshot import (  # noqa: E402
-    CudaSnapshotRecorder,
-    _Stacks,
-    profile_from_snapshot,
-)
+from jupyter_vram.capture.cuda_convert import _Stacks, profile_from_snapshot  # noqa: E402
+from jupyter_vram.capture.cuda_snapshot import CudaSnapshotRecorder  # noqa: E402
 from jupyter_vram.model import Profile  # noqa: E402
 
 MIB = 1 << 20
