@@ -1,0 +1,79 @@
+"""The app and the allocator analysis on a CUDA profile (converted from the snapshot fixture)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from jupyter_vram.analysis.allocator import allocator_state, reserved_at, reserved_peak
+from jupyter_vram.app import ProfileApp
+from jupyter_vram.app.timeline_view import TimelineView
+from jupyter_vram.capture.cuda_convert import profile_from_snapshot
+from jupyter_vram.model import Profile
+from jupyter_vram.render.html import header_facts
+from jupyter_vram.render.text import format_bytes
+
+FIXTURE = Path(__file__).parent / "fixtures" / "cuda_snapshot_mlp.json"
+GIB = 2**30
+DEVICE = {"name": "NVIDIA H200", "total": 141 * GIB, "device_used": 1 * GIB}
+
+
+@pytest.fixture(scope="module")
+def data() -> dict:  # type: ignore[type-arg]
+    return json.loads(FIXTURE.read_text())  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def prof(data: dict) -> Profile:  # type: ignore[type-arg]
+    return profile_from_snapshot(
+        data["snapshot"], baseline=data["baseline"], roles=data["roles"],
+        modules=data["modules"], device_info=DEVICE,
+    )  # fmt: skip
+
+
+def test_allocator_levels_and_gaps(prof: Profile, data: dict) -> None:  # type: ignore[type-arg]
+    expected = data["expected"]
+    state = allocator_state(prof)
+    assert state.has_caching_allocator
+    assert state.peak_allocated == expected["peak_allocated"]
+    assert state.peak_reserved == expected["peak_reserved"] == reserved_peak(prof)
+    assert state.end_reserved == expected["end_reserved"]
+    assert state.end_allocated == expected["end_allocated"]
+    cached = {g.label: g for g in state.gaps}["cached free blocks"]
+    assert cached.bytes == state.peak_reserved - state.allocated_at_reserved_peak
+    assert state.fragmentation == pytest.approx(cached.bytes / state.peak_reserved)
+    context = {g.label: g for g in state.gaps}["CUDA context and others"]
+    assert context.bytes == GIB - expected["end_reserved"]
+    assert reserved_at(prof, -1) == expected["baseline_reserved"]
+
+
+def test_expandable_segments_advice_follows_fragmentation(prof: Profile) -> None:
+    state = allocator_state(prof)
+    advised = any("expandable_segments" in a for a in state.advice)
+    assert advised == (state.fragmentation is not None and state.fragmentation > 0.2
+                       and (state.peak_reserved or 0) >= 256 * 2**20)  # fmt: skip
+
+
+def test_header_shows_reserved_and_device(prof: Profile, data: dict) -> None:  # type: ignore[type-arg]
+    facts = dict(header_facts(prof))
+    assert facts["peak allocated"] == format_bytes(data["expected"]["peak_allocated"])
+    assert facts["peak reserved"] == format_bytes(data["expected"]["peak_reserved"])
+    assert facts["device total"] == "141.0 GiB" and facts["device used"] == "1.0 GiB"
+    assert "CUDA allocator" in facts["device"]
+
+
+def test_app_tabs_on_a_cuda_profile(prof: Profile) -> None:
+    app = ProfileApp(prof)
+    for i in range(len(app.tabs.children)):
+        app.open_tab(i)
+    timeline = app.tabs.children[2]
+    assert isinstance(timeline, TimelineView)
+    reserved = [r for r in timeline.figure.renderers if "reserved" in r.data_source.data]
+    assert reserved, "the timeline draws reserved memory on CUDA"
+    allocator = app.tabs.children[4].value
+    assert "reserved (peak)" in allocator and "cached free blocks" in allocator
+    assert "Fragmentation at the reserved peak" in allocator
+    text = app._repr_mimebundle_()["text/plain"]
+    assert text.startswith("jupyter_vram · cuda:0 (CUDA allocator)")
