@@ -125,13 +125,13 @@ def record(name: str, step: Callable[[], None], out: Path, **kwargs: Any) -> Pro
     )
     print(f"  meta: { {k: v for k, v in m.items() if k not in ('torch',)} }")
     truncated = bool(m.get("truncated"))
+    check(
+        name,
+        "end allocated == memory_allocated()",
+        end == torch.cuda.memory_allocated(),
+        f"{end} vs {torch.cuda.memory_allocated()}",
+    )
     if truncated:
-        check(
-            name,
-            "end allocated == memory_allocated()",
-            end == torch.cuda.memory_allocated(),
-            f"{end} vs {torch.cuda.memory_allocated()}",
-        )
         check(
             name,
             "peak <= max_memory_allocated()",
@@ -151,12 +151,6 @@ def record(name: str, step: Callable[[], None], out: Path, **kwargs: Any) -> Pro
             "reserved peak == max_memory_reserved()",
             reserved_peak(prof) == max_res,
             f"{reserved_peak(prof)} vs {max_res}",
-        )
-        check(
-            name,
-            "end allocated == memory_allocated()",
-            end == torch.cuda.memory_allocated(),
-            f"{end} vs {torch.cuda.memory_allocated()}",
         )
         check(
             name,
