@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,23 +31,25 @@ class Interner:
 
 
 class ProfileBuilder:
-    """Column lists for the allocation table plus the tables their ids point into.
+    """Column arrays for the allocation table plus the tables their ids point into.
 
-    Plain lists, appended to from the recorder's hot path; `build` turns them into arrays.
+    ``array.array`` columns: appends as cheap as a list's from the recorder's hot path, but
+    8 bytes or fewer a value instead of a pointer plus an int object (a million-event run
+    holds ~50 MB instead of ~200 MB while recording). `build` turns them into numpy arrays.
     """
 
     def __init__(self) -> None:
-        self.size: list[int] = []
-        self.alloc_seq: list[int] = []
-        self.free_seq: list[int] = []
-        self.alloc_ns: list[int] = []
-        self.free_ns: list[int] = []
-        self.device: list[int] = []
-        self.op: list[int] = []
-        self.module: list[int] = []
-        self.stack: list[int] = []
-        self.phase: list[int] = []
-        self.category: list[int] = []
+        self.size = array("q")
+        self.alloc_seq = array("q")
+        self.free_seq = array("q")
+        self.alloc_ns = array("q")
+        self.free_ns = array("q")
+        self.device = array("i")
+        self.op = array("i")
+        self.module = array("i")
+        self.stack = array("i")
+        self.phase = array("b")
+        self.category = array("b")
         self.devices = Interner("cpu")
         self.ops = Interner()
         self.modules = Interner("")
