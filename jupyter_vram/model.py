@@ -214,6 +214,14 @@ class Profile:
 
         return allocations_frame(self)
 
+    def top_sites(
+        self, limit: int = 20, *, by: Literal["peak", "allocated"] = "peak"
+    ) -> pd.DataFrame:
+        """Allocation sites (Python line + op) ranked by bytes live at the peak or allocated."""
+        from .analysis.tables import top_sites
+
+        return top_sites(self, limit, by=by)
+
     def to_html(self, path: str | Path, *, resources: Literal["inline", "cdn"] = "inline") -> Path:
         """Write a standalone interactive report (flame graphs, breakdown, timeline, sites).
 

@@ -70,3 +70,9 @@ def test_inconsistent_columns_are_refused() -> None:
 
 def test_repr(recorded: Profile) -> None:
     assert repr(recorded).startswith("<Profile cpu (dispatch): peak ")
+
+
+def test_top_sites_facade(recorded: Profile) -> None:
+    sites = recorded.top_sites(5)
+    assert 0 < len(sites) <= 5
+    assert list(sites.columns)[:3] == ["site", "op", "live_at_peak_bytes"]
