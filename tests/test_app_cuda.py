@@ -46,7 +46,7 @@ def test_allocator_levels_and_gaps(prof: Profile, data: dict) -> None:  # type: 
     assert state.fragmentation == pytest.approx(cached.bytes / state.peak_reserved)
     context = {g.label: g for g in state.gaps}["CUDA context and others"]
     assert context.bytes == GIB - expected["end_reserved"]
-    assert reserved_at(prof, -1) == expected["baseline_reserved"]
+    assert reserved_at(prof, [-1])[0] == expected["baseline_reserved"]
 
 
 def test_expandable_segments_advice_follows_fragmentation(prof: Profile) -> None:
@@ -77,3 +77,11 @@ def test_app_tabs_on_a_cuda_profile(prof: Profile) -> None:
     assert "Fragmentation at the reserved peak" in allocator
     text = app._repr_mimebundle_()["text/plain"]
     assert text.startswith("jupyter_vram · cuda:0 (CUDA allocator)")
+
+
+def test_reserved_at_follows_segment_events(prof: Profile, data: dict) -> None:  # type: ignore[type-arg]
+    seg = prof.segments
+    order = seg.seq.argsort(kind="stable")
+    expected = seg.baseline + seg.delta[order].cumsum()
+    assert list(reserved_at(prof, seg.seq[order])) == list(expected)
+    assert max(reserved_at(prof, prof.timeline.seq)) <= data["expected"]["peak_reserved"]

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
 from ..model import Int64Array
 
@@ -57,17 +58,12 @@ def reserved_peak(profile: Profile) -> int:
     return int(max(profile.segments.baseline, int(reserved.max(initial=0))))
 
 
-def reserved_at(profile: Profile, seq: int) -> int:
-    """Reserved bytes right after event ``seq`` (-1: before the run)."""
-    seqs, reserved = reserved_series(profile)
-    i = int(np.searchsorted(seqs, seq, side="right")) - 1
-    return profile.segments.baseline if i < 0 else int(reserved[i])
-
-
-def _allocated_at_seq(profile: Profile, seq: int) -> int:
-    t = profile.timeline
-    i = int(np.searchsorted(t.seq, seq, side="right")) - 1
-    return t.total_at(i)
+def reserved_at(profile: Profile, seqs: npt.ArrayLike) -> Int64Array:
+    """Reserved bytes right after each event in ``seqs`` (-1: before the run), in one pass."""
+    seg_seqs, reserved = reserved_series(profile)
+    at = np.searchsorted(seg_seqs, np.asarray(seqs, np.int64), side="right") - 1
+    with_baseline = np.concatenate([[profile.segments.baseline], reserved]).astype(np.int64)
+    return with_baseline[at + 1]
 
 
 def allocator_state(profile: Profile) -> AllocatorState:
@@ -100,7 +96,7 @@ def allocator_state(profile: Profile) -> AllocatorState:
         at = int(seqs[int(np.argmax(reserved))])
     else:
         at = -1
-    allocated_then = _allocated_at_seq(profile, at)
+    allocated_then = t.total_at(t.index_at_seq(at))
     cached = max(0, peak_reserved - allocated_then)
     fragmentation = cached / peak_reserved if peak_reserved else 0.0
     end_reserved = int(reserved[-1]) if len(reserved) else profile.segments.baseline

@@ -38,13 +38,14 @@ def _labels(profile: Profile, key: GroupKey) -> tuple[npt.NDArray[np.int32], lis
     if key == "op":
         return a.op, list(profile.ops)
     # stacks: allocations from before the run, and those without a stack, get labels of their own
-    labels = [_stack_label(profile, i, full=key == "stack") for i in range(len(profile.stacks))]
+    labels = [stack_label(profile, i, full=key == "stack") for i in range(len(profile.stacks))]
     n = len(labels)
     ids = np.where(a.alloc_seq < 0, n + 1, np.where(a.stack < 0, n, a.stack)).astype(np.int32)
     return ids, [*labels, "(no Python stack)", BEFORE_THE_RUN]
 
 
-def _stack_label(profile: Profile, stack_id: int, *, full: bool) -> str:
+def stack_label(profile: Profile, stack_id: int, *, full: bool = False) -> str:
+    """The innermost user frame of a stack (its allocation site), or the whole stack."""
     frames = profile.stack_of(stack_id)
     if not frames:
         return "(no Python stack)"

@@ -9,6 +9,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from ..model import CATEGORIES, PHASES
+from .groups import stack_label
 
 if TYPE_CHECKING:
     from ..model import Profile
@@ -24,7 +25,7 @@ def allocations_frame(profile: Profile) -> pd.DataFrame:
     """One row per allocation, with names resolved and a live-at-peak flag."""
     a = profile.allocations
     timeline = profile.timeline
-    site_names = _unique([_site(profile, s) for s in range(len(profile.stacks))])
+    site_names = _unique([stack_label(profile, s) for s in range(len(profile.stacks))])
     site_codes = np.where(a.stack >= 0, a.stack, -1)
     return pd.DataFrame(
         {
@@ -60,11 +61,6 @@ def _unique(names: list[str] | tuple[str, ...]) -> list[str]:
     return out
 
 
-def _site(profile: Profile, stack_id: int) -> str:
-    frames = profile.stack_of(stack_id)
-    return str(frames[-1]) if frames else "(no Python stack)"
-
-
 def top_sites(profile: Profile, limit: int = 20, *, by: str = "peak") -> pd.DataFrame:
     """Allocation sites (Python stack + op), ranked by bytes live at the peak or allocated.
 
@@ -96,14 +92,14 @@ def top_sites(profile: Profile, limit: int = 20, *, by: str = "peak") -> pd.Data
     stacks = uniq[top] // n_ops - 1
     return pd.DataFrame(
         {
-            "site": [_site(profile, int(s)) for s in stacks],
+            "site": [stack_label(profile, int(s)) for s in stacks],
             "op": [profile.ops[int(k % n_ops)] for k in uniq[top]],
             "live_at_peak_bytes": peak_bytes[top].astype(np.int64),
             "allocated_bytes": allocated[top].astype(np.int64),
             "allocations": counts[top],
             "largest_bytes": largest[top].astype(np.int64),
             "category": [CATEGORIES[int(c)] for c in main_cat[top]],
-            "stack": [" > ".join(str(f) for f in profile.stack_of(int(s))) for s in stacks],
+            "stack": [stack_label(profile, int(s), full=True) for s in stacks],
         },
         columns=SITE_COLUMNS,
     )

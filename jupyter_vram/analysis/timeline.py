@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from ..model import CATEGORIES, Int64Array
+from ..model import CATEGORIES, PHASES, Int64Array
 
 if TYPE_CHECKING:
     from ..model import Profile
@@ -58,6 +58,18 @@ class Timeline:
 
     def total_at(self, index: int) -> int:
         return self.baseline_bytes if index < 0 else int(self.total[index])
+
+    @property
+    def peak_phase(self) -> str:
+        """The phase of the event that reached the peak ('baseline' if nothing rose above it)."""
+        if self.peak_index < 0:
+            return "baseline"
+        row = int(self.alloc_index[self.peak_index])
+        return PHASES[int(self.profile.allocations.phase[row])]
+
+    def index_at_seq(self, seq: int) -> int:
+        """The last event at or before sequence number ``seq`` (-1 if none)."""
+        return int(np.searchsorted(self.seq, seq, side="right")) - 1
 
     def index_at_time(self, time_ns: int) -> int:
         """The last event at or before ``time_ns`` (-1 if none)."""

@@ -27,7 +27,9 @@ class TimelineView(w.VBox):  # type: ignore[misc]
             reserved = ColumnDataSource(
                 {
                     "t": data["t"],
-                    "reserved": [reserved_at(profile, t.seq_at(i)) / 2**20 for i in data["index"]],
+                    "reserved": (
+                        reserved_at(profile, [t.seq_at(i) for i in data["index"]]) / 2**20
+                    ).tolist(),
                 }
             )
         peak_ms = float(t.time_ns[t.peak_index] / 1e6) if t.peak_index >= 0 else None

@@ -7,14 +7,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from ..analysis.allocator import has_segments, reserved_peak
 from ..analysis.groups import Group
-from ..model import CATEGORIES, PHASES
-from .text import format_bytes
+from ..model import CATEGORIES
+from .text import SOURCE_NAMES, format_bytes
 
 if TYPE_CHECKING:
     from ..model import Profile
-
-SOURCE_NAMES = {"dispatch": "tensor tracker", "cuda_snapshot": "CUDA allocator"}
 
 
 def header_facts(profile: Profile) -> list[tuple[str, str]]:
@@ -23,11 +22,8 @@ def header_facts(profile: Profile) -> list[tuple[str, str]]:
     info = profile.device_info
     facts = [("peak allocated", format_bytes(profile.peak_bytes))]
     if t.peak_index >= 0:
-        row = int(t.alloc_index[t.peak_index])
-        facts.append(("peak in", PHASES[int(profile.allocations.phase[row])]))
-    if len(profile.segments.seq) or profile.segments.baseline:
-        from ..analysis.allocator import reserved_peak
-
+        facts.append(("peak in", t.peak_phase))
+    if has_segments(profile):
         facts.append(("peak reserved", format_bytes(reserved_peak(profile))))
     if info.get("device_used") is not None:
         facts.append(("device used", format_bytes(int(info["device_used"]))))

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..model import PHASES
-
 if TYPE_CHECKING:
     from ..model import Profile
+
+
+SOURCE_NAMES = {"dispatch": "tensor tracker", "cuda_snapshot": "CUDA allocator"}
 
 
 def format_bytes(n: float) -> str:
@@ -33,13 +34,7 @@ def summary(profile: Profile, *, top: int = 5) -> str:
 
     t = profile.timeline
     peak = profile.peak_bytes
-    peak_phase = "baseline"
-    if t.peak_index >= 0:
-        row = int(t.alloc_index[t.peak_index])
-        peak_phase = PHASES[int(profile.allocations.phase[row])]
-    source = {"dispatch": "tensor tracker", "cuda_snapshot": "CUDA allocator"}.get(
-        profile.source, profile.source
-    )
+    source = SOURCE_NAMES.get(profile.source, profile.source)
     lines = [
         f"jupyter_vram · {profile.device} ({source}) · {profile.wall_ns / 1e9:.3f} s · "
         f"{profile.event_count:,} events",
@@ -48,7 +43,7 @@ def summary(profile: Profile, *, top: int = 5) -> str:
         lines.append(f"the cell raised {profile.error}; the profile covers the run up to it")
     when = f"{t.time_ns[t.peak_index] / 1e6:.1f} ms in" if t.peak_index >= 0 else "before the run"
     lines.append(
-        f"peak {format_bytes(peak)} ({when}, {peak_phase} phase); before the cell "
+        f"peak {format_bytes(peak)} ({when}, {t.peak_phase} phase); before the cell "
         f"{format_bytes(t.baseline_bytes)}, after {format_bytes(t.total_at(len(t) - 1))}"
     )
     lines.append("at the peak:")
