@@ -171,6 +171,31 @@ class Profile:
         self._timeline: Timeline | None = None
         self._validate()
 
+    def replace(self, **changes: Any) -> Profile:
+        """A new Profile with some fields changed (``allocations``, ``devices``, ``meta``...)."""
+        fields: dict[str, Any] = {
+            "allocations": self.allocations,
+            "device": self.device,
+            "source": self.source,
+            "devices": self.devices,
+            "ops": self.ops,
+            "modules": self.modules,
+            "frames": self.frames,
+            "stacks": self.stacks,
+            "wall_ns": self.wall_ns,
+            "event_count": self.event_count,
+            "segments": self.segments,
+            "device_info": self.device_info,
+            "error": self.error,
+            "meta": self.meta,
+        }
+        unknown = set(changes) - set(fields)
+        if unknown:
+            raise TypeError(f"Profile has no field(s) {sorted(unknown)}")
+        fields.update(changes)
+        allocations = fields.pop("allocations")
+        return Profile(allocations, **fields)
+
     def _validate(self) -> None:
         a = self.allocations
         if len(a) == 0:

@@ -9,7 +9,11 @@ if TYPE_CHECKING:
     from ..model import Profile
 
 
-SOURCE_NAMES = {"dispatch": "tensor tracker", "cuda_snapshot": "CUDA allocator"}
+SOURCE_NAMES = {
+    "dispatch": "tensor tracker",
+    "cuda_snapshot": "CUDA allocator",
+    "estimate": "estimate: fake-tensor run",
+}
 
 
 def format_bytes(n: float) -> str:

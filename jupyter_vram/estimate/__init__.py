@@ -1,0 +1,20 @@
+"""Predict a training step's memory without a GPU: fake-tensor runs in a separate process."""
+
+from .api import Comparison, Estimate, RunSummary, estimate
+from .gpus import GPUS, Gpu, find_gpu
+from .inputs import InputError
+from .runner import EstimateError
+from .step import StepSettings
+
+__all__ = [
+    "GPUS",
+    "Comparison",
+    "Estimate",
+    "EstimateError",
+    "Gpu",
+    "InputError",
+    "RunSummary",
+    "StepSettings",
+    "estimate",
+    "find_gpu",
+]

@@ -1,0 +1,306 @@
+"""`jv.estimate()`: a full training step's memory, predicted without a GPU.
+
+The step runs on fake tensors in a separate process (see :mod:`.worker`) under the same
+recorder as ``%%vram``, so an estimate *is* a profile: same categories, flame graph and
+timeline. For a CUDA target the run's requests go through a model of the caching allocator
+(:mod:`.cuda_model`), which predicts ``max_memory_allocated`` and ``max_memory_reserved``;
+device used adds a fixed allowance for the CUDA context and library workspaces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from ..model import Profile
+from .gpus import GPUS, Gpu, find_gpu
+from .inputs import make_batch_spec
+from .runner import DEFAULT_TIMEOUT_S, EstimateError, EstimatorProcess
+from .search import largest_fitting
+from .step import LossFn, OptimizerFactory, StepSettings, check_optimizer
+from .worker import Job
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: CUDA context, cuBLAS / cuDNN workspaces and what the driver keeps back, on top of the
+#: allocator's reserved memory. Measured totals vary from about 0.5 to 1.5 GiB.
+RUNTIME_OVERHEAD_BYTES = 1 << 30
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """The numbers of one simulated step that fit checks need."""
+
+    batch_size: int
+    peak_bytes: int  # allocated (CUDA: in allocator blocks, as max_memory_allocated counts)
+    reserved_bytes: int  # CUDA: predicted max_memory_reserved; CPU: same as peak
+    device_used_bytes: int  # CUDA: reserved + runtime overhead
+
+    @classmethod
+    def of(cls, profile: Profile, batch_size: int) -> RunSummary:
+        model = profile.meta.get("allocator_model")
+        if model is None:
+            return cls(batch_size, profile.peak_bytes, profile.peak_bytes, profile.peak_bytes)
+        reserved = int(model["peak_reserved"])
+        return cls(batch_size, profile.peak_bytes, reserved, reserved + RUNTIME_OVERHEAD_BYTES)
+
+
+class Estimate:
+    """A predicted training step: its profile, peak, and what it fits on.
+
+    Methods that need more runs (``max_batch_size``, ``gpu_table``, ``what_ifs``) start the
+    estimator process again; results are cached per settings and batch size.
+    """
+
+    def __init__(self, profile: Profile, settings: StepSettings, job: Job, *,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:  # fmt: skip
+        self.profile = profile
+        self.settings = settings
+        self._job = job
+        self._timeout_s = timeout_s
+        info = profile.meta.get("estimate", {})
+        self.batch_size: int = int(info.get("batch_size", 1))
+        self.model_name: str = str(info.get("model", ""))
+        self.parameters: int = int(info.get("parameters", 0))
+        self.input: str = str(info.get("input", ""))
+        self._summaries: dict[tuple[StepSettings, int], RunSummary] = {
+            (settings, self.batch_size): RunSummary.of(profile, self.batch_size)
+        }
+        self._process: EstimatorProcess | None = None
+
+    # -- the estimate itself --------------------------------------------------------------
+
+    @property
+    def peak_bytes(self) -> int:
+        """Peak allocated bytes (CUDA: what ``torch.cuda.max_memory_allocated`` would say)."""
+        return self.profile.peak_bytes
+
+    def peak_breakdown(self) -> dict[str, int]:
+        """Category -> bytes live at the peak; sums to :attr:`peak_bytes`."""
+        return self.profile.peak_breakdown()
+
+    @property
+    def summary(self) -> RunSummary:
+        return self._summaries[(self.settings, self.batch_size)]
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Predicted ``max_memory_reserved`` (CUDA); the peak itself on CPU."""
+        return self.summary.reserved_bytes
+
+    @property
+    def device_used_bytes(self) -> int:
+        """What nvidia-smi would show at the peak: reserved plus the runtime overhead."""
+        return self.summary.device_used_bytes
+
+    def fits(self, gpu: str | Gpu) -> bool:
+        """Whether this step, at this batch size, fits in ``gpu``'s memory."""
+        return self.device_used_bytes <= _gpu(gpu).memory_bytes
+
+    # -- more runs --------------------------------------------------------------------------
+
+    def run(
+        self, settings: StepSettings | None = None, batch_size: int | None = None
+    ) -> RunSummary:
+        """Simulate again with other settings or batch size (cached)."""
+        settings = settings or self.settings
+        batch = batch_size or self.batch_size
+        key = (settings, batch)
+        if key not in self._summaries:
+            with self._session() as process:
+                profile = process.run(settings, batch)
+            self._summaries[key] = RunSummary.of(profile, batch)
+        return self._summaries[key]
+
+    def variant(self, settings: StepSettings) -> Profile:
+        """The full profile of the same step under other settings."""
+        with self._session() as process:
+            profile = process.run(settings, self.batch_size)
+        self._summaries[(settings, self.batch_size)] = RunSummary.of(profile, self.batch_size)
+        return profile
+
+    def max_batch_size(self, gpu: str | Gpu, *, progress: Progress | None = None,
+                       settings: StepSettings | None = None) -> int:  # fmt: skip
+        """The largest batch whose step fits ``gpu`` (0: not even batch 1)."""
+        return self.max_batch_sizes([gpu], progress=progress, settings=settings)[_gpu(gpu).name]
+
+    def max_batch_sizes(self, gpus: Iterable[str | Gpu] | None = None, *,
+                        progress: Progress | None = None,
+                        settings: StepSettings | None = None) -> dict[str, int]:  # fmt: skip
+        """Largest fitting batch for each GPU, sharing runs between them."""
+        settings = settings or self.settings
+        chosen = [_gpu(g) for g in gpus] if gpus is not None else list(GPUS)
+        results: dict[str, int] = {}
+        with self._session():
+            for gpu in chosen:
+                if progress is not None:
+                    progress(f"largest batch for {gpu.name} ...")
+
+                def used(batch: int) -> int:
+                    if progress is not None and (settings, batch) not in self._summaries:
+                        progress(f"  simulating batch {batch}")
+                    return self.run(settings, batch).device_used_bytes
+
+                results[gpu.name] = largest_fitting(used, gpu.memory_bytes, start=self.batch_size)
+        return results
+
+    def gpu_table(self, gpus: Iterable[str | Gpu] | None = None, *, search: bool = True,
+                  progress: Progress | None = None) -> pd.DataFrame:  # fmt: skip
+        """One row per GPU: memory, whether this step fits, headroom, largest batch."""
+        import pandas as pd
+
+        chosen = [_gpu(g) for g in gpus] if gpus is not None else list(GPUS)
+        largest = self.max_batch_sizes(chosen, progress=progress) if search else {}
+        rows = []
+        for gpu in chosen:
+            row: dict[str, Any] = {
+                "gpu": gpu.name,
+                "memory_gib": round(gpu.memory_gib, 1),
+                "fits": self.fits(gpu),
+                "headroom_gib": round((gpu.memory_bytes - self.device_used_bytes) / 2**30, 2),
+            }
+            if search:
+                row["max_batch_size"] = largest[gpu.name]
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def what_ifs(self, *, gpus: int = 8, progress: Progress | None = None) -> pd.DataFrame:
+        """The same step under other precision, checkpointing, optimizer and sharding."""
+        from .whatif import what_if_table
+
+        return what_if_table(self, data_parallel=gpus, progress=progress)
+
+    def compare(self, measured: Profile) -> Comparison:
+        """This estimate against a measured profile of the same step."""
+        return Comparison.of(self, measured)
+
+    # -- process ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _session(self) -> Iterator[EstimatorProcess]:
+        """An estimator process for the duration of the outermost call."""
+        if self._process is not None:
+            yield self._process
+            return
+        with EstimatorProcess(self._job, timeout_s=self._timeout_s) as process:
+            self._process = process
+            try:
+                yield process
+            finally:
+                self._process = None
+
+    # -- display --------------------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        from ..render.text import format_bytes
+
+        return (
+            f"<Estimate {self.model_name} batch {self.batch_size} on {self.settings.device}: "
+            f"peak {format_bytes(self.peak_bytes)}, reserved {format_bytes(self.reserved_bytes)}>"
+        )
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        from ..render.estimate_text import estimate_summary
+
+        printer.text(estimate_summary(self))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Estimated vs measured peak (and per category), with the relative error."""
+
+    estimated_bytes: int
+    measured_bytes: int
+    estimated: dict[str, int]
+    measured: dict[str, int]
+
+    @property
+    def error(self) -> float:
+        """(estimated - measured) / measured."""
+        return (self.estimated_bytes - self.measured_bytes) / max(self.measured_bytes, 1)
+
+    @classmethod
+    def of(cls, estimate: Estimate, measured: Profile) -> Comparison:
+        return cls(estimate.peak_bytes, measured.peak_bytes, estimate.peak_breakdown(),
+                   measured.peak_breakdown())  # fmt: skip
+
+
+def _gpu(gpu: str | Gpu) -> Gpu:
+    return gpu if isinstance(gpu, Gpu) else find_gpu(gpu)
+
+
+def estimate(
+    model: nn.Module | Callable[[], nn.Module],
+    inputs: Any = None,
+    optimizer: str | OptimizerFactory = "adamw",
+    device: str = "cuda",
+    dtype: str | None = None,
+    amp: str | None = None,
+    checkpoint: bool = False,
+    *,
+    batch_size: int | None = None,
+    inference: bool = False,
+    loss_fn: LossFn | None = None,
+    stacks: bool = True,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> Estimate:
+    """Predict the memory of one training step of ``model`` on ``inputs``.
+
+    ``model`` may live anywhere, the meta device included (only shapes are read), or be a
+    function that builds it. ``inputs``: a shape (``"8x3x224x224"``; ``"8x512"`` is token ids
+    for a language model), named shapes (``"input_ids=8x512,attention_mask=8x512"``), example
+    tensors, a dict of them, or ``f(batch_size) -> batch``; None reads a transformers config.
+    ``optimizer``: a name (adamw, adam, sgd, adafactor, adagrad, rmsprop, adamw8bit, none) or
+    ``f(params) -> optimizer``. ``device``: the device predicted, "cuda" (default) or "cpu".
+    """
+    if not isinstance(model, nn.Module) and not callable(model):
+        raise EstimateError(
+            f"model must be a torch.nn.Module (or a function that builds one), "
+            f"not {type(model).__name__}"
+        )
+    factory = optimizer if callable(optimizer) else None
+    name = "custom" if factory is not None else check_optimizer(str(optimizer))
+    if device not in ("cuda", "cpu") and not device.startswith("cuda:"):
+        raise EstimateError(f"device must be 'cuda' or 'cpu', not {device!r}")
+    if dtype is not None:
+        from .inputs import parse_dtype
+
+        if not parse_dtype(dtype).is_floating_point:
+            raise EstimateError(f"dtype must be a floating type, not {dtype!r}")
+    if amp is not None:
+        from ..transforms.amp import amp_dtype
+
+        amp_dtype(amp)
+    spec = make_batch_spec(_probe(model), inputs, batch_size)
+    settings = StepSettings(device=device, dtype=dtype, amp=amp, checkpoint=checkpoint,
+                            optimizer=name, inference=inference, stacks=stacks)  # fmt: skip
+    job = Job(model, spec, loss_fn, factory)
+    with EstimatorProcess(job, timeout_s=timeout_s) as process:
+        profile = process.run(settings, None)
+    return Estimate(profile, settings, job, timeout_s=timeout_s)
+
+
+def _probe(model: nn.Module | Callable[[], nn.Module]) -> nn.Module:
+    """The model itself, or one built by the factory on the meta device (no memory)."""
+    if isinstance(model, nn.Module):
+        return model
+    import torch
+
+    try:
+        with torch.device("meta"):
+            built = model()
+    except Exception as error:  # noqa: BLE001 - the user's factory failed: say so plainly
+        raise EstimateError(f"the model factory failed: {type(error).__name__}: {error}") from None
+    if not isinstance(built, nn.Module):
+        raise EstimateError(f"the model factory returned {type(built).__name__}, not a Module")
+    return built
+
+
+__all__ = ["Comparison", "Estimate", "EstimateError", "RunSummary", "estimate"]

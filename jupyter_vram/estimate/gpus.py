@@ -1,0 +1,110 @@
+"""Common GPUs and their memory, so an estimate can say which cards it fits on.
+
+Sizes are the total ``nvidia-smi`` (NVML) reports, in whole MiB, with a recent driver. That
+is the figure people see and quote; the CUDA runtime (``cudaMemGetInfo``, and so
+``torch.cuda.get_device_properties().total_memory``) reports a few hundred MiB less on most
+cards (e.g. about 79.2 GiB on an A100 80GB), and the CUDA context takes a few hundred MiB
+more before any tensor exists. A fit check should keep that headroom, or use
+:func:`gpu_from_bytes` with the real device's figure.
+
+Marketing names differ from what the driver calls a card ("NVIDIA A100-SXM4-80GB",
+"Tesla T4", "NVIDIA GeForce RTX 4090"), so :func:`find_gpu` ignores case, punctuation, vendor
+words and form factors (SXM, PCIe, HBM): a form factor does not change the memory.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["GPUS", "Gpu", "find_gpu", "gpu_from_bytes"]
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A GPU model and the memory its driver reports.
+
+    ``approximate`` marks sizes taken from the marketing figure (GB read as GiB) rather than
+    a driver's report.
+    """
+
+    name: str
+    memory_bytes: int
+    approximate: bool = False
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory_bytes / (1 << 30)
+
+
+def _gpu(name: str, mib: int, *aliases: str, approximate: bool = False) -> Gpu:
+    return Gpu(name, mib * MIB, approximate, aliases)
+
+
+#: Ascending by memory. A bare family name ("a100", "v100") means its largest variant here.
+GPUS: tuple[Gpu, ...] = (
+    _gpu("GTX 1060 6GB", 6144, "gtx 1060", "1060", approximate=True),
+    _gpu("RTX 3060 12GB", 12288, "rtx 3060", "3060"),
+    _gpu("T4", 15360, "t4 16gb"),
+    _gpu("V100 16GB", 16384),
+    _gpu("A10", 23028, "a10 24gb"),
+    _gpu("L4", 23034, "l4 24gb"),
+    _gpu("RTX 4090", 24564, "4090", "rtx 4090 24gb"),
+    _gpu("RTX 3090", 24576, "3090", "rtx 3090 24gb"),
+    _gpu("V100 32GB", 32768, "v100", approximate=True),
+    _gpu("A100 40GB", 40960),
+    _gpu("L40S", 46068, "l40s 48gb"),
+    _gpu("H100 80GB", 81559, "h100"),
+    _gpu("A100 80GB", 81920, "a100"),
+    _gpu("H200", 143771, "h200 141gb"),
+)
+
+_VENDOR_WORDS = frozenset({"nvidia", "geforce", "tesla"})
+_FORM_FACTOR = re.compile(r"sxm\d*|pcie|hbm\d*e?")
+
+
+def _key(name: str) -> str:
+    """``name`` reduced to what tells cards apart: "NVIDIA A100-SXM4-80GB" -> "a10080gb"."""
+    tokens = re.findall(r"[a-z0-9]+", name.lower())
+    kept = (
+        t + "b" if re.fullmatch(r"\d+g", t) else t  # "80g" -> "80gb"
+        for t in tokens
+        if t not in _VENDOR_WORDS and not _FORM_FACTOR.fullmatch(t)
+    )
+    return "".join(kept)
+
+
+def _index() -> dict[str, Gpu]:
+    index: dict[str, Gpu] = {}
+    for gpu in GPUS:
+        for alias in (gpu.name, *gpu.aliases):
+            key = _key(alias)
+            if index.setdefault(key, gpu) is not gpu:
+                raise ValueError(f"GPU name {alias!r} is ambiguous")
+    return index
+
+
+_BY_KEY = _index()
+
+
+def find_gpu(name: str) -> Gpu:
+    """The GPU called ``name``: "a100 80gb", "A100-80GB", "h100", "4090", "Tesla T4" ...
+
+    A family name without a size is its largest variant ("a100" is the 80 GB card, "v100"
+    the 32 GB one); give the size to be sure. Raises ValueError for an unknown name.
+    """
+    gpu = _BY_KEY.get(_key(name))
+    if gpu is None:
+        known = ", ".join(g.name for g in GPUS)
+        raise ValueError(f"unknown GPU {name!r}; known GPUs: {known}")
+    return gpu
+
+
+def gpu_from_bytes(name: str, total: int) -> Gpu:
+    """A Gpu for a device seen at run time (e.g. ``torch.cuda.get_device_properties``)."""
+    if total <= 0:
+        raise ValueError(f"GPU memory must be positive, got {total}")
+    return Gpu(name, int(total), False, ())

@@ -1,0 +1,264 @@
+"""The estimator process: runs training steps on fake tensors and writes their profiles.
+
+Started by :mod:`jupyter_vram.estimate.runner` as ``python -m jupyter_vram.estimate.worker
+JOB``. Fake-tensor runs can abort a process (FACTS.md), so they never run in the kernel. The
+protocol is one JSON line per message on the process's original stdout (the model's own prints
+are sent to stderr): a ``ready`` line once the job is loaded, then one reply per request read
+from stdin (``{"settings": {...}, "batch_size": N, "out": PATH}``; ``{"quit": true}`` ends).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..model import Allocations, Profile
+from .inputs import BatchSpec, parse_dtype, with_default_labels
+from .step import (
+    EIGHT_BIT,
+    LossFn,
+    OptimizerFactory,
+    StepSettings,
+    float_dtype,
+    make_optimizer,
+    training_step,
+)
+from .transport import TensorDescriptor, TensorSlots, loads
+
+SIMULATED_DEVICE = "cpu"  # fake tensors claim this device; their storage is on "meta"
+
+
+@dataclass
+class Job:
+    """Everything the kernel sends once: the model (or a factory) and how to feed it."""
+
+    model: nn.Module | Callable[[], nn.Module]
+    batch: BatchSpec
+    loss_fn: LossFn | None = None
+    optimizer_factory: OptimizerFactory | None = None
+    sys_path: tuple[str, ...] = ()
+
+
+class Simulator:
+    """A loaded model, ready to run fake steps at any batch size and settings."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        model = job.model
+        if not isinstance(model, nn.Module):
+            with torch.device("meta"):
+                model = model()
+            if not isinstance(model, nn.Module):
+                raise TypeError(f"the model factory returned {type(model).__name__}, not a Module")
+        self.model = model
+        self.slots = TensorSlots(model)
+        self.batch = with_default_labels(model, job.batch)
+        params = [d for d in self.slots.descriptors() if d.parameter]
+        self.parameter_count = sum(_numel(d) for d in params)
+        self.trainable_count = sum(_numel(d) for d in params if d.requires_grad)
+
+    def run(self, settings: StepSettings, batch_size: int | None) -> Profile:
+        """Record one steady-state step (after a warm-up step) on fake tensors."""
+        from ..capture.fake import fake_mode
+        from ..recording import record
+        from ..transforms.checkpointing import enable_checkpointing
+
+        batch = self.batch.with_batch_size(batch_size) if batch_size else self.batch
+        cast = parse_dtype(settings.dtype) if settings.dtype else None
+        mode = fake_mode()
+
+        def fake(descriptor: TensorDescriptor) -> torch.Tensor:
+            is_float = descriptor.dtype.is_floating_point
+            dtype = cast if cast is not None and is_float else descriptor.dtype
+            with mode:
+                tensor = torch.empty_strided(
+                    descriptor.shape, descriptor.stride, dtype=dtype, device=SIMULATED_DEVICE
+                )
+            if descriptor.parameter:
+                return nn.Parameter(tensor, requires_grad=descriptor.requires_grad)
+            return tensor
+
+        undo = enable_checkpointing(self.model) if settings.checkpoint else None
+        self.slots.fill(fake)
+        started = time.perf_counter()
+        unit_bytes = _largest_unit_bytes(self.model)
+        try:
+            self.model.train(not settings.inference)
+            with mode:
+                args, kwargs = batch.build(SIMULATED_DEVICE, float_dtype(settings, self.model))
+                optimizer = make_optimizer(settings, self.model, self.job.optimizer_factory)
+                if not settings.inference:
+                    self._step(optimizer, args, kwargs, settings)  # optimizer state, as in step 2
+                with record(device="meta", stacks=settings.stacks) as rec:
+                    self._step(optimizer, args, kwargs, settings)
+                del args, kwargs, optimizer
+        finally:
+            self.slots.clear()
+            if undo is not None:
+                undo()
+        info = {
+            "settings": settings.to_dict(),
+            "batch_size": batch.batch_size,
+            "input": batch.describe(),
+            "model": type(self.model).__name__,
+            "parameters": self.parameter_count,
+            "trainable_parameters": self.trainable_count,
+            "seconds": round(time.perf_counter() - started, 3),
+            "unit_parameter_bytes": unit_bytes,
+            "simulated_on": "fake tensors (torch FakeTensorMode) on the CPU",
+        }
+        return finish_profile(rec.profile, settings, info)
+
+    def _step(self, optimizer: Any, args: Any, kwargs: Any, settings: StepSettings) -> None:
+        from ..capture.fake import scalars_read_as_one
+
+        training_step(
+            self.model,
+            optimizer,
+            args,
+            kwargs,
+            settings,
+            SIMULATED_DEVICE,
+            self.job.loss_fn,
+            optimizer_context=scalars_read_as_one,
+        )
+
+
+def _largest_unit_bytes(model: nn.Module) -> int:
+    """Parameter bytes of the largest repeated block (what FSDP gathers at once)."""
+    from ..transforms.checkpointing import repeated_blocks
+
+    def size(module: nn.Module) -> int:
+        return sum(p.numel() * p.element_size() for p in module.parameters())
+
+    blocks = repeated_blocks(model)
+    return max((size(b) for b in blocks), default=size(model))
+
+
+def _numel(descriptor: TensorDescriptor) -> int:
+    n = 1
+    for d in descriptor.shape:
+        n *= d
+    return n
+
+
+def finish_profile(raw: Profile, settings: StepSettings, info: dict[str, Any]) -> Profile:
+    """Name the simulated device as the target and apply what the fake run cannot show."""
+    from .whatif import eight_bit_state
+
+    # Fake tensors keep their storage on "meta" and stand for memory on the target device;
+    # real tensors of this process (library constants, RNG state) are not the model's.
+    fake_rows = raw.allocations.device == raw.devices.index(raw.device)
+    columns = {
+        name: getattr(raw.allocations, name)[fake_rows] for name in raw.allocations.to_columns()
+    }
+    columns["device"] = np.zeros(int(fake_rows.sum()), np.int32)
+    profile = raw.replace(
+        allocations=Allocations.from_columns(columns),
+        devices=[settings.device],
+        device=settings.device,
+        source="estimate",
+        meta={**raw.meta, "estimate": info},
+    )
+    if settings.optimizer in EIGHT_BIT:
+        profile = eight_bit_state(profile)
+    if settings.target_type == "cuda":
+        from .cuda_model import to_cuda_profile
+
+        profile = to_cuda_profile(profile, device=settings.device)
+    return profile
+
+
+def describe_error(error: BaseException) -> str:
+    """A message that says what went wrong in the user's terms, and where."""
+    from ..capture.fake import is_data_dependent, is_unsupported
+
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    where = _user_frame(error)
+    if is_data_dependent(error):
+        head = (
+            f"the model computes something from tensor values ({text}), which a fake-tensor "
+            "run cannot know; estimate a model whose forward does not call .item(), "
+            "nonzero() or boolean indexing on data"
+        )
+    elif is_unsupported(error):
+        head = f"operator {text} has no fake-tensor implementation, so it cannot be simulated"
+    elif "compiled with CUDA" in text or "CUDA driver" in text or "no NVIDIA driver" in text:
+        head = (
+            "the model calls a GPU-only operation (" + text + "); the estimator simulates the "
+            "step on fake CPU tensors, so device-specific calls (.cuda(), device='cuda', "
+            "CUDA-only kernels) must not be hard-coded in the model's forward"
+        )
+    elif isinstance(error, RuntimeError) and any(
+        w in text for w in ("shape", "size", "dimension", "mat1", "expected input")
+    ):
+        head = f"the model rejected the input ({text}); check the input spec"
+    else:
+        head = f"{type(error).__name__}: {text}"
+    return head + (f"\n  at {where}" if where else "")
+
+
+def _user_frame(error: BaseException) -> str | None:
+    """The innermost traceback frame outside torch and jupyter_vram."""
+    skip = (os.sep + "torch" + os.sep, os.sep + "jupyter_vram" + os.sep)
+    found = None
+    for frame in traceback.extract_tb(error.__traceback__):
+        if not any(s in frame.filename for s in skip):
+            found = f"{frame.filename}:{frame.lineno} in {frame.name}: {frame.line or ''}".strip()
+    return found
+
+
+def _send(channel: IO[str], message: dict[str, Any]) -> None:
+    channel.write(json.dumps(message) + "\n")
+    channel.flush()
+
+
+def main(argv: list[str]) -> int:
+    channel = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # anything the model prints goes to stderr, never into the protocol
+    job_path = Path(argv[1])
+    header = json.loads(job_path.with_suffix(".json").read_text())
+    sys.path[:0] = [p for p in header.get("sys_path", []) if p not in sys.path]
+    try:
+        job = loads(job_path.read_bytes())
+        simulator = Simulator(job)
+    except BaseException as error:  # noqa: BLE001 - reported to the kernel, which raises
+        _send(channel, {"ok": False, "error": "could not load the model: " + describe_error(error)})
+        return 1
+    _send(
+        channel,
+        {
+            "ok": True,
+            "ready": True,
+            "model": type(simulator.model).__name__,
+            "parameters": simulator.parameter_count,
+            "input": simulator.batch.describe(),
+        },
+    )
+    for line in sys.stdin:
+        request = json.loads(line)
+        if request.get("quit"):
+            break
+        try:
+            settings = StepSettings(**request["settings"])
+            profile = simulator.run(settings, request.get("batch_size"))
+            profile.save(request["out"])
+            _send(channel, {"ok": True, "peak": profile.peak_bytes})
+        except Exception as error:  # noqa: BLE001 - reported to the kernel, which raises
+            _send(channel, {"ok": False, "error": describe_error(error)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,90 @@
+"""Plain-text rendering of an estimate: the prediction, what it fits, what-ifs, comparison."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .text import format_bytes
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ..estimate.api import Comparison, Estimate
+
+#: What the simulation models and what it does not; shown with every estimate.
+MODELLED = (
+    "modelled: every tensor of a forward, loss, backward and optimizer step (the second step, "
+    "so optimizer state exists) at its exact size and lifetime; on CUDA the caching "
+    "allocator's 512 B rounding, block splitting and 2/20 MiB segments, Adam's foreach path; "
+    "device used = reserved + 1 GiB for the CUDA context, library workspaces and driver"
+)
+NOT_MODELLED = (
+    "not modelled: CUDA-only kernels' own workspaces (cuBLAS, cuDNN, flash attention), "
+    "fragmentation after many steps, other processes, NCCL buffers, torch.compile"
+)
+
+
+def estimate_summary(estimate: Estimate) -> str:
+    """The estimate in a few lines: settings, peak, reserved, device used, breakdown, fits."""
+    from ..estimate.gpus import GPUS
+
+    s = estimate.settings
+    params = f"{estimate.parameters / 1e6:,.1f}M parameters" if estimate.parameters else ""
+    lines = [
+        f"jupyter_vram estimate · {estimate.model_name} ({params}) · input {estimate.input}",
+        f"{'inference' if s.inference else 'training step'} on {s.device}: {s.describe()}",
+        f"peak allocated {format_bytes(estimate.peak_bytes)}"
+        + (
+            f", reserved {format_bytes(estimate.reserved_bytes)}, device used "
+            f"{format_bytes(estimate.device_used_bytes)}"
+            if s.target_type == "cuda"
+            else ""
+        ),
+        "at the peak:",
+    ]
+    peak = max(estimate.peak_bytes, 1)
+    for name, nbytes in estimate.peak_breakdown().items():
+        if nbytes:
+            lines.append(f"  {name:<16}{format_bytes(nbytes):>12} {100 * nbytes / peak:5.1f}%")
+    fits = [g.name for g in GPUS if estimate.fits(g)]
+    lines.append("fits at this batch size: " + (", ".join(fits) if fits else "none of the GPUs"))
+    lines += [MODELLED, NOT_MODELLED]
+    return "\n".join(lines)
+
+
+def gpu_table_text(table: pd.DataFrame) -> str:
+    """The GPU table as aligned text."""
+    lines = [f"{'GPU':<16}{'memory':>10}  {'fits':<5}{'headroom':>11}  largest batch"]
+    for _, row in table.iterrows():
+        largest = row.get("max_batch_size")
+        lines.append(
+            f"{row['gpu']:<16}{row['memory_gib']:>7.1f} GiB  {'yes' if row['fits'] else 'no':<5}"
+            f"{row['headroom_gib']:>7.1f} GiB  {'' if largest is None else largest}"
+        )
+    return "\n".join(lines)
+
+
+def what_if_text(table: pd.DataFrame) -> str:
+    """The what-if table as aligned text."""
+    lines = [f"{'what if':<46}{'peak':>12}{'device used':>14}{'change':>9}"]
+    for _, row in table.iterrows():
+        lines.append(
+            f"{row['what_if']:<46}{format_bytes(row['peak_bytes']):>12}"
+            f"{format_bytes(row['device_used_bytes']):>14}{100 * row['change']:>+8.1f}%"
+        )
+    return "\n".join(lines)
+
+
+def comparison_text(comparison: Comparison) -> str:
+    """Estimated vs measured peak, and where they differ."""
+    lines = [
+        f"estimate {format_bytes(comparison.estimated_bytes)} vs measured "
+        f"{format_bytes(comparison.measured_bytes)}: error {100 * comparison.error:+.1f}%"
+    ]
+    for name, measured in comparison.measured.items():
+        estimated = comparison.estimated.get(name, 0)
+        if measured or estimated:
+            lines.append(
+                f"  {name:<16}{format_bytes(estimated):>12} est {format_bytes(measured):>12} meas"
+            )
+    return "\n".join(lines)

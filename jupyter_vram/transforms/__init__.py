@@ -1,0 +1,1 @@
+"""Changes applied to a model for a run (activation checkpointing, AMP), each undoable."""

@@ -1,0 +1,69 @@
+"""Activation checkpointing switched on for a model, and off again.
+
+transformers models have their own switch (``gradient_checkpointing_enable``), which knows
+which layers to wrap. Any other model gets its repeated blocks wrapped: the children of its
+largest ``nn.ModuleList`` / ``nn.Sequential`` of same-typed modules, which is how transformer
+stacks and ResNet stages are built. Checkpointing uses the non-reentrant implementation.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+Undo = Callable[[], None]
+
+
+def repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """The modules of the model's biggest list of same-typed blocks (empty if none)."""
+    best: list[nn.Module] = []
+    best_size = 0
+    for container in model.modules():
+        if not isinstance(container, (nn.ModuleList, nn.Sequential)):
+            continue
+        blocks = list(container.children())
+        if len(blocks) < 2 or len({type(b) for b in blocks}) != 1:
+            continue
+        size = sum(p.numel() for b in blocks for p in b.parameters())
+        if size > best_size:
+            best, best_size = blocks, size
+    return best
+
+
+def enable_checkpointing(model: nn.Module) -> Undo:
+    """Checkpoint the model's blocks; returns the function that switches it back off."""
+    hf_enable = getattr(model, "gradient_checkpointing_enable", None)
+    if callable(hf_enable) and getattr(model, "supports_gradient_checkpointing", False):
+        hf_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        disable = model.gradient_checkpointing_disable
+        return lambda: disable()  # type: ignore[operator]
+    blocks = repeated_blocks(model)
+    if not blocks:
+        raise ValueError(
+            f"{type(model).__name__} has no repeated blocks (a ModuleList or Sequential of "
+            "same-typed modules) to checkpoint"
+        )
+    for block in blocks:
+        _wrap(block)
+
+    def undo() -> None:
+        for block in blocks:
+            block.__dict__.pop("forward", None)
+
+    return undo
+
+
+def _wrap(block: nn.Module) -> None:
+    original = block.forward
+
+    @functools.wraps(original)
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        if not block.training:
+            return original(*args, **kwargs)
+        return checkpoint(original, *args, use_reentrant=False, **kwargs)
+
+    block.forward = checkpointed  # type: ignore[method-assign]
