@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .model import Profile
@@ -53,8 +53,11 @@ class VramMagics(Magics):
             from IPython.display import display
 
             from .app import ProfileApp
+            from .session import matching_estimate
 
-            display(ProfileApp(profile))
+            estimate = matching_estimate(profile)
+            comparison = estimate.compare(profile) if estimate is not None else None
+            display(ProfileApp(profile, comparison=comparison))
 
         run = run_code(
             source,
@@ -67,3 +70,34 @@ class VramMagics(Magics):
         if run.nested:
             print("%%vram: already recording; this nested cell ran without its own recording")
         return run.value
+
+    @magic_arguments()
+    @argument("model", help="the model: a name or expression in the notebook (nn.Module)")
+    @argument(
+        "--input",
+        "-i",
+        default=None,
+        help="a shape (8x3x224x224; 8x512 = token ids), name=shape pairs, or a variable "
+        "holding tensors / a dict / a batch function (default: from a transformers config)",
+    )
+    @argument("--batch-size", "-b", type=int, default=None, help="batch size (first dim)")
+    @argument("--optimizer", default="adamw", help="adamw, adam, sgd, adafactor, adamw8bit, ...")
+    @argument("--dtype", default=None, help="cast parameters: fp32, bf16, fp16")
+    @argument("--amp", default=None, help="autocast dtype: bf16 or fp16")
+    @argument("--checkpoint", action="store_true", help="activation checkpointing")
+    @argument("--inference", action="store_true", help="forward only, under no_grad")
+    @argument("--device", default="cuda", help="device to predict: cuda (default) or cpu")
+    @argument("--gpu", default=None, help="a GPU to check (e.g. A100-80GB): fit + largest batch")
+    @argument("--what-if", action="store_true", help="also show the what-if table")
+    @argument("--gpus", type=int, default=8, help="GPUs for the data-parallel what-ifs")
+    @argument("--timeout", type=float, default=300.0, help="seconds before giving up")
+    @argument("--text", action="store_true", help="print text instead of the app")
+    @line_magic
+    def vram_estimate(self, line: str) -> None:
+        """Predict a training step's memory without a GPU, and what it fits on."""
+        from .estimate.magic import run_estimate_magic
+
+        args = parse_argstring(self.vram_estimate, line)
+        shell = self.shell
+        assert shell is not None
+        run_estimate_magic(args, shell.user_ns)

@@ -5,17 +5,33 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from .capture import RECORDING_LOCK
 from .model import Profile
 from .recording import record
 
+if TYPE_CHECKING:
+    from .estimate.api import Estimate
+
 _history: list[Profile] = []
+_estimates: list[Estimate] = []  # newest last
+_KEPT_ESTIMATES = 8
 
 
 def remember(profile: Profile) -> None:
     _history[:] = [profile]
+
+
+def remember_estimate(estimate: Estimate) -> None:
+    """Keep an estimate so a later `%%vram` of the same model can be compared with it."""
+    _estimates.append(estimate)
+    del _estimates[:-_KEPT_ESTIMATES]
+
+
+def matching_estimate(profile: Profile) -> Estimate | None:
+    """The newest remembered estimate of the model ``profile`` ran, if any."""
+    return next((e for e in reversed(_estimates) if e.matches(profile)), None)
 
 
 def last_profile() -> Profile | None:

@@ -19,10 +19,10 @@ from torch import nn
 from ..model import Profile
 from .gpus import GPUS, Gpu, find_gpu
 from .inputs import make_batch_spec
+from .job import Job
 from .runner import DEFAULT_TIMEOUT_S, EstimateError, EstimatorProcess
 from .search import largest_fitting
 from .step import LossFn, OptimizerFactory, StepSettings, check_optimizer
-from .worker import Job
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -176,6 +176,18 @@ class Estimate:
         from .whatif import what_if_table
 
         return what_if_table(self, data_parallel=gpus, progress=progress)
+
+    def matches(self, measured: Profile) -> bool:
+        """Whether ``measured`` ran the same model: same top-level class, same parameter bytes
+        (within 2 %, which absorbs CUDA block rounding)."""
+        if not self.model_name or measured.source == "estimate":
+            return False
+        roots = {name.split(".", 1)[0] for name in measured.modules if name}
+        if self.model_name not in roots:
+            return False
+        mine = self.peak_breakdown()["parameter"]
+        theirs = measured.peak_breakdown()["parameter"]
+        return mine > 0 and abs(theirs - mine) <= 0.02 * mine
 
     def compare(self, measured: Profile) -> Comparison:
         """This estimate against a measured profile of the same step."""

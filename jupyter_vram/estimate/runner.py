@@ -22,9 +22,9 @@ from types import TracebackType
 from typing import IO, Any
 
 from ..model import Profile
+from .job import Job
 from .step import StepSettings
 from .transport import dumps
-from .worker import Job
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -124,7 +124,7 @@ class EstimatorProcess:
             process.stdin.flush()
         except OSError:
             raise self._died("before the run started") from None
-        what = f"the step at batch size {batch_size}" if batch_size else "the step"
+        what = f"running the step at batch size {batch_size}" if batch_size else "running the step"
         self._receive(what)
         profile = Profile.load(out)
         out.unlink(missing_ok=True)

@@ -56,3 +56,10 @@ def _predict(used: Callable[[int], int], lo: int, hi: int, limit: int, max_batch
         return (lo + hi) // 2
     # try the prediction; if it was already tried on one side, step to its neighbour
     return target if target > lo else lo + 1
+
+
+def format_batch(batch: int) -> str:
+    """A search result for people: 0 means nothing fits, the cap means "at least"."""
+    if batch == 0:
+        return "none (batch 1 does not fit)"
+    return f">= {batch:,}" if batch >= MAX_BATCH else f"{batch:,}"

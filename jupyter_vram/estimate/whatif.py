@@ -125,18 +125,22 @@ def what_if_table(estimate: Estimate, *, data_parallel: int = 8,
     """Every what-if in one table: simulated variants, then data-parallel sharding.
 
     Columns: ``what_if``, ``kind`` ("simulated" / "arithmetic"), ``peak_bytes``,
-    ``reserved_bytes``, ``device_used_bytes``, ``change`` (device used vs the estimate).
+    ``reserved_bytes``, ``device_used_bytes``, ``change`` (device used vs the estimate) and
+    ``note`` (why a variant could not run: its numbers are NaN).
     """
     import pandas as pd
+
+    from .runner import EstimateError
 
     base = estimate.settings
     rows: list[dict[str, Any]] = []
 
-    def add(name: str, kind: str, peak: int, reserved: int, used: int) -> None:
+    def add(name: str, kind: str, peak: float, reserved: float, used: float,
+            note: str = "") -> None:  # fmt: skip
         change = (used - estimate.device_used_bytes) / max(estimate.device_used_bytes, 1)
         rows.append({"what_if": name, "kind": kind, "peak_bytes": peak,
                      "reserved_bytes": reserved, "device_used_bytes": used,
-                     "change": change})  # fmt: skip
+                     "change": change, "note": note})  # fmt: skip
 
     summary = estimate.summary
     add("as estimated: " + base.describe(), "simulated", summary.peak_bytes,
@@ -145,7 +149,12 @@ def what_if_table(estimate: Estimate, *, data_parallel: int = 8,
         for name, settings in variants(base):
             if progress is not None:
                 progress(f"simulating {name} ...")
-            run = estimate.run(settings)
+            try:
+                run = estimate.run(settings)
+            except EstimateError as error:  # e.g. nothing to checkpoint: a row that says so
+                nan = float("nan")
+                add(name, "simulated", nan, nan, nan, note=str(error).splitlines()[0])
+                continue
             add(name, "simulated", run.peak_bytes, run.reserved_bytes, run.device_used_bytes)
     if not base.inference:
         unit = int(estimate.profile.meta.get("estimate", {}).get("unit_parameter_bytes", 0))

@@ -14,8 +14,6 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -24,11 +22,10 @@ import torch
 from torch import nn
 
 from ..model import Allocations, Profile
-from .inputs import BatchSpec, parse_dtype, with_default_labels
+from .inputs import parse_dtype, with_default_labels
+from .job import Job
 from .step import (
     EIGHT_BIT,
-    LossFn,
-    OptimizerFactory,
     StepSettings,
     float_dtype,
     make_optimizer,
@@ -37,17 +34,6 @@ from .step import (
 from .transport import TensorDescriptor, TensorSlots, loads
 
 SIMULATED_DEVICE = "cpu"  # fake tensors claim this device; their storage is on "meta"
-
-
-@dataclass
-class Job:
-    """Everything the kernel sends once: the model (or a factory) and how to feed it."""
-
-    model: nn.Module | Callable[[], nn.Module]
-    batch: BatchSpec
-    loss_fn: LossFn | None = None
-    optimizer_factory: OptimizerFactory | None = None
-    sys_path: tuple[str, ...] = ()
 
 
 class Simulator:
@@ -194,14 +180,14 @@ def describe_error(error: BaseException) -> str:
         )
     elif is_unsupported(error):
         head = f"operator {text} has no fake-tensor implementation, so it cannot be simulated"
-    elif "compiled with CUDA" in text or "CUDA driver" in text or "no NVIDIA driver" in text:
+    elif "cuda" in text.lower() or "nvidia" in text.lower():
         head = (
             "the model calls a GPU-only operation (" + text + "); the estimator simulates the "
             "step on fake CPU tensors, so device-specific calls (.cuda(), device='cuda', "
             "CUDA-only kernels) must not be hard-coded in the model's forward"
         )
     elif isinstance(error, RuntimeError) and any(
-        w in text for w in ("shape", "size", "dimension", "mat1", "expected input")
+        w in text for w in ("shape", "size", "dim", "mat1", "expected", "mismatch")
     ):
         head = f"the model rejected the input ({text}); check the input spec"
     else:

@@ -29,7 +29,7 @@ def estimate_summary(estimate: Estimate) -> str:
     from ..estimate.gpus import GPUS
 
     s = estimate.settings
-    params = f"{estimate.parameters / 1e6:,.1f}M parameters" if estimate.parameters else ""
+    params = f"{format_count(estimate.parameters)} parameters"
     lines = [
         f"jupyter_vram estimate · {estimate.model_name} ({params}) · input {estimate.input}",
         f"{'inference' if s.inference else 'training step'} on {s.device}: {s.describe()}",
@@ -52,6 +52,17 @@ def estimate_summary(estimate: Estimate) -> str:
     return "\n".join(lines)
 
 
+def format_count(n: int) -> str:
+    """1234 -> '1.2K', 124_439_808 -> '124.4M', 6_738_415_616 -> '6.74B'."""
+    if n >= 1e9:
+        return f"{n / 1e9:.2f}B"
+    if n >= 1e6:
+        return f"{n / 1e6:.1f}M"
+    if n >= 1e3:
+        return f"{n / 1e3:.1f}K"
+    return str(n)
+
+
 def gpu_table_text(table: pd.DataFrame) -> str:
     """The GPU table as aligned text."""
     lines = [f"{'GPU':<16}{'memory':>10}  {'fits':<5}{'headroom':>11}  largest batch"]
@@ -68,6 +79,9 @@ def what_if_text(table: pd.DataFrame) -> str:
     """The what-if table as aligned text."""
     lines = [f"{'what if':<46}{'peak':>12}{'device used':>14}{'change':>9}"]
     for _, row in table.iterrows():
+        if row.get("note"):
+            lines.append(f"{row['what_if']:<46}  n/a: {row['note']}")
+            continue
         lines.append(
             f"{row['what_if']:<46}{format_bytes(row['peak_bytes']):>12}"
             f"{format_bytes(row['device_used_bytes']):>14}{100 * row['change']:>+8.1f}%"

@@ -1,0 +1,109 @@
+"""What `%vram_estimate` does once its arguments are parsed (magics.py stays a thin shell)."""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .api import Estimate, estimate
+from .gpus import find_gpu
+from .inputs import InputError
+from .runner import EstimateError
+from .search import format_batch
+from .step import StepError
+
+#: Failures that deserve a one-paragraph message, not a traceback.
+EXPECTED_ERRORS = (EstimateError, InputError, StepError)
+
+
+def resolve(expression: str, namespace: Mapping[str, Any], what: str) -> Any:
+    """Evaluate a name or expression from the magic's line in the notebook's namespace."""
+    try:
+        return eval(expression, dict(namespace))  # the user's own expression, in their namespace
+    except Exception as error:  # noqa: BLE001 - reported as a clear message
+        raise InputError(f"cannot evaluate {what} {expression!r}: {error}") from None
+
+
+def resolve_inputs(text: str | None, namespace: Mapping[str, Any]) -> Any:
+    """``--input``: a variable of the notebook if one has that name, else a shape spec."""
+    if text is None:
+        return None
+    name = text.strip()
+    if name.isidentifier() and name in namespace:
+        return namespace[name]
+    return text
+
+
+def run_estimate_magic(args: Namespace, namespace: dict[str, Any]) -> Estimate | None:
+    """Run the estimate, show it, and bind it to ``_vram_estimate``; errors become messages."""
+    from IPython.display import display
+
+    from ..session import remember_estimate
+
+    progress = _progress_line()
+    try:
+        model = resolve(args.model, namespace, "the model")
+        gpu = find_gpu(args.gpu) if args.gpu else None
+        progress(f"estimating {type(model).__name__} on fake tensors ...")
+        result = estimate(
+            model,
+            resolve_inputs(args.input, namespace),
+            optimizer=args.optimizer,
+            device=args.device,
+            dtype=args.dtype,
+            amp=args.amp,
+            checkpoint=args.checkpoint,
+            batch_size=args.batch_size,
+            inference=args.inference,
+            timeout_s=args.timeout,
+        )
+        namespace["_vram_estimate"] = result
+        remember_estimate(result)
+        largest = result.max_batch_size(gpu, progress=progress) if gpu is not None else None
+        what_ifs = result.what_ifs(gpus=args.gpus, progress=progress) if args.what_if else None
+    except EXPECTED_ERRORS as error:
+        progress("")
+        print(f"%vram_estimate: {error}")
+        return None
+    except ValueError as error:  # an unknown GPU name
+        progress("")
+        print(f"%vram_estimate: {error}")
+        return None
+    progress("")
+    if args.text:
+        from ..render.estimate_text import estimate_summary, what_if_text
+
+        print(estimate_summary(result))
+        if what_ifs is not None:
+            print(what_if_text(what_ifs))
+    else:
+        from ..app import ProfileApp
+
+        display(ProfileApp(result.profile, estimate=result))  # type: ignore[no-untyped-call]
+        if what_ifs is not None:
+            from ..render.estimate_text import what_if_text
+
+            print(what_if_text(what_ifs))
+    if gpu is not None and largest is not None:
+        fits = "fits" if result.fits(gpu) else "does NOT fit"
+        print(
+            f"{gpu.name}: batch {result.batch_size} {fits}; "
+            f"largest batch that fits: {format_batch(largest)}"
+        )
+    return result
+
+
+def _progress_line() -> Callable[[str], None]:
+    """One output line that each progress message replaces."""
+    from IPython.display import display
+
+    handle = display("", display_id=True)  # type: ignore[no-untyped-call]
+
+    def show(message: str) -> None:
+        if handle is not None:
+            handle.update({"text/plain": message.strip()}, raw=True)
+        elif message.strip():
+            print(message)
+
+    return show
