@@ -7,8 +7,9 @@ peak vs ``torch.cuda.max_memory_allocated()``, reserved peak vs ``max_memory_res
 end state vs ``memory_allocated()/memory_reserved()``, sizes replayed vs estimated, the
 category breakdown at the peak and the recording overhead. Workloads: a 2-layer MLP Adam step
 (first step, which creates the optimizer state, and a second one), a 2-layer GPT-2 AdamW step,
-the same MLP step with a ring buffer too small for it (truncation), and a child process with
-``expandable_segments:True``.
+the same MLP step with a ring buffer too small for it (truncation), a child process with
+``expandable_segments:True``, and a child process comparing ``jv.estimate`` (fake tensors,
+allocator model) with the real step's ``max_memory_allocated`` / ``max_memory_reserved``.
 
 Writes OUT_DIR/<name>.profile.json.gz and OUT_DIR/<name>.snapshot.json.gz (the raw snapshot,
 baseline snapshot, roles and module table the recorder converted; frames are trimmed if the
@@ -269,11 +270,70 @@ def child_expandable(out: Path) -> None:
     sys.exit(1 if failures else 0)
 
 
+def child_estimate(out: Path) -> None:
+    """Runs in a fresh child process: jv.estimate(...) vs the allocator's own peak counters.
+
+    The same canonical step the estimator simulates (jupyter_vram.estimate.step), on a real
+    GPU: warm-up step, reset the peak counters, the measured step.
+    """
+    import transformers
+
+    from jupyter_vram.estimate import estimate
+    from jupyter_vram.estimate.inputs import make_batch_spec, with_default_labels
+    from jupyter_vram.estimate.step import StepSettings, make_optimizer, training_step
+
+    transformers.logging.set_verbosity_error()
+    config = transformers.GPT2Config(n_layer=2, n_embd=256, n_head=4, vocab_size=8192,
+                                     n_positions=256)  # fmt: skip
+    cases = {
+        "mlp_adam": (
+            lambda: nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1000)),
+            "64x1024",
+            "adam",
+        ),
+        "gpt2_adamw": (lambda: transformers.GPT2LMHeadModel(config), "8x128", "adamw"),
+        "gpt2_sgd": (lambda: transformers.GPT2LMHeadModel(config), "8x128", "sgd"),
+    }
+    for name, (build, inputs, optimizer) in cases.items():
+        print(f"\n== estimate vs CUDA: {name}")
+        settings = StepSettings(device="cuda", optimizer=optimizer)
+        with torch.device("meta"):
+            meta_model = build()
+        est = estimate(meta_model, inputs, optimizer=optimizer)
+        torch.manual_seed(0)
+        model = build().cuda().train()
+        spec = with_default_labels(model, make_batch_spec(model, inputs))
+        args, kwargs = spec.build("cuda", torch.float32)
+        opt = make_optimizer(settings, model)
+        training_step(model, opt, args, kwargs, settings, "cuda")
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        training_step(model, opt, args, kwargs, settings, "cuda")
+        torch.cuda.synchronize()
+        measured = torch.cuda.max_memory_allocated()
+        reserved = torch.cuda.max_memory_reserved()
+        err = (est.peak_bytes - measured) / measured
+        err_r = (est.reserved_bytes - reserved) / reserved
+        results[f"estimate_{name}"] = {"estimated": est.peak_bytes, "measured": measured,
+                                       "estimated_reserved": est.reserved_bytes,
+                                       "measured_reserved": reserved}  # fmt: skip
+        got = f"{est.peak_bytes / MIB:.2f} vs {measured / MIB:.2f} MiB ({err:+.2%})"
+        check(name, "estimate vs max_memory_allocated within 5%", abs(err) <= 0.05, got)
+        got = f"{est.reserved_bytes / MIB:.2f} vs {reserved / MIB:.2f} MiB ({err_r:+.2%})"
+        check(name, "estimate vs max_memory_reserved within 10%", abs(err_r) <= 0.10, got)
+        del model, opt, args, kwargs
+        torch.cuda.empty_cache()
+    (out / "summary_estimate.json").write_text(json.dumps(results, default=str, indent=1))
+    sys.exit(1 if failures else 0)
+
+
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "cuda_check_out")
     out.mkdir(parents=True, exist_ok=True)
     if len(sys.argv) > 2 and sys.argv[2] == "--child-expandable":
         child_expandable(out)
+    if len(sys.argv) > 2 and sys.argv[2] == "--child-estimate":
+        child_estimate(out)
     assert torch.cuda.is_available(), "this check needs a CUDA device"
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(0)}")
     memory = torch.cuda.memory
@@ -334,6 +394,23 @@ def main() -> None:
     print(child.stdout[-4000:], child.stderr[-2000:])
     if child.returncode != 0:
         failures.append("expandable segments child failed")
+
+    print("\n== estimate vs CUDA (child process)")
+    try:
+        import cloudpickle  # noqa: F401  (the estimator sends models with it)
+    except ImportError:
+        print("  skipped: cloudpickle is not installed here (bring its wheel)")
+    else:
+        child = subprocess.run(
+            [sys.executable, __file__, str(out), "--child-estimate"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        print(child.stdout[-4000:], child.stderr[-2000:])
+        if child.returncode != 0:
+            failures.append("estimate vs CUDA child failed")
 
     (out / "summary.json").write_text(json.dumps(results, default=str, indent=1))
     print("\nFAILURES:\n  " + "\n  ".join(failures) if failures else "\nall checks passed")

@@ -81,6 +81,11 @@ class VramMagics(Magics):
         "holding tensors / a dict / a batch function (default: from a transformers config)",
     )
     @argument("--batch-size", "-b", type=int, default=None, help="batch size (first dim)")
+    @argument(
+        "--loss",
+        default=None,
+        help="a function loss(output, batch) in the notebook (default: output.loss, else a sum)",
+    )
     @argument("--optimizer", default="adamw", help="adamw, adam, sgd, adafactor, adamw8bit, ...")
     @argument("--dtype", default=None, help="cast parameters: fp32, bf16, fp16")
     @argument("--amp", default=None, help="autocast dtype: bf16 or fp16")

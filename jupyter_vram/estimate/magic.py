@@ -56,6 +56,7 @@ def run_estimate_magic(args: Namespace, namespace: dict[str, Any]) -> Estimate |
             checkpoint=args.checkpoint,
             batch_size=args.batch_size,
             inference=args.inference,
+            loss_fn=resolve(args.loss, namespace, "the loss") if args.loss else None,
             timeout_s=args.timeout,
         )
         namespace["_vram_estimate"] = result
