@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 from jupyter_bokeh import BokehModel
@@ -20,23 +20,50 @@ from ..render.text import format_bytes, summary
 from .flame_view import FlameView
 from .timeline_view import TimelineView
 
+if TYPE_CHECKING:
+    from ..estimate.api import Comparison, Estimate
+
 TABS = ("Flame graph", "Breakdown", "Timeline", "Top sites", "Allocator")
 STYLE = """<style>
-.jv-header{display:flex;flex-wrap:wrap;gap:4px 18px;font-size:13px;padding:4px 0}
+.jv-header{display:flex;flex-wrap:wrap;gap:4px 18px;font-size:13px;padding:4px 0;line-height:1.6}
 .jv-label{color:var(--jp-ui-font-color2,#666)}
 .jv-error{color:#a00;margin:2px 0}
-.jv-table{border-collapse:collapse;font-size:12px;margin:4px 0}
+.jv-table{border-collapse:collapse;font-size:12px;margin:4px 0;line-height:1.5}
 .jv-table td,.jv-table th{padding:1px 8px;border-bottom:1px solid #ddd}
 .jv-table caption{text-align:left;font-weight:bold}
+.jv-estimate-badge{display:inline-block;margin:2px 0;padding:1px 8px;border-radius:3px;
+font-weight:bold;font-size:13px;background:#fff3cd;color:#6b4e00;border:1px solid #e0c36a}
+.jv-estimate-note{font-size:12px;line-height:1.6;color:var(--jp-ui-font-color2,#666);margin:2px 0}
+.jv-estimate-note summary{cursor:pointer}
+.jv-comparison{font-size:13px;line-height:1.6;margin:4px 0;padding:2px 8px;
+border-left:4px solid #4C72B0}
+.jv-fit-no td{color:#a00}
+.jv-up{color:#a00}.jv-down{color:#2a7a2a}
+.jv-whatifs td,.jv-whatifs th{white-space:nowrap}
+.jv-whatifs td.jv-whatif-note{white-space:normal;max-width:480px;color:#8a5a00;font-style:italic}
+.jv-note{font-size:12px;line-height:1.5;max-width:900px}
 </style>"""
 
 
 class ProfileApp(w.VBox):  # type: ignore[misc]
-    """Header + tabs for one Profile. Without a widget frontend it shows the text summary."""
+    """Header + tabs for one Profile. Without a widget frontend it shows the text summary.
 
-    def __init__(self, profile: Profile) -> None:
+    An estimate's profile (``source == "estimate"``) gets a header that says so. With
+    ``estimate`` (the :class:`Estimate` behind it) a "Fit & what-ifs" tab is added; with
+    ``comparison`` (a measured profile against an earlier estimate) the header shows the error.
+    """
+
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        estimate: Estimate | None = None,
+        comparison: Comparison | None = None,
+    ) -> None:
         self.profile = profile
-        self.header = w.HTML(STYLE + header_html(profile))
+        self.estimate = estimate
+        self.comparison = comparison
+        self.header = w.HTML(STYLE + self._header_html())
         self.header.add_class("jv-header-box")
         self._builders: dict[int, Callable[[], w.Widget]] = {
             0: lambda: FlameView(profile),
@@ -45,8 +72,14 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
             3: self._sites,
             4: self._allocator,
         }
-        self.tabs = w.Tab(children=[_placeholder() for _ in TABS])
-        for i, title in enumerate(TABS):
+        titles = list(TABS)
+        if estimate is not None:
+            from .estimate_view import TITLE, EstimateView
+
+            self._builders[len(titles)] = lambda: EstimateView(estimate)
+            titles.append(TITLE)
+        self.tabs = w.Tab(children=[_placeholder() for _ in titles])
+        for i, title in enumerate(titles):
             self.tabs.set_title(i, title)
         self.tabs.add_class("jv-tabs")
         self.tabs.observe(self._on_tab, "selected_index")
@@ -68,6 +101,19 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
     def _on_tab(self, change: dict[str, Any]) -> None:
         if change["new"] is not None and change["new"] in self._builders:
             self.open_tab(change["new"])
+
+    def _header_html(self) -> str:
+        if self.profile.source == "estimate":
+            from .estimate_view import estimate_header_html
+
+            text = estimate_header_html(self.profile)
+        else:
+            text = header_html(self.profile)
+        if self.comparison is not None:
+            from .estimate_view import comparison_html
+
+            text += comparison_html(self.comparison)
+        return text
 
     def _breakdown(self) -> w.Widget:
         breakdown = self.profile.peak_breakdown()
@@ -110,8 +156,22 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         bundle = super()._repr_mimebundle_(**kwargs)
         if isinstance(bundle, dict):
-            bundle["text/plain"] = summary(self.profile)
+            bundle["text/plain"] = self.text()
         return bundle
+
+    def text(self) -> str:
+        """What a frontend without widgets shows: the text summary (and comparison)."""
+        if self.estimate is not None:
+            from ..render.estimate_text import estimate_summary
+
+            text = estimate_summary(self.estimate)
+        else:
+            text = summary(self.profile)
+        if self.comparison is not None:
+            from ..render.estimate_text import comparison_text
+
+            text += "\n" + comparison_text(self.comparison)
+        return text
 
 
 def _placeholder() -> w.Widget:

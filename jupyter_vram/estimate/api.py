@@ -232,6 +232,14 @@ class Comparison:
     measured_bytes: int
     estimated: dict[str, int]
     measured: dict[str, int]
+    estimated_device: str = ""
+    measured_device: str = ""
+
+    @property
+    def same_device(self) -> bool:
+        """Both sides on the same kind of device (a CUDA estimate vs a CPU run differs by the
+        allocator's rounding and CUDA-only kernels)."""
+        return self.estimated_device.split(":")[0] == self.measured_device.split(":")[0]
 
     @property
     def error(self) -> float:
@@ -241,7 +249,8 @@ class Comparison:
     @classmethod
     def of(cls, estimate: Estimate, measured: Profile) -> Comparison:
         return cls(estimate.peak_bytes, measured.peak_bytes, estimate.peak_breakdown(),
-                   measured.peak_breakdown())  # fmt: skip
+                   measured.peak_breakdown(), estimate.settings.device,
+                   measured.device)  # fmt: skip
 
 
 def _gpu(gpu: str | Gpu) -> Gpu:

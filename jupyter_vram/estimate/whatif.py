@@ -125,7 +125,7 @@ def what_if_table(estimate: Estimate, *, data_parallel: int = 8,
     """Every what-if in one table: simulated variants, then data-parallel sharding.
 
     Columns: ``what_if``, ``kind`` ("simulated" / "arithmetic"), ``peak_bytes``,
-    ``reserved_bytes``, ``device_used_bytes``, ``change`` (device used vs the estimate) and
+    ``reserved_bytes``, ``device_used_bytes``, ``change`` (peak vs the estimate's peak) and
     ``note`` (why a variant could not run: its numbers are NaN).
     """
     import pandas as pd
@@ -137,7 +137,7 @@ def what_if_table(estimate: Estimate, *, data_parallel: int = 8,
 
     def add(name: str, kind: str, peak: float, reserved: float, used: float,
             note: str = "") -> None:  # fmt: skip
-        change = (used - estimate.device_used_bytes) / max(estimate.device_used_bytes, 1)
+        change = (peak - estimate.peak_bytes) / max(estimate.peak_bytes, 1)
         rows.append({"what_if": name, "kind": kind, "peak_bytes": peak,
                      "reserved_bytes": reserved, "device_used_bytes": used,
                      "change": change, "note": note})  # fmt: skip

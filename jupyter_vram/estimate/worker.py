@@ -75,8 +75,12 @@ class Simulator:
                 return nn.Parameter(tensor, requires_grad=descriptor.requires_grad)
             return tensor
 
-        undo = enable_checkpointing(self.model) if settings.checkpoint else None
-        self.slots.fill(fake)
+        self.slots.fill(fake)  # before checkpointing: it looks for blocks by their parameters
+        try:
+            undo = enable_checkpointing(self.model) if settings.checkpoint else None
+        except BaseException:
+            self.slots.clear()
+            raise
         started = time.perf_counter()
         unit_bytes = _largest_unit_bytes(self.model)
         try:

@@ -95,6 +95,11 @@ def comparison_text(comparison: Comparison) -> str:
         f"estimate {format_bytes(comparison.estimated_bytes)} vs measured "
         f"{format_bytes(comparison.measured_bytes)}: error {100 * comparison.error:+.1f}%"
     ]
+    if not comparison.same_device:
+        lines.append(
+            f"(estimate for {comparison.estimated_device}, measured on "
+            f"{comparison.measured_device}: CUDA block rounding and kernels differ)"
+        )
     for name, measured in comparison.measured.items():
         estimated = comparison.estimated.get(name, 0)
         if measured or estimated:

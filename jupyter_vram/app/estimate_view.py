@@ -1,0 +1,434 @@
+"""The estimate's parts of the app: its header, the estimate-vs-measured banner, and the
+"Fit & what-ifs" tab (GPU table, largest batch per GPU, what-if table).
+
+Runs that need the estimator process (batch search, what-ifs) start from a button and run in
+the button's callback, so the kernel is busy meanwhile; their progress reaches the page as
+they go (widget updates are sent at once). Their errors are shown in the tab, never raised.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import ipywidgets as w
+
+from ..estimate.api import RunSummary
+from ..estimate.gpus import GPUS, Gpu, find_gpu
+from ..estimate.search import format_batch
+from ..estimate.step import StepSettings
+from ..model import CATEGORIES, Profile
+from ..render.estimate_text import MODELLED, NOT_MODELLED, format_count
+from ..render.text import format_bytes
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ..estimate.api import Comparison, Estimate
+
+TITLE = "Fit & what-ifs"
+BADGE = "Estimate · simulated on fake tensors, no GPU used"
+GIB = 1 << 30
+RIGHT = " style='text-align:right'"
+
+
+# -- header ------------------------------------------------------------------------------------
+
+
+def estimate_settings(profile: Profile) -> StepSettings | None:
+    """The settings an estimate profile was simulated with (None if its meta lacks them)."""
+    raw = profile.meta.get("estimate", {}).get("settings")
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return StepSettings(**raw)
+    except TypeError:  # a profile saved by another version
+        return None
+
+
+def estimate_facts(profile: Profile) -> list[tuple[str, str]]:
+    """(label, value) pairs for an estimate's header; every number comes from the profile."""
+    info = profile.meta.get("estimate", {})
+    settings = estimate_settings(profile)
+    batch = int(info.get("batch_size", 1))
+    facts: list[tuple[str, str]] = []
+    if info.get("model"):
+        facts.append(("model", str(info["model"])))
+    if info.get("parameters"):
+        facts.append(("parameters", format_count(int(info["parameters"]))))
+    if info.get("input"):
+        facts.append(("input", f"{info['input']} (batch {batch})"))
+    cuda = settings is None or settings.target_type == "cuda"
+    if settings is not None:
+        step = "inference" if settings.inference else "training step"
+        facts.append(("predicted", f"{step} on {settings.device}"))
+        facts.append(("settings", settings.describe()))
+    facts.append(("peak allocated", format_bytes(profile.peak_bytes)))
+    t = profile.timeline
+    if t.peak_index >= 0:
+        facts.append(("peak in", t.peak_phase))
+    if cuda and profile.meta.get("allocator_model") is not None:
+        run = RunSummary.of(profile, batch)
+        facts.append(("predicted reserved", format_bytes(run.reserved_bytes)))
+        facts.append(("predicted device used", format_bytes(run.device_used_bytes)))
+        fits = [g for g in GPUS if run.device_used_bytes <= g.memory_bytes]
+        facts.append(("smallest GPU it fits", fits[0].name if fits else "none listed"))
+    return facts
+
+
+def estimate_header_html(profile: Profile) -> str:
+    """The header of an estimate's app: a clear 'this is an estimate', the facts, the caveats."""
+    items = "".join(
+        f'<span class="jv-fact"><span class="jv-label">{html.escape(k)}</span> '
+        f"<b>{html.escape(v)}</b></span>"
+        for k, v in estimate_facts(profile)
+    )
+    note = (
+        '<details class="jv-estimate-note"><summary>What is modelled, what is not</summary>'
+        f"<div>{html.escape(MODELLED)}</div><div>{html.escape(NOT_MODELLED)}</div></details>"
+    )
+    error = (
+        f'<div class="jv-error">The simulated step raised {html.escape(profile.error)}; '
+        "the profile covers it up to the error.</div>"
+        if profile.error
+        else ""
+    )
+    return (
+        f'<div class="jv-estimate-badge">{html.escape(BADGE)}</div>'
+        f'<div class="jv-header">{items}</div>{error}{note}'
+    )
+
+
+def comparison_html(comparison: Comparison) -> str:
+    """Banner 'estimated X vs measured Y: error +z.z%' and the per-category table."""
+    error = comparison.error
+    verdict = (
+        "the estimate is high"
+        if error > 0.005
+        else "the estimate is low"
+        if error < -0.005
+        else "on the mark"
+    )
+    pairs = [(c, comparison.estimated.get(c, 0), comparison.measured.get(c, 0)) for c in CATEGORIES]
+    pairs = [p for p in pairs if p[1] or p[2]]
+    pairs.append(("<b>peak</b>", comparison.estimated_bytes, comparison.measured_bytes))
+    rows = "".join(
+        f"<tr><td>{name}</td><td{RIGHT}>{format_bytes(est)}</td><td{RIGHT}>"
+        f"{format_bytes(meas)}</td><td{RIGHT}>{_signed(est - meas)}</td></tr>"
+        for name, est, meas in pairs
+    )
+    table = (
+        "<table class='jv-table jv-comparison-table'><tr><th>at the peak</th><th>estimated</th>"
+        f"<th>measured</th><th>difference</th></tr>{rows}</table>"
+    )
+    return (
+        f'<div class="jv-comparison">Estimated <b>{format_bytes(comparison.estimated_bytes)}</b>'
+        f" vs measured <b>{format_bytes(comparison.measured_bytes)}</b>: error "
+        f"<b>{100 * error:+.1f}%</b> ({verdict}){_device_note(comparison)}</div>{table}"
+    )
+
+
+def _device_note(comparison: Comparison) -> str:
+    if comparison.same_device:
+        return ""
+    return (
+        f"<br><i>The estimate is for {comparison.estimated_device}, the measurement ran on "
+        f"{comparison.measured_device}: CUDA block rounding and kernels differ.</i>"
+    )
+
+
+def _signed(n: int) -> str:
+    return ("+" if n > 0 else "") + format_bytes(n)
+
+
+# -- tables ------------------------------------------------------------------------------------
+
+
+def gpu_table_html(frame: pd.DataFrame, gpus: Sequence[Gpu], batch_size: int) -> str:
+    """The GPU table: memory, fits at this batch, headroom, and the largest batch if searched."""
+    approximate = {g.name for g in gpus if g.approximate}
+    searched = "max_batch_size" in frame.columns
+    head = (
+        f"<tr><th>GPU</th><th>memory</th><th>fits at batch {batch_size:,}</th><th>headroom</th>"
+        + ("<th>largest batch</th>" if searched else "")
+        + "</tr>"
+    )
+    rows = []
+    for row in _records(frame):
+        name = str(row["gpu"])
+        mark = " ≈" if name in approximate else ""
+        cells = [
+            html.escape(name),
+            f"{row['memory_gib']:.1f} GiB{mark}",
+            "yes" if row["fits"] else "no",
+            f"{row['headroom_gib']:.2f} GiB",
+        ]
+        if searched:
+            cells.append(format_batch(int(row["max_batch_size"])))
+        tds = "".join(f"<td{RIGHT if i else ''}>{c}</td>" for i, c in enumerate(cells))
+        rows.append(f"<tr class='{'jv-fit-yes' if row['fits'] else 'jv-fit-no'}'>{tds}</tr>")
+    foot = (
+        "<tr><td colspan=5 class='jv-label'>≈: the marketing size, not a driver's report</td></tr>"
+        if approximate
+        else ""
+    )
+    return f"<table class='jv-table jv-gpus'>{head}{''.join(rows)}{foot}</table>"
+
+
+def what_if_html(frame: pd.DataFrame, gpu: Gpu | None, data_parallel: int) -> str:
+    """The what-if table: GiB with 2 decimals, change as a signed %, fits on ``gpu``."""
+    fits_head = f"<th>fits on {html.escape(gpu.name)}</th>" if gpu is not None else ""
+    head = (
+        "<tr><th>what if</th><th>kind</th><th>peak allocated</th><th>reserved</th>"
+        f"<th>device used</th><th>change</th>{fits_head}</tr>"
+    )
+    rows = []
+    for i, row in enumerate(_records(frame)):
+        name = html.escape(str(row["what_if"]))
+        cells = [
+            f"<td>{f'<b>{name}</b>' if i == 0 else name}</td>",
+            f"<td>{html.escape(str(row['kind']))}</td>",
+        ]
+        note = row.get("note")
+        if note or row["device_used_bytes"] != row["device_used_bytes"]:  # could not run (NaN)
+            reason = html.escape(str(note or "no result"))
+            cells.append(f"<td colspan=4 class='jv-whatif-note'>could not run: {reason}</td>")
+            if gpu is not None:
+                cells.append("<td>-</td>")
+        else:
+            change = float(row["change"])
+            trend = "jv-up" if change > 0.0005 else "jv-down" if change < -0.0005 else ""
+            used = int(row["device_used_bytes"])
+            cells += [
+                *(
+                    f"<td{RIGHT} title='{format_bytes(int(v))}'>{int(v) / GIB:.2f} GiB</td>"
+                    for v in (row["peak_bytes"], row["reserved_bytes"], used)
+                ),
+                f"<td{RIGHT} class='{trend}'>{100 * change:+.1f}%</td>",
+            ]
+            if gpu is not None:
+                cells.append(f"<td>{'yes' if used <= gpu.memory_bytes else 'no'}</td>")
+        rows.append(f"<tr class='jv-whatif-{row['kind']}'>{''.join(cells)}</tr>")
+    return (
+        f"<table class='jv-table jv-whatifs'>{head}{''.join(rows)}</table>"
+        "<div class='jv-label jv-note'>simulated: the step run again on fake tensors with that "
+        "change. arithmetic: computed from this profile, each GPU holding its share of "
+        f"parameters, gradients and optimizer state over {data_parallel} GPUs (NCCL buffers not "
+        "counted). change: device used vs the estimate.</div>"
+    )
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    return [{str(k): v for k, v in row.items()} for row in frame.to_dict("records")]
+
+
+# -- the tab -----------------------------------------------------------------------------------
+
+
+class RunProgress(w.HBox):  # type: ignore[misc]
+    """A bar and a line of text, fed by an estimate's ``progress`` callback."""
+
+    def __init__(self, css: str) -> None:
+        self.bar = w.IntProgress(value=0, min=0, max=1, layout=w.Layout(width="180px"))
+        self.status = w.HTML()
+        self.bar.add_class(f"{css}-progress")
+        self.status.add_class(f"{css}-status")
+        self._step = ""
+        self._started = 0.0
+        super().__init__([self.bar, self.status], layout=w.Layout(visibility="hidden"))
+
+    def start(self, steps: int, text: str) -> None:
+        self.bar.max = max(steps, 1)
+        self.bar.value = 0
+        self.bar.bar_style = "info"
+        self.status.value = html.escape(text)
+        self._step = ""
+        self._started = time.perf_counter()
+        self.layout.visibility = "visible"
+
+    def report(self, message: str, *, step: bool) -> None:
+        """One progress message; ``step`` messages start the next of the counted steps."""
+        text = message.strip()
+        if step:
+            if self._step:
+                self.bar.value = min(self.bar.value + 1, self.bar.max)
+            self._step = text.rstrip(". …")
+            self.status.value = html.escape(text)
+        else:
+            self.status.value = html.escape(f"{self._step}: {text}" if self._step else text)
+
+    def finish(self, text: str, *, failed: bool = False) -> None:
+        self.bar.value = self.bar.max if not failed else self.bar.value
+        self.bar.bar_style = "danger" if failed else "success"
+        seconds = time.perf_counter() - self._started
+        self.status.value = html.escape(f"{text} ({seconds:.1f} s)")
+
+
+class EstimateView(w.VBox):  # type: ignore[misc]
+    """Which GPUs the estimated step fits, the largest batch on each, and the what-ifs.
+
+    ``gpus`` restricts the GPU table (names or :class:`Gpu`); default: every GPU in GPUS.
+    """
+
+    def __init__(
+        self, estimate: Estimate, *, gpus: Iterable[str | Gpu] | None = None, data_parallel: int = 8
+    ) -> None:
+        self.estimate = estimate
+        self.gpus = [g if isinstance(g, Gpu) else find_gpu(g) for g in gpus or GPUS]
+        self.fit_frame: pd.DataFrame = estimate.gpu_table(self.gpus, search=False)
+        self.what_if_frame: pd.DataFrame | None = None
+        self._what_if_gpus = 0
+
+        self.message = w.HTML()
+        self.message.add_class("jv-estimate-error")
+        used = format_bytes(estimate.device_used_bytes)
+        cuda = estimate.settings.target_type == "cuda"
+        self.fit_intro = w.HTML(
+            f"<b>Which GPUs it fits</b> at batch {estimate.batch_size:,}: device used {used}"
+            + (
+                " (predicted reserved + 1 GiB for the CUDA context and libraries)"
+                if cuda
+                else ". This estimate targets the CPU, so the GPU fits use its peak without the "
+                "caching allocator or CUDA context; estimate with device='cuda' for GPU fits."
+            )
+        )
+        self.fit_table = w.HTML(self._fit_html())
+        self.fit_table.add_class("jv-fit-table")
+        self.search_button = w.Button(
+            description="Find the largest batch per GPU",
+            icon="search",
+            tooltip="simulate more batch sizes (a few runs per GPU)",
+            layout=w.Layout(width="auto"),
+        )
+        self.search_button.add_class("jv-batch-search")
+        self.search_progress = RunProgress("jv-batch")
+        self.search_button.on_click(lambda _: self.find_largest_batches())
+
+        self.data_parallel = w.BoundedIntText(
+            value=data_parallel,
+            min=1,
+            max=65536,
+            description="GPUs for data-parallel",
+            style={"description_width": "initial"},
+            layout=w.Layout(width="230px"),
+        )
+        self.data_parallel.add_class("jv-whatif-gpus")
+        names = [g.name for g in self.gpus]
+        fitting = [g.name for g in self.gpus if estimate.fits(g)]
+        self.gpu_choice = w.Dropdown(
+            options=names,
+            value=fitting[0] if fitting else names[-1],
+            description="fits on",
+            layout=w.Layout(width="250px"),
+        )
+        self.gpu_choice.add_class("jv-whatif-gpu")
+        self.what_if_button = w.Button(
+            description="Compute what-ifs",
+            icon="calculator",
+            tooltip="simulate other precision, checkpointing, optimizers; sharding by arithmetic",
+            layout=w.Layout(width="auto"),
+        )
+        self.what_if_button.add_class("jv-whatif-run")
+        self.what_if_progress = RunProgress("jv-whatif")
+        self.what_if_table = w.HTML()
+        self.what_if_table.add_class("jv-whatif-table")
+        self.what_if_button.on_click(lambda _: self.compute_what_ifs())
+        self.gpu_choice.observe(lambda _: self._show_what_ifs(), "value")
+        self.data_parallel.observe(self._on_data_parallel, "value")
+
+        super().__init__(
+            [
+                self.message,
+                self.fit_intro,
+                w.HBox([self.search_button, self.search_progress]),
+                self.fit_table,
+                w.HTML("<b>What if</b> the step ran with other settings:"),
+                w.HBox([self.data_parallel, self.gpu_choice, self.what_if_button]),
+                self.what_if_progress,
+                self.what_if_table,
+            ]
+        )
+        self.add_class("jv-estimate-view")
+
+    # -- actions (the buttons call these) -------------------------------------------------
+
+    def find_largest_batches(self) -> pd.DataFrame | None:
+        """Run the batch search for every GPU of the table; show it with the largest batch."""
+        progress = self.search_progress
+        progress.start(len(self.gpus), "starting the estimator ...")
+
+        def report(message: str) -> None:
+            progress.report(message, step=message.startswith("largest batch"))
+
+        frame = self._run(
+            self.search_button,
+            progress,
+            lambda: self.estimate.gpu_table(self.gpus, search=True, progress=report),
+        )
+        if frame is not None:
+            self.fit_frame = frame
+            self.fit_table.value = self._fit_html()
+            progress.finish(f"largest batch found for {len(self.gpus)} GPUs")
+        return frame
+
+    def compute_what_ifs(self) -> pd.DataFrame | None:
+        """Simulate the what-if variants, add the sharding rows; show the table."""
+        from ..estimate.whatif import variants
+
+        progress = self.what_if_progress
+        gpus = int(self.data_parallel.value)
+        progress.start(len(variants(self.estimate.settings)), "starting the estimator ...")
+        frame = self._run(
+            self.what_if_button,
+            progress,
+            lambda: self.estimate.what_ifs(
+                gpus=gpus, progress=lambda m: progress.report(m, step=True)
+            ),
+        )
+        if frame is not None:
+            self.what_if_frame = frame
+            self._what_if_gpus = gpus
+            self._show_what_ifs()
+            progress.finish(f"{len(frame)} what-ifs")
+        return frame
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _run(
+        self, button: w.Button, progress: RunProgress, job: Callable[[], pd.DataFrame]
+    ) -> pd.DataFrame | None:
+        """Run ``job`` with its button disabled; an error is shown here, not raised."""
+        self.message.value = ""
+        button.disabled = True
+        try:
+            return job()
+        except Exception as error:  # noqa: BLE001 - shown in the tab, never a kernel traceback
+            name = type(error).__name__
+            self.message.value = (
+                f"<div class='jv-error'><b>{html.escape(button.description)} failed</b> "
+                f"({html.escape(name)}): {html.escape(str(error))}</div>"
+            )
+            progress.finish("failed", failed=True)
+            return None
+        finally:
+            button.disabled = False
+
+    def _fit_html(self) -> str:
+        return gpu_table_html(self.fit_frame, self.gpus, self.estimate.batch_size)
+
+    def _chosen_gpu(self) -> Gpu | None:
+        return next((g for g in self.gpus if g.name == self.gpu_choice.value), None)
+
+    def _show_what_ifs(self) -> None:
+        if self.what_if_frame is not None:
+            self.what_if_table.value = what_if_html(
+                self.what_if_frame, self._chosen_gpu(), self._what_if_gpus
+            )
+
+    def _on_data_parallel(self, change: dict[str, Any]) -> None:
+        if self.what_if_frame is not None and change["new"] != self._what_if_gpus:
+            self.what_if_progress.status.value = html.escape(
+                f"the table is for {self._what_if_gpus} GPUs; compute again for {change['new']}"
+            )

@@ -1,0 +1,172 @@
+"""The app on an estimate, without a kernel: the header says it is an estimate, the "Fit &
+what-ifs" tab's buttons run real searches and what-ifs, errors stay in the tab, and a measured
+profile shows its error against the estimate."""
+
+from __future__ import annotations
+
+import html
+import logging
+from typing import Any
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+import jupyter_vram as jv
+from jupyter_vram.app import ProfileApp
+from jupyter_vram.app.estimate_view import BADGE, TITLE, EstimateView, what_if_html
+from jupyter_vram.estimate import GPUS, Comparison, Estimate, EstimateError, estimate, find_gpu
+from jupyter_vram.render.text import format_bytes
+
+WIDTH = 16384  # wide enough that the smallest GPU's largest batch is a real number
+SMALL_GPU = "GTX 1060 6GB"
+
+
+def make_model() -> nn.Module:
+    """A 2-layer MLP as two same-typed blocks (so activation checkpointing has blocks)."""
+    return nn.Sequential(
+        nn.Sequential(nn.Linear(64, WIDTH), nn.ReLU()),
+        nn.Sequential(nn.Linear(WIDTH, 10), nn.ReLU()),
+    )
+
+
+@pytest.fixture(scope="module")
+def est() -> Estimate:
+    return estimate(make_model(), "32x64")
+
+
+def test_header_says_estimate_and_tabs_work(est: Estimate) -> None:
+    app = ProfileApp(est.profile, estimate=est)
+    head = app.header.value
+    assert BADGE in head
+    assert format_bytes(est.peak_bytes) in head
+    assert format_bytes(est.reserved_bytes) in head  # CUDA target: predicted reserved ...
+    assert format_bytes(est.device_used_bytes) in head  # ... and device used
+    assert est.settings.describe() in head
+    assert "32x64" in head and "What is modelled" in head and "not modelled" in head
+    assert app.tabs.get_title(5) == TITLE
+    for i in range(5):  # flame graph, breakdown, timeline, top sites, allocator
+        app.open_tab(i)
+    assert isinstance(app.open_tab(5), EstimateView)
+    assert app._repr_mimebundle_()["text/plain"].startswith("jupyter_vram estimate")
+
+
+def test_estimate_profile_alone_has_no_fit_tab(est: Estimate) -> None:
+    app = ProfileApp(est.profile)
+    assert BADGE in app.header.value
+    assert len(app.tabs.children) == 5
+
+
+def test_gpu_table_shows_fits_at_once(est: Estimate) -> None:
+    view = ProfileApp(est.profile, estimate=est).open_tab(5)
+    assert isinstance(view, EstimateView)
+    frame = view.fit_frame
+    assert len(frame) == len(GPUS) == view.fit_table.value.count("<tr class='jv-fit-")
+    assert list(frame["fits"]) == [est.fits(g) for g in GPUS]
+    assert "max_batch_size" not in frame.columns and "largest batch" not in view.fit_table.value
+
+
+def test_search_button_fills_largest_batch(est: Estimate) -> None:
+    view = EstimateView(est, gpus=[SMALL_GPU])
+    seen: list[str] = []
+    view.search_progress.status.observe(lambda c: seen.append(c["new"]), "value")
+    view.search_button.click()
+    assert view.message.value == ""
+    largest = int(view.fit_frame["max_batch_size"][0])
+    assert largest == est.max_batch_size(SMALL_GPU)  # cached: no new runs
+    assert 0 < largest < 1 << 16
+    assert "largest batch" in view.fit_table.value and f"{largest:,}" in view.fit_table.value
+    assert any("simulating batch" in s for s in seen)  # progress was shown as it went
+    bar = view.search_progress.bar
+    assert bar.value == bar.max and bar.bar_style == "success"
+    assert not view.search_button.disabled
+
+
+def test_what_ifs_button_fills_table(est: Estimate) -> None:
+    view = EstimateView(est, gpus=[SMALL_GPU, "H200"])
+    view.data_parallel.value = 4
+    view.what_if_button.click()
+    assert view.message.value == ""
+    frame = view.what_if_frame
+    assert frame is not None
+    assert frame["what_if"][0].startswith("as estimated")
+    table = view.what_if_table.value
+    first = table.index("<tr class='jv-whatif-")
+    assert "as estimated" in table[first : table.index("</tr>", first)]
+    assert "+0.0%" in table and "simulated" in table and "arithmetic" in table
+    assert "on 4 GPUs" in table and f"fits on {SMALL_GPU}" in table
+    assert f"{frame['device_used_bytes'][0] / 2**30:.2f} GiB" in table
+    for note in frame["note"]:  # variants that could not run say why, in their row
+        assert not note or f"could not run: {html.escape(note)}" in table
+    view.gpu_choice.value = "H200"
+    assert "fits on H200" in view.what_if_table.value
+    view.data_parallel.value = 2
+    assert "compute again for 2" in view.what_if_progress.status.value
+
+
+def test_what_if_row_that_could_not_run() -> None:
+    nan = float("nan")
+    frame = pd.DataFrame(
+        [
+            {"what_if": "as estimated: fp32", "kind": "simulated", "peak_bytes": 2**30,
+             "reserved_bytes": 2**30, "device_used_bytes": 2**31, "change": 0.0, "note": ""},
+            {"what_if": "activation checkpointing", "kind": "simulated", "peak_bytes": nan,
+             "reserved_bytes": nan, "device_used_bytes": nan, "change": nan,
+             "note": "nothing to checkpoint"},
+            {"what_if": "ZeRO-1 on 8 GPUs (per GPU)", "kind": "arithmetic",
+             "peak_bytes": 2**29, "reserved_bytes": 2**29, "device_used_bytes": 3 * 2**29,
+             "change": -0.25, "note": ""},
+        ]
+    )  # fmt: skip
+    table = what_if_html(frame, find_gpu("T4"), 8)
+    assert "could not run: nothing to checkpoint" in table
+    assert "2.00 GiB" in table and "+0.0%" in table and "-25.0%" in table
+    assert table.count("<td>yes</td>") == 2 and "<td>-</td>" in table
+
+
+@pytest.mark.parametrize("button", ["search_button", "what_if_button"])
+def test_errors_are_shown_in_the_tab(
+    est: Estimate, button: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def fail(*args: Any, **kwargs: Any) -> None:
+        raise EstimateError("the estimator stopped: out of patience")
+
+    view = EstimateView(est, gpus=[SMALL_GPU])
+    monkeypatch.setattr(est, "gpu_table" if button == "search_button" else "what_ifs", fail)
+    with caplog.at_level(logging.WARNING):
+        getattr(view, button).click()
+    assert "out of patience" in view.message.value and "jv-error" in view.message.value
+    assert not getattr(view, button).disabled
+    assert "Exception in callback" not in caplog.text
+
+
+def test_comparison_banner(est: Estimate) -> None:
+    torch.manual_seed(0)
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(32, 64)
+    for _ in range(2):  # the estimate is of a step with optimizer state
+        with jv.record("cpu") as rec:
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    comparison = est.compare(rec.profile)
+    app = ProfileApp(rec.profile, comparison=comparison)
+    head = app.header.value
+    assert BADGE not in head
+    assert (
+        f"Estimated <b>{format_bytes(comparison.estimated_bytes)}</b> vs measured "
+        f"<b>{format_bytes(comparison.measured_bytes)}</b>: error "
+        f"<b>{100 * comparison.error:+.1f}%</b>"
+    ) in head
+    assert "jv-comparison-table" in head and "parameter" in head
+    assert "error" in app._repr_mimebundle_()["text/plain"]
+
+
+@pytest.mark.parametrize(("estimated", "sign", "verdict"), [(150, "+50.0%", "high"),
+                                                          (50, "-50.0%", "low")])  # fmt: skip
+def test_comparison_sign(est: Estimate, estimated: int, sign: str, verdict: str) -> None:
+    comparison = Comparison(estimated, 100, {"activation": estimated}, {"activation": 100})
+    head = ProfileApp(est.profile, comparison=comparison).header.value
+    assert f"error <b>{sign}</b> (the estimate is {verdict})" in head
