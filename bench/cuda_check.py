@@ -273,14 +273,14 @@ def child_expandable(out: Path) -> None:
 def child_estimate(out: Path) -> None:
     """Runs in a fresh child process: jv.estimate(...) vs the allocator's own peak counters.
 
-    The same canonical step the estimator simulates (jupyter_vram.estimate.step), on a real
+    The same canonical step the estimator simulates (jupyter_vram.estimator.step), on a real
     GPU: warm-up step, reset the peak counters, the measured step.
     """
     import transformers
 
-    from jupyter_vram.estimate import estimate
-    from jupyter_vram.estimate.inputs import make_batch_spec, with_default_labels
-    from jupyter_vram.estimate.step import StepSettings, make_optimizer, training_step
+    from jupyter_vram.estimator import estimate
+    from jupyter_vram.estimator.inputs import make_batch_spec, with_default_labels
+    from jupyter_vram.estimator.step import StepSettings, make_optimizer, training_step
 
     transformers.logging.set_verbosity_error()
     config = transformers.GPT2Config(n_layer=2, n_embd=256, n_head=4, vocab_size=8192,

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from synthetic import synthetic_profile
 
-from jupyter_vram.estimate.cuda_model import simulate
+from jupyter_vram.estimator.cuda_model import simulate
 from jupyter_vram.model import Allocations, Profile
 
 

@@ -8,11 +8,32 @@ from .model import CATEGORIES, Frame, Profile
 from .recording import Recording, record
 from .session import last_profile
 
-__all__ = ["CATEGORIES", "Frame", "Profile", "Recording", "last_profile", "record", "show"]
+__all__ = [
+    "CATEGORIES",
+    "Estimate",
+    "Frame",
+    "Profile",
+    "Recording",
+    "estimate",
+    "last_profile",
+    "record",
+    "show",
+]
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
+
+    from .estimator import Estimate, estimate
+else:
+
+    def __getattr__(name: str) -> Any:
+        """``jv.estimate`` and ``jv.Estimate`` load the estimator (and torch) on first use."""
+        if name in ("estimate", "Estimate"):
+            from . import estimator
+
+            return getattr(estimator, name)
+        raise AttributeError(f"module 'jupyter_vram' has no attribute {name!r}")
 
 
 def show(profile: Profile) -> Any:
@@ -27,7 +48,7 @@ def show(profile: Profile) -> Any:
 
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:
-    """`%load_ext jupyter_vram`: register `%%vram` and `%vram`."""
+    """`%load_ext jupyter_vram`: register `%%vram`, `%vram` and `%vram_estimate`."""
     from .magics import VramMagics
 
     ipython.register_magics(VramMagics)

@@ -12,7 +12,7 @@ from .model import Profile
 from .recording import record
 
 if TYPE_CHECKING:
-    from .estimate.api import Estimate
+    from .estimator.api import Estimate
 
 _history: list[Profile] = []
 _estimates: list[Estimate] = []  # newest last

@@ -16,7 +16,7 @@ from torch import nn
 import jupyter_vram as jv
 from jupyter_vram.app import ProfileApp
 from jupyter_vram.app.estimate_view import BADGE, TITLE, EstimateView, what_if_html
-from jupyter_vram.estimate import GPUS, Comparison, Estimate, EstimateError, estimate, find_gpu
+from jupyter_vram.estimator import GPUS, Comparison, Estimate, EstimateError, estimate, find_gpu
 from jupyter_vram.render.text import format_bytes
 
 WIDTH = 16384  # wide enough that the smallest GPU's largest batch is a real number

@@ -23,7 +23,7 @@ from jupyter_vram.analysis.allocator import (
     reserved_at,
     reserved_peak,
 )
-from jupyter_vram.estimate.cuda_model import AllocatorSimulation, simulate, to_cuda_profile
+from jupyter_vram.estimator.cuda_model import AllocatorSimulation, simulate, to_cuda_profile
 from jupyter_vram.model import Allocations, Profile
 
 KIB = 1024

@@ -18,18 +18,18 @@ import pytest
 import torch
 from torch import nn
 
-from jupyter_vram.estimate import Estimate, EstimateError, InputError, estimate, find_gpu
-from jupyter_vram.estimate.inputs import (
+from jupyter_vram.estimator import Estimate, EstimateError, InputError, estimate, find_gpu
+from jupyter_vram.estimator.inputs import (
     BatchSpec,
     TensorInput,
     make_batch_spec,
     parse_shape,
     with_default_labels,
 )
-from jupyter_vram.estimate.search import MAX_BATCH, largest_fitting
-from jupyter_vram.estimate.step import StepError, StepSettings, check_optimizer
-from jupyter_vram.estimate.transport import TensorSlots, dumps, loads
-from jupyter_vram.estimate.whatif import SHARDINGS, eight_bit_state, sharded_peak
+from jupyter_vram.estimator.search import MAX_BATCH, largest_fitting
+from jupyter_vram.estimator.step import StepError, StepSettings, check_optimizer
+from jupyter_vram.estimator.transport import TensorSlots, dumps, loads
+from jupyter_vram.estimator.whatif import SHARDINGS, eight_bit_state, sharded_peak
 from jupyter_vram.model import CATEGORY_INDEX, PHASE_INDEX, Allocations, Profile
 
 MLP_SIZES = (64, 256, 10)

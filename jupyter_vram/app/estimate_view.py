@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 
-from ..estimate.api import RunSummary
-from ..estimate.gpus import GPUS, Gpu, find_gpu
-from ..estimate.search import format_batch
-from ..estimate.step import StepSettings
+from ..estimator.api import RunSummary
+from ..estimator.gpus import GPUS, Gpu, find_gpu
+from ..estimator.search import format_batch
+from ..estimator.step import StepSettings
 from ..model import CATEGORIES, Profile
 from ..render.estimate_text import MODELLED, NOT_MODELLED, format_count
 from ..render.text import format_bytes
@@ -26,7 +26,7 @@ from ..render.text import format_bytes
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ..estimate.api import Comparison, Estimate
+    from ..estimator.api import Comparison, Estimate
 
 TITLE = "Fit & what-ifs"
 BADGE = "Estimate · simulated on fake tensors, no GPU used"
@@ -375,7 +375,7 @@ class EstimateView(w.VBox):  # type: ignore[misc]
 
     def compute_what_ifs(self) -> pd.DataFrame | None:
         """Simulate the what-if variants, add the sharding rows; show the table."""
-        from ..estimate.whatif import variants
+        from ..estimator.whatif import variants
 
         progress = self.what_if_progress
         gpus = int(self.data_parallel.value)

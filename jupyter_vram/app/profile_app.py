@@ -21,7 +21,7 @@ from .flame_view import FlameView
 from .timeline_view import TimelineView
 
 if TYPE_CHECKING:
-    from ..estimate.api import Comparison, Estimate
+    from ..estimator.api import Comparison, Estimate
 
 TABS = ("Flame graph", "Breakdown", "Timeline", "Top sites", "Allocator")
 STYLE = """<style>

@@ -9,7 +9,7 @@ from .text import format_bytes
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ..estimate.api import Comparison, Estimate
+    from ..estimator.api import Comparison, Estimate
 
 #: What the simulation models and what it does not; shown with every estimate.
 MODELLED = (
@@ -26,7 +26,7 @@ NOT_MODELLED = (
 
 def estimate_summary(estimate: Estimate) -> str:
     """The estimate in a few lines: settings, peak, reserved, device used, breakdown, fits."""
-    from ..estimate.gpus import GPUS
+    from ..estimator.gpus import GPUS
 
     s = estimate.settings
     params = f"{format_count(estimate.parameters)} parameters"

@@ -1,6 +1,6 @@
 """The estimator process: runs training steps on fake tensors and writes their profiles.
 
-Started by :mod:`jupyter_vram.estimate.runner` as ``python -m jupyter_vram.estimate.worker
+Started by :mod:`jupyter_vram.estimator.runner` as ``python -m jupyter_vram.estimator.worker
 JOB``. Fake-tensor runs can abort a process (FACTS.md), so they never run in the kernel. The
 protocol is one JSON line per message on the process's original stdout (the model's own prints
 are sent to stderr): a ``ready`` line once the job is loaded, then one reply per request read
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from torch import nn
 
@@ -92,6 +93,7 @@ class Simulator:
                     self._step(optimizer, args, kwargs, settings)  # optimizer state, as in step 2
                 with record(device="meta", stacks=settings.stacks) as rec:
                     self._step(optimizer, args, kwargs, settings)
+                host_counters = _host_step_counters(optimizer)
                 del args, kwargs, optimizer
         finally:
             self.slots.clear()
@@ -108,6 +110,8 @@ class Simulator:
             "unit_parameter_bytes": unit_bytes,
             "simulated_on": "fake tensors (torch FakeTensorMode) on the CPU",
         }
+        if settings.target_type == "cuda":
+            info["host_step_counters"] = host_counters
         return finish_profile(rec.profile, settings, info)
 
     def _step(self, optimizer: Any, args: Any, kwargs: Any, settings: StepSettings) -> None:
@@ -150,6 +154,8 @@ def finish_profile(raw: Profile, settings: StepSettings, info: dict[str, Any]) -
     # Fake tensors keep their storage on "meta" and stand for memory on the target device;
     # real tensors of this process (library constants, RNG state) are not the model's.
     fake_rows = raw.allocations.device == raw.devices.index(raw.device)
+    if settings.target_type == "cuda":
+        fake_rows &= ~_rows_of_host_counters(raw, info.get("host_step_counters", []))
     columns = {
         name: getattr(raw.allocations, name)[fake_rows] for name in raw.allocations.to_columns()
     }
@@ -168,6 +174,40 @@ def finish_profile(raw: Profile, settings: StepSettings, info: dict[str, Any]) -
 
         profile = to_cuda_profile(profile, device=settings.device)
     return profile
+
+
+def _host_step_counters(optimizer: Any) -> list[int]:
+    """Byte sizes of the optimizer's ``step`` counters that CUDA keeps in host memory.
+
+    Adam, AdamW and friends create ``state["step"]`` on the CPU unless ``fused`` or
+    ``capturable`` is set, so on a GPU those counters take no device memory.
+    """
+    if optimizer is None:
+        return []
+    sizes = []
+    for group in optimizer.param_groups:
+        if group.get("fused") or group.get("capturable"):
+            continue
+        for p in group["params"]:
+            step = optimizer.state.get(p, {}).get("step")
+            if isinstance(step, torch.Tensor) and step.dim() == 0:
+                sizes.append(step.element_size())
+    return sizes
+
+
+def _rows_of_host_counters(raw: Profile, sizes: list[int]) -> npt.NDArray[np.bool_]:
+    """Rows to leave out for the host-side step counters: that many optimizer-state scalars
+    of those sizes alive before recording (rows of equal size and lifetime are
+    interchangeable, so which ones does not change any number)."""
+    from ..model import CATEGORY_INDEX
+
+    a = raw.allocations
+    drop = np.zeros(len(a), bool)
+    candidates = (a.category == CATEGORY_INDEX["optimizer_state"]) & (a.alloc_seq < 0)
+    for size in set(sizes):
+        rows = np.flatnonzero(candidates & (a.size == size))[: sizes.count(size)]
+        drop[rows] = True
+    return drop
 
 
 def describe_error(error: BaseException) -> str:

@@ -75,7 +75,7 @@ class EstimatorProcess:
         stderr = self._stderr_path.open("wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_vram.estimate.worker", str(self._dir / "job.pkl")],
+            [sys.executable, "-m", "jupyter_vram.estimator.worker", str(self._dir / "job.pkl")],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr,
