@@ -216,7 +216,7 @@ def what_if_html(frame: pd.DataFrame, gpu: Gpu | None, data_parallel: int) -> st
         "<div class='jv-label jv-note'>simulated: the step run again on fake tensors with that "
         "change. arithmetic: computed from this profile, each GPU holding its share of "
         f"parameters, gradients and optimizer state over {data_parallel} GPUs (NCCL buffers not "
-        "counted). change: device used vs the estimate.</div>"
+        "counted). change: peak allocated vs the estimate's.</div>"
     )
 
 
