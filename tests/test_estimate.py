@@ -57,6 +57,23 @@ class Tied(nn.Module):
         return self.head(self.embed(ids) * self.scale)
 
 
+class Attention(nn.Module):
+    """Self-attention with dropout: the CPU runs it on the math path, CUDA on a fused kernel."""
+
+    def __init__(self, width: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, w = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, w // self.heads).unbind(2)
+        out = nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=0.1, is_causal=True
+        )
+        return out
+
+
 class CallsCuda(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -332,6 +349,16 @@ def test_cuda_estimate_rounds_blocks_and_predicts_reserved() -> None:
     assert cuda.reserved_bytes % (2 << 20) == 0  # whole segments
     assert cuda.device_used_bytes > cuda.reserved_bytes
     assert cuda.fits("T4") and cuda.fits(find_gpu("gtx 1060"))
+
+
+def test_cuda_estimate_runs_attention_through_cuda_kernels() -> None:
+    cpu = estimate(Attention(), "4x256x64", device="cpu")
+    cuda = estimate(Attention(), "4x256x64")
+    assert "_scaled_dot_product_efficient_attention" in cuda.profile.ops
+    assert "_scaled_dot_product_efficient_attention" not in cpu.profile.ops
+    # the CPU's math path keeps the (batch, heads, seq, seq) probabilities for backward
+    probabilities = 4 * 4 * 256 * 256 * 4
+    assert cpu.peak_bytes - cuda.peak_bytes > probabilities
 
 
 def test_batch_size_scales_input_and_activations() -> None:

@@ -9,6 +9,7 @@ from stdin (``{"settings": {...}, "batch_size": N, "out": PATH}``; ``{"quit": tr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -115,18 +116,20 @@ class Simulator:
         return finish_profile(rec.profile, settings, info)
 
     def _step(self, optimizer: Any, args: Any, kwargs: Any, settings: StepSettings) -> None:
-        from ..capture.fake import scalars_read_as_one
+        from ..capture.fake import cuda_attention, scalars_read_as_one
 
-        training_step(
-            self.model,
-            optimizer,
-            args,
-            kwargs,
-            settings,
-            SIMULATED_DEVICE,
-            self.job.loss_fn,
-            optimizer_context=scalars_read_as_one,
-        )
+        kernels = cuda_attention() if settings.target_type == "cuda" else contextlib.nullcontext()
+        with kernels:
+            training_step(
+                self.model,
+                optimizer,
+                args,
+                kwargs,
+                settings,
+                SIMULATED_DEVICE,
+                self.job.loss_fn,
+                optimizer_context=scalars_read_as_one,
+            )
 
 
 def _largest_unit_bytes(model: nn.Module) -> int:

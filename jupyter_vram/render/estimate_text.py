@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 MODELLED = (
     "modelled: every tensor of a forward, loss, backward and optimizer step (the second step, "
     "so optimizer state exists) at its exact size and lifetime; on CUDA the caching "
-    "allocator's 512 B rounding, block splitting and 2/20 MiB segments, Adam's foreach path; "
+    "allocator's 512 B rounding, block splitting and 2/20 MiB segments, Adam's foreach path, "
+    "attention through CUDA's flash / memory-efficient kernels; "
     "device used = reserved + 1 GiB for the CUDA context, library workspaces and driver"
 )
 NOT_MODELLED = (
