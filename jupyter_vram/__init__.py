@@ -36,13 +36,17 @@ else:
         raise AttributeError(f"module 'jupyter_vram' has no attribute {name!r}")
 
 
-def show(profile: Profile) -> Any:
-    """Display the interactive app for a profile (what `%%vram` shows) and return it."""
+def show(profile: Profile | Estimate) -> Any:
+    """Display the interactive app for a profile or an estimate (what `%%vram` and
+    `%vram_estimate` show) and return it."""
     from IPython.display import display
 
     from .app import ProfileApp
 
-    app = ProfileApp(profile)
+    if isinstance(profile, Profile):
+        app = ProfileApp(profile)
+    else:
+        app = ProfileApp(profile.profile, estimate=profile)
     display(app)  # type: ignore[no-untyped-call]
     return app
 

@@ -52,6 +52,12 @@ def test_header_says_estimate_and_tabs_work(est: Estimate) -> None:
     assert app._repr_mimebundle_()["text/plain"].startswith("jupyter_vram estimate")
 
 
+def test_show_takes_an_estimate(est: Estimate) -> None:
+    app = jv.show(est)
+    assert isinstance(app, ProfileApp) and app.tabs.get_title(5) == TITLE
+    assert jv.estimate is estimate and jv.Estimate is Estimate  # the function, not the package
+
+
 def test_estimate_profile_alone_has_no_fit_tab(est: Estimate) -> None:
     app = ProfileApp(est.profile)
     assert BADGE in app.header.value
