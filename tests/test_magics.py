@@ -77,3 +77,53 @@ def test_line_magic_shows_memory_now(
     shell.run_cell("%vram")
     out = capsys.readouterr().out
     assert "held by live tensors" in out and "parameter" in out
+
+
+def test_estimate_magic_text_and_comparison(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`%vram_estimate` binds the estimate; a later `%%vram` of the model is compared with it."""
+    result = shell.run_cell("%vram_estimate model --input x --device cpu --optimizer sgd --text")
+    assert result.success
+    out = capsys.readouterr().out
+    assert "jupyter_vram estimate · Linear" in out and "input 8x64" in out
+    est = shell.user_ns["_vram_estimate"]
+    assert isinstance(est, jv.Estimate)
+    assert est.peak_breakdown()["parameter"] == 4 * (64 * 32 + 32)
+    shell.run_cell(
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)\n"
+        "def step():\n"
+        "    loss = model(x).sum()\n    loss.backward()\n    opt.step()\n"
+        "    opt.zero_grad(set_to_none=True)\n"
+        "step()"
+    )
+    capsys.readouterr()
+    assert shell.run_cell("%%vram --text\nstep()").success
+    from jupyter_vram.session import matching_estimate
+
+    measured = shell.user_ns["_vram"]
+    assert matching_estimate(measured) is est
+    comparison = est.compare(measured)
+    assert comparison.same_device
+    assert abs(comparison.error) < 0.03
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("nosuch --input 2x64", "cannot evaluate the model 'nosuch'"),
+        ("x --input 2x64", "must be a torch.nn.Module"),
+        ("model --input 2x65", "rejected the input"),
+        ("model --input 2x64 --gpu quantum9000", "unknown GPU"),
+        ("model --input 2x64 --optimizer adamax9000", "unknown optimizer"),
+        ("model --input banana", "cannot read the shape"),
+    ],
+)
+def test_estimate_magic_bad_input_is_a_message(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str], line: str, message: str
+) -> None:
+    result = shell.run_cell(f"%vram_estimate {line} --text")
+    assert result.success  # a message, not an exception in the user's cell
+    out = capsys.readouterr().out
+    assert out.count("%vram_estimate:") == 1 and message in out
+    assert "Traceback" not in out
