@@ -461,6 +461,22 @@ def test_model_is_untouched_by_an_estimate() -> None:
     assert all(p.device.type == "cpu" and p.grad is None for p in model.parameters())
 
 
+def test_estimate_keeps_no_reference_to_the_model() -> None:
+    import gc
+    import weakref
+
+    from jupyter_vram.session import remember_estimate
+
+    model = TwoLayer()
+    ref = weakref.ref(model)
+    est = estimate(model, "4x64", device="cpu", loss_fn=lambda out, batch: out.sum())
+    remember_estimate(est)  # what %vram_estimate does
+    del model
+    gc.collect()
+    assert ref() is None
+    assert est.run(batch_size=8).batch_size == 8  # later runs use the packed copy
+
+
 def test_settings_and_spec_pickle() -> None:
     settings = StepSettings(device="cpu", amp="bf16")
     assert pickle.loads(pickle.dumps(settings)) == settings

@@ -20,7 +20,7 @@ from ..model import Profile
 from .gpus import GPUS, Gpu, find_gpu
 from .inputs import make_batch_spec
 from .job import Job
-from .runner import DEFAULT_TIMEOUT_S, EstimateError, EstimatorProcess
+from .runner import DEFAULT_TIMEOUT_S, EstimateError, EstimatorProcess, pack_job
 from .search import largest_fitting
 from .step import LossFn, OptimizerFactory, StepSettings, check_optimizer
 
@@ -59,11 +59,11 @@ class Estimate:
     estimator process again; results are cached per settings and batch size.
     """
 
-    def __init__(self, profile: Profile, settings: StepSettings, job: Job, *,
+    def __init__(self, profile: Profile, settings: StepSettings, payload: bytes, *,
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> None:  # fmt: skip
         self.profile = profile
         self.settings = settings
-        self._job = job
+        self._payload = payload  # the packed job: shapes and code, never the user's tensors
         self._timeout_s = timeout_s
         info = profile.meta.get("estimate", {})
         self.batch_size: int = int(info.get("batch_size", 1))
@@ -201,7 +201,7 @@ class Estimate:
         if self._process is not None:
             yield self._process
             return
-        with EstimatorProcess(self._job, timeout_s=self._timeout_s) as process:
+        with EstimatorProcess(self._payload, timeout_s=self._timeout_s) as process:
             self._process = process
             try:
                 yield process
@@ -302,10 +302,10 @@ def estimate(
     spec = make_batch_spec(_probe(model), inputs, batch_size)
     settings = StepSettings(device=device, dtype=dtype, amp=amp, checkpoint=checkpoint,
                             optimizer=name, inference=inference, stacks=stacks)  # fmt: skip
-    job = Job(model, spec, loss_fn, factory)
-    with EstimatorProcess(job, timeout_s=timeout_s) as process:
+    payload = pack_job(Job(model, spec, loss_fn, factory))
+    with EstimatorProcess(payload, timeout_s=timeout_s) as process:
         profile = process.run(settings, None)
-    return Estimate(profile, settings, job, timeout_s=timeout_s)
+    return Estimate(profile, settings, payload, timeout_s=timeout_s)
 
 
 def _probe(model: nn.Module | Callable[[], nn.Module]) -> nn.Module:

@@ -33,10 +33,25 @@ class EstimateError(RuntimeError):
     """The estimate could not be made; the message says why and what to change."""
 
 
+def pack_job(job: Job) -> bytes:
+    """The job as the estimator process reads it: the model's code and shapes, no data.
+
+    Only these bytes are kept afterwards, so an estimate never keeps the user's model (or its
+    GPU memory) alive.
+    """
+    try:
+        return dumps(job)
+    except Exception as error:  # noqa: BLE001 - anything unpicklable, said plainly
+        raise EstimateError(
+            f"could not send the model to the estimator ({type(error).__name__}: {error}); "
+            "pass a function that builds the model instead (model=lambda: MyModel(...))"
+        ) from None
+
+
 class EstimatorProcess:
     """One estimator process holding one model; ``run`` may be called many times."""
 
-    def __init__(self, job: Job, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, payload: bytes, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.timeout_s = timeout_s
         self.model_name = ""
         self.parameters = 0
@@ -46,14 +61,6 @@ class EstimatorProcess:
         self._process: subprocess.Popen[bytes] | None = None
         self._lines: queue.Queue[bytes] = queue.Queue()
         self._stderr_path = self._dir / "stderr.txt"
-        try:
-            payload = dumps(job)
-        except Exception as error:  # noqa: BLE001 - anything unpicklable, said plainly
-            self.close()
-            raise EstimateError(
-                f"could not send the model to the estimator ({type(error).__name__}: {error}); "
-                "pass a function that builds the model instead (model=lambda: MyModel(...))"
-            ) from None
         (self._dir / "job.pkl").write_bytes(payload)
         (self._dir / "job.json").write_text(json.dumps({"sys_path": [p for p in sys.path if p]}))
 
