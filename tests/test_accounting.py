@@ -159,3 +159,24 @@ def test_backward_seed_is_backward_phase() -> None:
     phases = {op: set(run[run["op"] == op]["phase"]) for op in ("addmm", "ones_like", "mm")}
     assert phases == {"addmm": {"forward"}, "ones_like": {"backward"}, "mm": {"backward"}}
     assert set(run[run["op"] == "mm"]["module"]) == {"Linear"}  # backward charged to the module
+
+
+class KeywordModel(nn.Module):
+    """Called like a transformers model: tensors by keyword."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor:
+        out = self.fc(x)
+        return out if target is None else (out - target).pow(2).mean()
+
+
+def test_keyword_inputs_are_inputs_and_their_hooks_go_away() -> None:
+    model = KeywordModel()
+    x, target = torch.randn(32, 16), torch.randn(32, 16)
+    with jv.record("cpu") as rec:
+        model(x=x, target=target).backward()
+    assert rec.profile.peak_breakdown()["input"] == 2 * 32 * 16 * 4
+    assert not model._forward_pre_hooks  # the per-module hook left with the recording

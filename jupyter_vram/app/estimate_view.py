@@ -126,7 +126,18 @@ def comparison_html(comparison: Comparison) -> str:
     return (
         f'<div class="jv-comparison">Estimated <b>{format_bytes(comparison.estimated_bytes)}</b>'
         f" vs measured <b>{format_bytes(comparison.measured_bytes)}</b>: error "
-        f"<b>{100 * error:+.1f}%</b> ({verdict}){_device_note(comparison)}</div>{table}"
+        f"<b>{100 * error:+.1f}%</b> ({verdict}){_unrelated_note(comparison)}"
+        f"{_device_note(comparison)}</div>{table}"
+    )
+
+
+def _unrelated_note(comparison: Comparison) -> str:
+    if not comparison.unrelated_bytes:
+        return ""
+    return (
+        f"<br><i>The measurement includes {format_bytes(comparison.unrelated_bytes)} of tensors "
+        "that existed before the cell and play no role in the step; without them the error is "
+        f"{100 * comparison.step_error:+.1f}%.</i>"
     )
 
 

@@ -104,6 +104,7 @@ class Tagger:
         self.forward_sticky = False
         self.backward_task = -1
         self._handles: list[RemovableHandle] = []
+        self._root_handles: list[RemovableHandle] = []  # keyword-input hooks on root modules
         self._saved_hooks: torch.autograd.graph.saved_tensors_hooks | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -124,9 +125,10 @@ class Tagger:
             hooks, self._saved_hooks = self._saved_hooks, None
             with contextlib.suppress(Exception):  # a user context was left open above ours
                 hooks.__exit__(None, None, None)
-        for handle in self._handles:
+        for handle in (*self._handles, *self._root_handles):
             handle.remove()
         self._handles = []
+        self._root_handles = []
         self.module_stack.clear()
         self._first_node_seq.clear()
 
@@ -144,6 +146,11 @@ class Tagger:
         for root in modules:
             if id(root) not in children:
                 self._name_tree(root)
+                # Global hooks see positional inputs only; keyword inputs (input_ids=...,
+                # labels=...) reach a per-module hook, kept on root modules while recording.
+                self._root_handles.append(
+                    root.register_forward_pre_hook(self._keyword_inputs, with_kwargs=True)
+                )
         for module in modules:
             self._report_module(module)
         for opt in optimizers:
@@ -249,6 +256,16 @@ class Tagger:
             self._first_node_seq.append(first)
             if top_level:
                 self.forward_sticky = True
+        except Exception:  # noqa: BLE001 - bookkeeping must never break the user's forward
+            pass
+
+    def _keyword_inputs(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        try:
+            if len(self.module_stack) == 1:  # this root module is the top-level call
+                for t in iter_tensors(kwargs):
+                    self._on_role(t, INPUT, 0)
         except Exception:  # noqa: BLE001 - bookkeeping must never break the user's forward
             pass
 

@@ -236,6 +236,18 @@ class Comparison:
     measured_device: str = ""
 
     @property
+    def unrelated_bytes(self) -> int:
+        """Bytes at the measured peak in tensors that play no role in the step (category
+        "other": alive before the cell, not the model's, not its inputs) beyond the estimate's."""
+        return max(self.measured.get("other", 0) - self.estimated.get("other", 0), 0)
+
+    @property
+    def step_error(self) -> float:
+        """The error on the step alone: the measurement without :attr:`unrelated_bytes`."""
+        step = self.measured_bytes - self.unrelated_bytes
+        return (self.estimated_bytes - step) / max(step, 1)
+
+    @property
     def same_device(self) -> bool:
         """Both sides on the same kind of device (a CUDA estimate vs a CPU run differs by the
         allocator's rounding and CUDA-only kernels)."""

@@ -96,6 +96,11 @@ def comparison_text(comparison: Comparison) -> str:
         f"estimate {format_bytes(comparison.estimated_bytes)} vs measured "
         f"{format_bytes(comparison.measured_bytes)}: error {100 * comparison.error:+.1f}%"
     ]
+    if comparison.unrelated_bytes:
+        lines.append(
+            f"(the measurement includes {format_bytes(comparison.unrelated_bytes)} of tensors "
+            f"unrelated to the step; without them: error {100 * comparison.step_error:+.1f}%)"
+        )
     if not comparison.same_device:
         lines.append(
             f"(estimate for {comparison.estimated_device}, measured on "
