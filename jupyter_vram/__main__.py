@@ -20,7 +20,13 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--save", default="vram_profile.json.gz", help="where to save the profile")
     show = sub.add_parser("show", help="summarise a saved profile")
     show.add_argument("path")
+    est = sub.add_parser("estimate", help="predict the small GPT's training step on a GPU")
+    est.add_argument("--batch-size", type=int, default=8)
+    est.add_argument("--gpu", default="T4", help="GPU for the largest-batch search")
     args = parser.parse_args(argv)
+
+    if args.command == "estimate":
+        return estimate_demo(args.batch_size, args.gpu)
 
     if args.command == "show":
         try:
@@ -40,6 +46,36 @@ def main(argv: list[str] | None = None) -> int:
     print(summary(rec.profile))
     rec.profile.save(args.save)
     print(f"\nprofile saved to {args.save} (load it with jupyter_vram.Profile.load)")
+    return 0
+
+
+def estimate_demo(batch_size: int, gpu: str) -> int:
+    """Estimate the built-in small GPT without a GPU: summary, fit, largest batch, what-ifs."""
+    import torch.nn.functional as F
+
+    from .estimator import EstimateError, estimate, find_gpu
+    from .estimator.search import format_batch
+    from .examples import TinyGPT
+    from .render.estimate_text import estimate_summary, what_if_text
+
+    def next_token_loss(
+        logits: torch.Tensor, batch: tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]
+    ) -> torch.Tensor:
+        ids = batch[0][0]
+        return F.cross_entropy(logits.flatten(0, 1), ids.flatten())
+
+    with torch.device("meta"):
+        model = TinyGPT()
+    try:
+        target = find_gpu(gpu)
+        result = estimate(model, f"{batch_size}x128", loss_fn=next_token_loss)
+        print(estimate_summary(result))
+        largest = result.max_batch_size(target)
+        print(f"\nlargest batch that fits {target.name}: {format_batch(largest)}\n")
+        print(what_if_text(result.what_ifs(gpus=8)))
+    except (EstimateError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

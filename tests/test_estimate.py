@@ -482,3 +482,13 @@ def test_settings_and_spec_pickle() -> None:
     assert pickle.loads(pickle.dumps(settings)) == settings
     spec = BatchSpec((TensorInput((2, 3)),))
     assert pickle.loads(pickle.dumps(spec)) == spec
+
+
+def test_command_line_estimate(capsys: pytest.CaptureFixture[str]) -> None:
+    from jupyter_vram.__main__ import main
+
+    assert main(["estimate", "--batch-size", "2", "--gpu", "GTX 1060 6GB"]) == 0
+    out = capsys.readouterr().out
+    assert "jupyter_vram estimate · TinyGPT" in out and "input 2x128" in out
+    assert "largest batch that fits GTX 1060 6GB:" in out and "ZeRO-3" in out
+    assert main(["estimate", "--gpu", "quantum9000"]) == 2
