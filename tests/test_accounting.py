@@ -180,3 +180,23 @@ def test_keyword_inputs_are_inputs_and_their_hooks_go_away() -> None:
         model(x=x, target=target).backward()
     assert rec.profile.peak_breakdown()["input"] == 2 * 32 * 16 * 4
     assert not model._forward_pre_hooks  # the per-module hook left with the recording
+
+
+def test_checkpointed_block_inputs_are_activations() -> None:
+    """Checkpointing keeps each block's input for the recompute: activations, not inputs."""
+    from jupyter_vram.transforms.checkpointing import enable_checkpointing
+
+    blocks = nn.Sequential(*(nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(4)))
+    undo = enable_checkpointing(blocks)
+    x = torch.randn(64, 256, requires_grad=True)
+    with jv.record("cpu") as rec:
+        blocks(x).sum().backward()
+    undo()
+    timeline = rec.profile.timeline
+    activation = timeline.by_category()[:, CATEGORY_INDEX["activation"]]
+    block_input = 64 * 256 * 4
+    # blocks 2..4 keep their inputs (block 1's is x, the cell's own); the recompute in backward
+    # adds the recomputed block's saved tensors on top
+    assert activation.max() >= 3 * block_input
+    assert rec.profile.peak_breakdown()["input"] == block_input  # x alone
+    assert all("forward" not in vars(b) for b in blocks)  # undo removed the wrappers

@@ -248,9 +248,12 @@ class Tagger:
             top_level = not self.module_stack
             self.module_stack.append(self._module_id(module))
             first = 0
+            # A top-level call inside backward is activation checkpointing recomputing a block:
+            # its arguments are the activations the checkpoint kept, not new inputs.
+            role = ACTIVATION if torch._C._current_graph_task_id() != -1 else INPUT
             for t in iter_tensors(args):
                 if top_level:
-                    self._on_role(t, INPUT, 0)
+                    self._on_role(t, role, 0)
                 if t.grad_fn is not None:
                     first = max(first, t.grad_fn._sequence_nr() + 1)
             self._first_node_seq.append(first)
