@@ -492,3 +492,17 @@ def test_command_line_estimate(capsys: pytest.CaptureFixture[str]) -> None:
     assert "jupyter_vram estimate · TinyGPT" in out and "input 2x128" in out
     assert "largest batch that fits GTX 1060 6GB:" in out and "ZeRO-3" in out
     assert main(["estimate", "--gpu", "quantum9000"]) == 2
+
+
+def test_frozen_parameters_get_no_gradient_or_state() -> None:
+    """Fine-tuning with a frozen base: only trainable parameters get gradients and state."""
+    model = TwoLayer()
+    model.fc1.requires_grad_(False)
+    est = estimate(model, "32x64", device="cpu")
+    trainable = sum(p.numel() for p in model.fc2.parameters())
+    breakdown = est.peak_breakdown()
+    assert breakdown["parameter"] == 4 * parameter_numel(model)
+    assert breakdown["optimizer_state"] == 2 * 4 * trainable + 4 * 2
+    info = est.profile.meta["estimate"]
+    assert info["trainable_parameters"] == trainable
+    assert max(est.profile.timeline.by_category()[:, CATEGORY_INDEX["gradient"]]) == 4 * trainable
