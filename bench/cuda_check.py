@@ -327,6 +327,23 @@ def child_estimate(out: Path) -> None:
     sys.exit(1 if failures else 0)
 
 
+def run_child(label: str, flag: str, out: Path, *, timeout: int,
+              env: dict[str, str] | None = None) -> None:  # fmt: skip
+    """Run this script again in a fresh process (``flag`` picks the part) and report it."""
+    print(f"\n== {label} (child process)")
+    child = subprocess.run(
+        [sys.executable, __file__, str(out), flag],
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    print(child.stdout[-4000:], child.stderr[-2000:])
+    if child.returncode != 0:
+        failures.append(f"{label} child failed")
+
+
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "cuda_check_out")
     out.mkdir(parents=True, exist_ok=True)
@@ -381,36 +398,14 @@ def main() -> None:
         f"{(first.get('frames') or [{}])[0]}"
     )
 
-    print("\n== expandable segments (child process)")
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
-    child = subprocess.run(
-        [sys.executable, __file__, str(out), "--child-expandable"],
-        env=env,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    print(child.stdout[-4000:], child.stderr[-2000:])
-    if child.returncode != 0:
-        failures.append("expandable segments child failed")
-
-    print("\n== estimate vs CUDA (child process)")
+    run_child("expandable segments", "--child-expandable", out, env=env, timeout=240)
     try:
         import cloudpickle  # noqa: F401  (the estimator sends models with it)
     except ImportError:
-        print("  skipped: cloudpickle is not installed here (bring its wheel)")
+        print("\n== estimate vs CUDA: skipped, cloudpickle is not installed here (bring its wheel)")
     else:
-        child = subprocess.run(
-            [sys.executable, __file__, str(out), "--child-estimate"],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        print(child.stdout[-4000:], child.stderr[-2000:])
-        if child.returncode != 0:
-            failures.append("estimate vs CUDA child failed")
+        run_child("estimate vs CUDA", "--child-estimate", out, timeout=300)
 
     (out / "summary.json").write_text(json.dumps(results, default=str, indent=1))
     print("\nFAILURES:\n  " + "\n  ".join(failures) if failures else "\nall checks passed")

@@ -15,7 +15,6 @@ import argparse
 import resource
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,7 +23,6 @@ import torch
 from jupyter_vram.model import PHASES
 
 GIB = 2**30
-README = Path(__file__).resolve().parent / "README.md"
 SECTION = "## 7B estimate"
 
 
@@ -135,16 +133,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_readme(text: str) -> None:
-    """Put ``text`` under this script's heading of bench/README.md, keeping other sections."""
-    old = README.read_text() if README.exists() else "# Benchmarks\n"
-    body = f"{SECTION}\n\n{text.strip()}\n"
-    if SECTION in old:
-        head, _, rest = old.partition(SECTION)
-        tail = rest.split("\n## ", 1)
-        new = head + body + ("\n## " + tail[1] if len(tail) > 1 else "")
-    else:
-        new = old.rstrip() + "\n\n" + body
-    README.write_text(new)
+    from readme_section import write_section  # bench/ is on sys.path when run as a script
+
+    write_section(SECTION, text)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ from torch import nn
 MIB = 2**20
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-README = HERE / "README.md"
 SECTION = "## Estimate accuracy"
 
 
@@ -346,17 +345,9 @@ def intro() -> str:
 
 
 def write_readme(text: str) -> None:
-    """Put ``text`` under the accuracy heading of bench/README.md, keeping other sections."""
-    old = README.read_text() if README.exists() else "# Benchmarks\n"
-    body = f"{SECTION}\n\n{text.strip()}\n"
-    if SECTION in old:
-        head, _, rest = old.partition(SECTION)
-        tail = rest.split("\n## ", 1)
-        after = "\n## " + tail[1] if len(tail) > 1 else ""
-        new = head + body + after
-    else:
-        new = old.rstrip() + "\n\n" + body
-    README.write_text(new)
+    from readme_section import write_section  # bench/ is on sys.path when run as a script
+
+    write_section(SECTION, text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,8 +16,7 @@ import torch.nn.functional as F
 from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
-
-from .modes import ObservingMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def fake_mode() -> FakeTensorMode:
@@ -25,7 +24,7 @@ def fake_mode() -> FakeTensorMode:
     return FakeTensorMode()
 
 
-class _ScalarsReadAsOne(ObservingMode):  # type: ignore[no-untyped-call]
+class _ScalarsReadAsOne(TorchDispatchMode):  # type: ignore[misc,no-untyped-call]
     """Answers ``.item()`` on fake tensors with 1 instead of failing.
 
     Optimizers read scalars (Adafactor's parameter norm, a grad scaler's inf check) only to
@@ -51,7 +50,7 @@ class _ScalarsReadAsOne(ObservingMode):  # type: ignore[no-untyped-call]
 @contextlib.contextmanager
 def scalars_read_as_one() -> Iterator[None]:
     """Within the block, a fake tensor's ``.item()`` returns 1 (see :class:`_ScalarsReadAsOne`)."""
-    with _ScalarsReadAsOne():
+    with _ScalarsReadAsOne():  # type: ignore[no-untyped-call]
         yield
 
 

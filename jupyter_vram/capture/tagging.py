@@ -250,7 +250,9 @@ class Tagger:
             first = 0
             # A top-level call inside backward is activation checkpointing recomputing a block:
             # its arguments are the activations the checkpoint kept, not new inputs.
-            role = ACTIVATION if torch._C._current_graph_task_id() != -1 else INPUT
+            role = INPUT
+            if top_level and torch._C._current_graph_task_id() != -1:
+                role = ACTIVATION
             for t in iter_tensors(args):
                 if top_level:
                     self._on_role(t, role, 0)

@@ -114,17 +114,10 @@ class Estimate:
         batch = batch_size or self.batch_size
         key = (settings, batch)
         if key not in self._summaries:
-            with self._session() as process:
+            with self.session() as process:
                 profile = process.run(settings, batch)
             self._summaries[key] = RunSummary.of(profile, batch)
         return self._summaries[key]
-
-    def variant(self, settings: StepSettings) -> Profile:
-        """The full profile of the same step under other settings."""
-        with self._session() as process:
-            profile = process.run(settings, self.batch_size)
-        self._summaries[(settings, self.batch_size)] = RunSummary.of(profile, self.batch_size)
-        return profile
 
     def max_batch_size(self, gpu: str | Gpu, *, progress: Progress | None = None,
                        settings: StepSettings | None = None) -> int:  # fmt: skip
@@ -138,7 +131,7 @@ class Estimate:
         settings = settings or self.settings
         chosen = [_gpu(g) for g in gpus] if gpus is not None else list(GPUS)
         results: dict[str, int] = {}
-        with self._session():
+        with self.session():
             for gpu in chosen:
                 if progress is not None:
                     progress(f"largest batch for {gpu.name} ...")
@@ -196,7 +189,7 @@ class Estimate:
     # -- process ------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _session(self) -> Iterator[EstimatorProcess]:
+    def session(self) -> Iterator[EstimatorProcess]:
         """An estimator process for the duration of the outermost call."""
         if self._process is not None:
             yield self._process

@@ -139,19 +139,12 @@ def to_cuda_profile(
         "peak_reserved": sim.peak_reserved,
         "segments": sim.segment_count,
     }
-    return Profile(
-        Allocations(**columns),
+    return profile.replace(
+        allocations=Allocations(**columns),
         device=device,
-        source=profile.source,
         devices=devices,
-        ops=profile.ops,
-        modules=profile.modules,
-        frames=profile.frames,
-        stacks=profile.stacks,
-        wall_ns=profile.wall_ns,
-        event_count=profile.event_count,
         segments=sim.segments,
-        error=profile.error,
+        device_info={},
         meta=meta,
     )
 

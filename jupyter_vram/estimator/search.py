@@ -52,10 +52,7 @@ def _predict(used: Callable[[int], int], lo: int, hi: int, limit: int, max_batch
     if slope <= 0:
         return (lo + hi) // 2
     target = lo + int((limit - used(lo)) / slope)
-    if target <= lo or target >= hi:
-        return (lo + hi) // 2
-    # try the prediction; if it was already tried on one side, step to its neighbour
-    return target if target > lo else lo + 1
+    return target if lo < target < hi else (lo + hi) // 2
 
 
 def format_batch(batch: int) -> str:

@@ -145,7 +145,7 @@ def what_if_table(estimate: Estimate, *, data_parallel: int = 8,
     summary = estimate.summary
     add("as estimated: " + base.describe(), "simulated", summary.peak_bytes,
         summary.reserved_bytes, summary.device_used_bytes)  # fmt: skip
-    with estimate._session():
+    with estimate.session():
         for name, settings in variants(base):
             if progress is not None:
                 progress(f"simulating {name} ...")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -53,8 +54,8 @@ class Simulator:
         self.slots = TensorSlots(model)
         self.batch = with_default_labels(model, job.batch)
         params = [d for d in self.slots.descriptors() if d.parameter]
-        self.parameter_count = sum(_numel(d) for d in params)
-        self.trainable_count = sum(_numel(d) for d in params if d.requires_grad)
+        self.parameter_count = sum(math.prod(d.shape) for d in params)
+        self.trainable_count = sum(math.prod(d.shape) for d in params if d.requires_grad)
 
     def run(self, settings: StepSettings, batch_size: int | None) -> Profile:
         """Record one steady-state step (after a warm-up step) on fake tensors."""
@@ -141,13 +142,6 @@ def _largest_unit_bytes(model: nn.Module) -> int:
 
     blocks = repeated_blocks(model)
     return max((size(b) for b in blocks), default=size(model))
-
-
-def _numel(descriptor: TensorDescriptor) -> int:
-    n = 1
-    for d in descriptor.shape:
-        n *= d
-    return n
 
 
 def finish_profile(raw: Profile, settings: StepSettings, info: dict[str, Any]) -> Profile:

@@ -47,8 +47,13 @@ def estimate_summary(estimate: Estimate) -> str:
     for name, nbytes in estimate.peak_breakdown().items():
         if nbytes:
             lines.append(f"  {name:<16}{format_bytes(nbytes):>12} {100 * nbytes / peak:5.1f}%")
-    fits = [g.name for g in GPUS if estimate.fits(g)]
-    lines.append("fits at this batch size: " + (", ".join(fits) if fits else "none of the GPUs"))
+    if s.target_type == "cuda":
+        fits = [g.name for g in GPUS if estimate.fits(g)]
+        lines.append(
+            "fits at this batch size: " + (", ".join(fits) if fits else "none of the GPUs")
+        )
+    else:
+        lines.append("a CPU estimate: use device='cuda' (--device cuda) for the GPUs it fits")
     lines += [MODELLED, NOT_MODELLED]
     return "\n".join(lines)
 
