@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import sys
 from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -76,3 +81,18 @@ def owned_breakdown(profile: object, index: int, prefix: str) -> dict[str, int]:
     mask &= names[a.module]
     sums = np.bincount(a.category[mask], weights=a.size[mask], minlength=len(CATEGORIES))
     return {c: int(v) for c, v in zip(CATEGORIES, sums, strict=True)}
+
+
+@contextlib.contextmanager
+def cuda_snapshot_generator() -> Iterator[ModuleType]:
+    """tests/fixtures/make_cuda_snapshot.py, imported by path (it plays the CUDA allocator)."""
+    path = Path(__file__).parent / "fixtures" / "make_cuda_snapshot.py"
+    spec = importlib.util.spec_from_file_location("make_cuda_snapshot", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["make_cuda_snapshot"] = module  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules["make_cuda_snapshot"]

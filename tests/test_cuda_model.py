@@ -7,8 +7,6 @@ counters exactly on random request sequences.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -25,6 +23,8 @@ from jupyter_vram.analysis.allocator import (
 )
 from jupyter_vram.estimator.cuda_model import AllocatorSimulation, simulate, to_cuda_profile
 from jupyter_vram.model import Allocations, Profile
+
+from .conftest import cuda_snapshot_generator
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -260,17 +260,8 @@ def test_to_cuda_profile_checks_its_inputs() -> None:
 
 @pytest.fixture(scope="module")
 def reference() -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location(
-        "make_cuda_snapshot", FIXTURES / "make_cuda_snapshot.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["make_cuda_snapshot"] = module  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
+    with cuda_snapshot_generator() as module:
         yield module
-    finally:
-        del sys.modules["make_cuda_snapshot"]
 
 
 EDGES = [1, 511, 512, 513, MIB - 512, MIB, MIB + 1, 2 * MIB, 10 * MIB - 512, 10 * MIB,

@@ -9,10 +9,8 @@ wiring runs against a fake allocator API here; the ``cuda``-marked tests run on 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,8 @@ from jupyter_vram.capture.cuda_allocator import round_size
 from jupyter_vram.capture.cuda_convert import profile_from_snapshot
 from jupyter_vram.capture.cuda_snapshot import CudaSnapshotRecorder
 from jupyter_vram.model import CATEGORIES, CATEGORY_INDEX, Frame, Profile
+
+from .conftest import cuda_snapshot_generator
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MIB = 1 << 20
@@ -84,17 +84,8 @@ def wrapped(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_fixture_is_what_the_generator_writes(data: dict[str, Any]) -> None:
-    spec = importlib.util.spec_from_file_location(
-        "make_cuda_snapshot", FIXTURES / "make_cuda_snapshot.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["make_cuda_snapshot"] = module  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
+    with cuda_snapshot_generator() as module:
         assert json.loads(json.dumps(module.build())) == data
-    finally:
-        del sys.modules["make_cuda_snapshot"]
 
 
 def test_fixture_follows_the_snapshot_format(data: dict[str, Any]) -> None:

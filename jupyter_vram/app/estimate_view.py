@@ -21,6 +21,7 @@ from ..estimator.search import format_batch
 from ..estimator.step import StepSettings
 from ..model import CATEGORIES, Profile
 from ..render.estimate_text import MODELLED, NOT_MODELLED, format_count
+from ..render.html import facts_html
 from ..render.text import format_bytes
 
 if TYPE_CHECKING:
@@ -80,11 +81,7 @@ def estimate_facts(profile: Profile) -> list[tuple[str, str]]:
 
 def estimate_header_html(profile: Profile) -> str:
     """The header of an estimate's app: a clear 'this is an estimate', the facts, the caveats."""
-    items = "".join(
-        f'<span class="jv-fact"><span class="jv-label">{html.escape(k)}</span> '
-        f"<b>{html.escape(v)}</b></span>"
-        for k, v in estimate_facts(profile)
-    )
+    items = facts_html(estimate_facts(profile))
     note = (
         '<details class="jv-estimate-note"><summary>What is modelled, what is not</summary>'
         f"<div>{html.escape(MODELLED)}</div><div>{html.escape(NOT_MODELLED)}</div></details>"

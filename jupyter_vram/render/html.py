@@ -37,12 +37,17 @@ def header_facts(profile: Profile) -> list[tuple[str, str]]:
     return facts
 
 
-def header_html(profile: Profile) -> str:
-    items = "".join(
+def facts_html(facts: list[tuple[str, str]]) -> str:
+    """(label, value) pairs as the app's header shows them."""
+    return "".join(
         f'<span class="jv-fact"><span class="jv-label">{html.escape(k)}</span> '
         f"<b>{html.escape(v)}</b></span>"
-        for k, v in header_facts(profile)
+        for k, v in facts
     )
+
+
+def header_html(profile: Profile) -> str:
+    items = facts_html(header_facts(profile))
     error = ""
     if profile.error:
         error = (
