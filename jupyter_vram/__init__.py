@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .model import CATEGORIES, Frame, Profile
+from .model import CATEGORIES, Frame, Profile, ProfileFileError
 from .recording import Recording, record
 from .session import last_profile
 
@@ -13,6 +13,7 @@ __all__ = [
     "Estimate",
     "Frame",
     "Profile",
+    "ProfileFileError",
     "Recording",
     "estimate",
     "last_profile",

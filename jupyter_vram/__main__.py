@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from .model import Profile
+from .model import Profile, ProfileFileError
 from .recording import record
 from .render.text import summary
 
@@ -30,10 +30,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "show":
         try:
-            print(summary(Profile.load(args.path)))
-        except (OSError, ValueError) as exc:
+            profile = Profile.load(args.path)
+        except ProfileFileError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        print(summary(profile))
         return 0
 
     from .examples import training_step

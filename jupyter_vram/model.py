@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Mapping, Sequence
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -50,6 +51,18 @@ PHASE_INDEX: dict[str, int] = {name: i for i, name in enumerate(PHASES)}
 Int64Array = npt.NDArray[np.int64]
 Int32Array = npt.NDArray[np.int32]
 Int8Array = npt.NDArray[np.int8]
+
+
+class ProfileFileError(ValueError):
+    """A saved profile that cannot be read: the message names the file and the problem."""
+
+
+#: Default limit on a profile file's JSON text (decompressed). A recorded step of a million
+#: allocations is about 100 MB of JSON; parsing takes several times the text's size in memory.
+MAX_FILE_BYTES = 1 << 30
+MAX_BYTES = 1 << 50  # no single allocation, segment or baseline is a petabyte
+MAX_SEQ = 1 << 62  # sequence numbers, times and counts: far from int64 overflow
+_CHUNK = 1 << 20
 
 _COLUMNS: dict[str, type[np.generic]] = {
     "size": np.int64,
@@ -299,37 +312,70 @@ class Profile:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Profile:
-        if data.get("schema") != "jupyter_vram.profile":
-            raise ValueError("not a jupyter_vram profile")
+        """A profile from :meth:`to_dict`'s output. Everything is checked first (types, value
+        ranges, ids pointing into their tables, alloc before free): a bad document raises
+        :class:`ProfileFileError` naming the first problem."""
+        check = _Checker()
+        if not isinstance(data, Mapping) or data.get("schema") != "jupyter_vram.profile":
+            raise ProfileFileError("not a jupyter_vram profile")
         version = data.get("version")
         if version != SCHEMA_VERSION:
-            raise ValueError(
-                f"profile schema version {version} is not supported (this jupyter_vram reads "
-                f"version {SCHEMA_VERSION})"
+            raise ProfileFileError(
+                f"profile schema version {version!r:.40} is not supported (this jupyter_vram "
+                f"reads version {SCHEMA_VERSION})"
             )
-        if tuple(data["categories"]) != CATEGORIES or tuple(data["phases"]) != PHASES:
-            raise ValueError("profile uses a different category or phase table")
-        seg = data.get("segments") or {}
-        return cls(
-            Allocations.from_columns(data["allocations"]),
-            device=data["device"],
-            source=data["source"],
-            devices=data["devices"],
-            ops=data["ops"],
-            modules=data["modules"],
-            frames=[Frame(str(f), int(n), str(name)) for f, n, name in data["frames"]],
-            stacks=data["stacks"],
-            wall_ns=data.get("wall_ns", 0),
-            event_count=data.get("event_count"),
-            segments=SegmentEvents(
-                np.asarray(seg.get("seq", []), np.int64),
-                np.asarray(seg.get("delta", []), np.int64),
-                int(seg.get("baseline", 0)),
-            ),
-            device_info=data.get("device_info"),
-            error=data.get("error"),
-            meta=data.get("meta"),
+        if check.strings(data, "categories") != CATEGORIES or (
+            check.strings(data, "phases") != PHASES
+        ):
+            raise ProfileFileError("profile uses a different category or phase table")
+        devices = check.strings(data, "devices")
+        ops = check.strings(data, "ops")
+        modules = check.strings(data, "modules")
+        frames = [Frame(*check.frame(i, f)) for i, f in enumerate(check.list(data, "frames"))]
+        stacks = [check.stack(i, s, len(frames)) for i, s in enumerate(check.list(data, "stacks"))]
+        device = check.string(data, "device")
+        if device not in devices:
+            raise ProfileFileError(f"profile device {device!r:.80} is not in its devices table")
+        allocations = check.allocations(
+            check.mapping(data, "allocations"),
+            {"device": len(devices), "op": len(ops), "module": len(modules)},
+            len(stacks),
         )
+        seg = check.mapping(data, "segments", required=False)
+        segments = SegmentEvents(
+            check.column(seg, "seq", "segments", low=0, required=False),
+            check.column(seg, "delta", "segments", low=-MAX_BYTES, required=False),
+            check.integer(seg, "baseline", "segments", low=0, high=MAX_BYTES, default=0),
+        )
+        if len(segments.seq) != len(segments.delta):
+            raise ProfileFileError("segments: 'seq' and 'delta' have different lengths")
+        device_info = check.device_info(data)
+        meta = check.meta(data)
+        error = data.get("error")
+        if error is not None and not isinstance(error, str):
+            raise ProfileFileError("'error' must be a string or null")
+        event_count = data.get("event_count")
+        if event_count is not None:
+            event_count = check.integer(data, "event_count", "profile", low=0, high=MAX_SEQ)
+        try:
+            return cls(
+                allocations,
+                device=device,
+                source=check.string(data, "source"),
+                devices=devices,
+                ops=ops,
+                modules=modules,
+                frames=frames,
+                stacks=stacks,
+                wall_ns=check.integer(data, "wall_ns", "profile", low=0, high=MAX_SEQ, default=0),
+                event_count=event_count,
+                segments=segments,
+                device_info=device_info,
+                error=error,
+                meta=meta,
+            )
+        except ValueError as exc:  # anything the constructor's own checks still catch
+            raise ProfileFileError(str(exc)) from exc
 
     def save(self, path: str | Path) -> Path:
         """Write JSON; a path ending in ``.gz`` is gzip-compressed. Missing folders are made."""
@@ -342,15 +388,253 @@ class Profile:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> Profile:
-        """Read a profile written by :meth:`save` (gzip is detected from the content)."""
-        raw = Path(path).read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
+    def load(cls, path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> Profile:
+        """Read a profile written by :meth:`save` (gzip is detected from the content).
+
+        The JSON text may be at most ``max_bytes`` long (after decompression; a gzip file is
+        inflated in chunks and given up as soon as it passes the limit, so a small file that
+        inflates to gigabytes costs no memory). Any problem with the file (unreadable, bad
+        gzip, bad JSON, wrong types, values out of range, ids pointing nowhere) raises
+        :class:`ProfileFileError`, a ``ValueError`` whose message names the file and the
+        problem.
+        """
         try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} is not a jupyter_vram profile (invalid JSON: {exc})") from exc
-        if not isinstance(data, dict):
-            raise ValueError(f"{path} is not a jupyter_vram profile")
-        return cls.from_dict(data)
+            text = _read_limited(Path(path), max_bytes)
+            try:
+                data = json.loads(text, parse_constant=_refuse_constant)
+            except ProfileFileError:
+                raise
+            except json.JSONDecodeError as exc:
+                raise ProfileFileError(f"not a jupyter_vram profile (invalid JSON: {exc})") from exc
+            except RecursionError as exc:
+                raise ProfileFileError("JSON nested too deeply") from exc
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise ProfileFileError(f"invalid JSON ({exc})") from exc
+            del text
+            return cls.from_dict(data)
+        except ProfileFileError as exc:
+            raise ProfileFileError(f"{path}: {exc}") from exc.__cause__
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ProfileFileError(f"JSON holds {name}, which no profile field can take")
+
+
+def _read_limited(path: Path, max_bytes: int) -> bytes | bytearray:
+    """The file's bytes, gunzipped when it is gzip, refusing anything past ``max_bytes``."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(2)
+            if head != b"\x1f\x8b":
+                size = path.stat().st_size
+                if size > max_bytes:
+                    raise ProfileFileError(
+                        f"file is {size:,} bytes, over the {max_bytes:,}-byte limit (raise it "
+                        "with Profile.load(path, max_bytes=...))"
+                    )
+                return head + fh.read()
+            fh.seek(0)
+            return _gunzip_limited(fh, max_bytes)
+    except OSError as exc:
+        raise ProfileFileError(f"cannot read the file ({exc.strerror or exc})") from exc
+
+
+def _gunzip_limited(fh: Any, max_bytes: int) -> bytearray:
+    """Inflate the gzip members read from ``fh``, refusing output past ``max_bytes``.
+
+    A first pass only counts the inflated bytes (one chunk in memory at a time), so a small
+    file that inflates to gigabytes is refused without holding any of it; the second pass
+    keeps the text.
+    """
+    total = 0
+    for chunk in _inflate(fh, max_bytes):
+        total += len(chunk)
+    fh.seek(0)
+    out = bytearray()
+    for chunk in _inflate(fh, total):
+        out += chunk
+    return out
+
+
+def _inflate(fh: Any, max_bytes: int) -> Iterator[bytes]:
+    """The inflated chunks of the gzip members in ``fh`` (ProfileFileError past the limit,
+    on corrupt data or on a truncated member)."""
+    inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+    pending = b""
+    in_member = False
+    total = 0
+    try:
+        while True:
+            if not pending:
+                pending = fh.read(_CHUNK)
+                if not pending:
+                    break
+            in_member = True
+            room = max_bytes - total + 1  # one byte past the limit says it went over
+            chunk = inflater.decompress(pending, min(room, _CHUNK))
+            total += len(chunk)
+            if total > max_bytes:
+                raise ProfileFileError(
+                    f"gzip data inflates past the {max_bytes:,}-byte limit (raise it with "
+                    "Profile.load(path, max_bytes=...))"
+                )
+            yield chunk
+            if inflater.eof:  # a member ended; gzip allows another to follow
+                pending = inflater.unused_data
+                inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+                in_member = False
+            else:
+                pending = inflater.unconsumed_tail
+    except zlib.error as exc:
+        raise ProfileFileError(f"corrupt gzip data ({exc})") from exc
+    if in_member:
+        raise ProfileFileError("gzip data is truncated")
+
+
+class _Checker:
+    """Type and range checks of a profile document, each failure a ProfileFileError."""
+
+    def mapping(
+        self, data: Mapping[str, Any], key: str, *, required: bool = True
+    ) -> Mapping[str, Any]:
+        value = data.get(key)
+        if value is None and not required:
+            return {}
+        if not isinstance(value, Mapping):
+            raise ProfileFileError(f"{key!r} must be a JSON object")
+        return value
+
+    def list(self, data: Mapping[str, Any], key: str) -> list[Any]:
+        value = data.get(key)
+        if not isinstance(value, list):
+            raise ProfileFileError(f"{key!r} must be a list")
+        return value
+
+    def string(self, data: Mapping[str, Any], key: str) -> str:
+        value = data.get(key)
+        if not isinstance(value, str):
+            raise ProfileFileError(f"{key!r} must be a string")
+        return value
+
+    def strings(self, data: Mapping[str, Any], key: str) -> tuple[str, ...]:
+        values = self.list(data, key)
+        if not all(isinstance(v, str) for v in values):
+            raise ProfileFileError(f"{key!r} must be a list of strings")
+        return tuple(values)
+
+    def integer(
+        self, data: Mapping[str, Any], key: str, where: str, *, low: int, high: int,
+        default: int | None = None,
+    ) -> int:  # fmt: skip
+        value = data.get(key, default)
+        if type(value) is not int:
+            raise ProfileFileError(f"{where}: {key!r} must be an integer")
+        if not low <= value <= high:
+            raise ProfileFileError(f"{where}: {key!r} = {value} is out of range")
+        return value
+
+    def frame(self, index: int, value: Any) -> tuple[str, int, str]:
+        if (
+            not isinstance(value, list)
+            or len(value) != 3
+            or not isinstance(value[0], str)
+            or type(value[1]) is not int
+            or not isinstance(value[2], str)
+        ):
+            raise ProfileFileError(f"frame {index} must be [filename, line, name]")
+        if not 0 <= value[1] < 1 << 31:
+            raise ProfileFileError(f"frame {index}: line {value[1]} is out of range")
+        return value[0], value[1], value[2]
+
+    def stack(self, index: int, value: Any, frames: int) -> tuple[int, ...]:
+        if not isinstance(value, list) or not all(type(f) is int for f in value):
+            raise ProfileFileError(f"stack {index} must be a list of frame ids")
+        if value and (min(value) < 0 or max(value) >= frames):
+            raise ProfileFileError(
+                f"stack {index} points to a frame that does not exist ({frames} frames)"
+            )
+        return tuple(value)
+
+    def column(
+        self, data: Mapping[str, Any], key: str, where: str, *, low: int, high: int = MAX_SEQ,
+        required: bool = True,
+    ) -> Int64Array:  # fmt: skip
+        values = data.get(key)
+        if values is None and not required:
+            return np.zeros(0, np.int64)
+        if not isinstance(values, list):
+            raise ProfileFileError(f"{where}: {key!r} must be a list of integers")
+        try:
+            array = np.asarray(values)
+        except (ValueError, OverflowError, TypeError) as exc:
+            raise ProfileFileError(f"{where}: {key!r} must be a list of integers") from exc
+        if len(values) == 0:
+            return np.zeros(0, np.int64)
+        if array.ndim != 1 or array.dtype.kind not in "iu":
+            raise ProfileFileError(f"{where}: {key!r} must be a list of integers")
+        bad = (array < low) | (array > high)
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise ProfileFileError(
+                f"{where}: {key!r} of row {row} is {int(array[row])}, out of range"
+            )
+        return array.astype(np.int64)
+
+    def allocations(
+        self, data: Mapping[str, Any], tables: Mapping[str, int], stacks: int
+    ) -> Allocations:
+        where = "allocations"
+        limits = {
+            "size": (0, MAX_BYTES),
+            "alloc_seq": (-1, MAX_SEQ),
+            "free_seq": (-1, MAX_SEQ),
+            "alloc_ns": (-1, MAX_SEQ),
+            "free_ns": (-1, MAX_SEQ),
+            "device": (0, tables["device"] - 1),
+            "op": (0, tables["op"] - 1),
+            "module": (0, tables["module"] - 1),
+            "stack": (-1, stacks - 1),
+            "phase": (0, len(PHASES) - 1),
+            "category": (0, len(CATEGORIES) - 1),
+        }
+        columns = {
+            name: self.column(data, name, where, low=low, high=high)
+            for name, (low, high) in limits.items()
+        }
+        if len({len(c) for c in columns.values()}) > 1:
+            raise ProfileFileError("allocation columns have different lengths")
+        a = Allocations.from_columns(columns)
+        if int(a.size.sum(dtype=np.float64)) > MAX_SEQ:
+            raise ProfileFileError("allocation sizes add up past any real memory")
+        freed_first = (a.alloc_seq >= 0) & (a.free_seq >= 0) & (a.free_seq <= a.alloc_seq)
+        if freed_first.any():
+            row = int(np.argmax(freed_first))
+            raise ProfileFileError(
+                f"allocation {row} is freed (seq {int(a.free_seq[row])}) before it is "
+                f"allocated (seq {int(a.alloc_seq[row])})"
+            )
+        return a
+
+    def device_info(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        info = dict(self.mapping(data, "device_info", required=False))
+        for key in ("allocated", "reserved", "device_used", "total", "used", "free"):
+            if info.get(key) is not None:
+                self.integer(info, key, "device_info", low=0, high=MAX_BYTES)
+        if info.get("name") is not None and not isinstance(info["name"], str):
+            raise ProfileFileError("device_info: 'name' must be a string")
+        return info
+
+    def meta(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        meta = dict(self.mapping(data, "meta", required=False))
+        if meta.get("estimate") is not None:
+            info = self.mapping(meta, "estimate")
+            for key, low in (("batch_size", 1), ("parameters", 0), ("unit_parameter_bytes", 0)):
+                if key in info:
+                    self.integer(info, key, "meta.estimate", low=low, high=MAX_SEQ)
+            settings = info.get("settings")
+            if settings is not None and not isinstance(settings, Mapping):
+                raise ProfileFileError("meta.estimate: 'settings' must be a JSON object")
+        if meta.get("allocator_model") is not None:
+            model = self.mapping(meta, "allocator_model")
+            self.integer(model, "peak_reserved", "meta.allocator_model", low=0, high=MAX_SEQ)
+        return meta
