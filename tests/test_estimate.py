@@ -506,3 +506,57 @@ def test_frozen_parameters_get_no_gradient_or_state() -> None:
     info = est.profile.meta["estimate"]
     assert info["trainable_parameters"] == trainable
     assert max(est.profile.timeline.by_category()[:, CATEGORY_INDEX["gradient"]]) == 4 * trainable
+
+
+@pytest.mark.parametrize("dtype", [None, "bf16"])
+def test_eight_bit_adamw_state_does_not_depend_on_the_weight_dtype(dtype: str | None) -> None:
+    """bitsandbytes sizes its state by element count: uint8 moments (+ a float32 absmax per
+    2048 elements) from 4096 elements on, float32 below, a Python int for the step."""
+    est = estimate(TwoLayer(), "32x64", device="cpu", optimizer="adamw8bit", dtype=dtype)
+    # two moments per tensor; fc1.weight 64x256 = 16384 elements: 16384 + 4 * 8 absmax;
+    # fc1.bias 256, fc2.weight 2560 and fc2.bias 10 elements stay float32
+    expected = 2 * ((16384 + 4 * 8) + 4 * 256 + 4 * 2560 + 4 * 10)
+    assert expected == 55440
+    assert est.peak_breakdown()["optimizer_state"] == expected
+
+
+@pytest.mark.parametrize("gpus", [0, -2])
+def test_data_parallel_gpus_must_be_positive(
+    mlp_estimate: Estimate, gpus: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(EstimateError, match=f"at least 1, not {gpus}"):
+        mlp_estimate.what_ifs(gpus=gpus)
+    with pytest.raises(EstimateError, match="at least 1"):
+        sharded_peak(mlp_estimate.profile, SHARDINGS[0], gpus, 0)
+    # the magic says so in one line, before any estimator process starts
+    from IPython.core.magic_arguments import parse_argstring
+
+    from jupyter_vram.estimator.magic import run_estimate_magic
+    from jupyter_vram.magics import VramMagics
+
+    args = parse_argstring(VramMagics.vram_estimate, f"m --input 2x64 --what-if --gpus {gpus}")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    assert run_estimate_magic(args, {"m": TwoLayer()}) is None
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1] == (
+        "%vram_estimate: the number of GPUs for the data-parallel what-ifs must be a whole "
+        f"number of at least 1, not {gpus}"
+    )
+
+
+def test_quoted_magic_arguments_lose_their_quotes() -> None:
+    from IPython.core.magic_arguments import parse_argstring
+
+    from jupyter_vram.estimator.magic import resolve_inputs, unquote
+    from jupyter_vram.magics import VramMagics
+
+    line = "m --input \"a=4x128,b=4x128\" --gpu 'A100 80GB' --optimizer 'sgd'"
+    args = parse_argstring(VramMagics.vram_estimate, line)
+    assert resolve_inputs(args.input, {}) == "a=4x128,b=4x128"
+    assert find_gpu(unquote(args.gpu)).name == find_gpu("A100 80GB").name
+    assert unquote(args.optimizer) == "sgd"
+    assert resolve_inputs("'x'", {"x": 5}) == 5  # a quoted variable name is the variable
+    assert unquote("'a\"") == "'a\""  # quotes that do not match stay
+    spec = make_batch_spec(TwoLayer(), resolve_inputs(args.input, {}), None)
+    assert spec.describe() == "a=4x128, b=4x128"

@@ -12,6 +12,7 @@ from .inputs import InputError
 from .runner import EstimateError
 from .search import format_batch
 from .step import StepError
+from .whatif import check_gpus
 
 #: Failures that deserve a one-paragraph message, not a traceback.
 EXPECTED_ERRORS = (EstimateError, InputError, StepError)
@@ -25,14 +26,23 @@ def resolve(expression: str, namespace: Mapping[str, Any], what: str) -> Any:
         raise InputError(f"cannot evaluate {what} {expression!r}: {error}") from None
 
 
+def unquote(text: str) -> str:
+    """The text without one pair of matching quotes around it (IPython's magic argument
+    parser keeps the quotes of ``--input "a=4x128,b=4x128"``)."""
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1].strip()
+    return text
+
+
 def resolve_inputs(text: str | None, namespace: Mapping[str, Any]) -> Any:
     """``--input``: a variable of the notebook if one has that name, else a shape spec."""
     if text is None:
         return None
-    name = text.strip()
+    name = unquote(text)
     if name.isidentifier() and name in namespace:
         return namespace[name]
-    return text
+    return name
 
 
 def run_estimate_magic(args: Namespace, namespace: dict[str, Any]) -> Estimate | None:
@@ -43,16 +53,17 @@ def run_estimate_magic(args: Namespace, namespace: dict[str, Any]) -> Estimate |
 
     progress = _progress_line()
     try:
+        check_gpus(args.gpus)  # before the run, not after it
         model = resolve(args.model, namespace, "the model")
-        gpu = find_gpu(args.gpu) if args.gpu else None
+        gpu = find_gpu(unquote(args.gpu)) if args.gpu else None
         progress(f"estimating {type(model).__name__} on fake tensors ...")
         result = estimate(
             model,
             resolve_inputs(args.input, namespace),
-            optimizer=args.optimizer,
-            device=args.device,
-            dtype=args.dtype,
-            amp=args.amp,
+            optimizer=unquote(args.optimizer),
+            device=unquote(args.device),
+            dtype=unquote(args.dtype) if args.dtype else None,
+            amp=unquote(args.amp) if args.amp else None,
             checkpoint=args.checkpoint,
             batch_size=args.batch_size,
             inference=args.inference,

@@ -32,18 +32,29 @@ QUANT_BLOCK = 2048
 
 
 def eight_bit_state(profile: Profile) -> Profile:
-    """AdamW state as bitsandbytes' 8-bit Adam holds it, from an AdamW (fp32 state) profile.
+    """AdamW state as bitsandbytes' 8-bit Adam holds it, from an AdamW profile.
 
-    Each float32 state tensor of n >= 4096 elements becomes n bytes plus one float32 absmax
-    per 2048 elements; smaller ones stay float32. The update runs as one fused kernel per
-    parameter, so the optimizer phase's temporaries (foreach intermediates) are dropped.
+    bitsandbytes allocates its state by element count, whatever the weights' dtype: a state
+    tensor of n >= 4096 elements becomes n bytes (uint8) plus one float32 absmax per 2048
+    elements; a smaller one is float32 (4n bytes). So AdamW's two moments cost about 2 bytes
+    per parameter with fp32 and with bf16 weights alike. The element count of a row comes from
+    ``meta["estimate"]["state_itemsizes"]`` (``[bytes, element size]`` pairs the estimator
+    process read off the optimizer's state; float32 when absent). The update runs as one fused
+    kernel per parameter, so the optimizer phase's temporaries (foreach intermediates) are
+    dropped.
     """
     a = profile.allocations
     size = a.size.copy()
     state = a.category == _STATE
-    numel = size // 4
+    itemsize = np.full(len(size), 4, np.int64)
+    pairs = profile.meta.get("estimate", {}).get("state_itemsizes") or []
+    for nbytes, item in pairs:
+        itemsize[state & (size == int(nbytes))] = int(item)
+    numel = size // itemsize
     big = state & (numel >= MIN_8BIT_NUMEL)
+    small = state & ~big
     size[big] = numel[big] + 4 * (-(-numel[big] // QUANT_BLOCK))
+    size[small] = 4 * numel[small]
     size[(a.category == _TEMPORARY) & (a.phase == _OPTIMIZER)] = 0
     columns = {name: getattr(a, name) for name in a.to_columns()}
     columns["size"] = size
@@ -94,6 +105,7 @@ def sharded_peak(profile: Profile, sharding: Sharding, gpus: int, unit_bytes: in
     is the parameter bytes of the largest block (the whole model if it has no blocks).
     Communication buffers (NCCL) are not counted.
     """
+    gpus = check_gpus(gpus)
     timeline = profile.timeline
     if len(timeline) == 0:
         by_cat = timeline.baseline_by_category()[None, :]
@@ -120,6 +132,18 @@ def sharded_peak(profile: Profile, sharding: Sharding, gpus: int, unit_bytes: in
     return int(np.ceil(total.max())) + extra
 
 
+def check_gpus(gpus: object) -> int:
+    """The number of data-parallel GPUs, validated: a whole number, at least 1."""
+    from .runner import EstimateError
+
+    if isinstance(gpus, bool) or not isinstance(gpus, (int, np.integer)) or gpus < 1:
+        raise EstimateError(
+            f"the number of GPUs for the data-parallel what-ifs must be a whole number of at "
+            f"least 1, not {gpus!r}"
+        )
+    return int(gpus)
+
+
 def what_if_table(estimate: Estimate, *, data_parallel: int = 8,
                   progress: Callable[[str], None] | None = None) -> pd.DataFrame:  # fmt: skip
     """Every what-if in one table: simulated variants, then data-parallel sharding.
@@ -132,6 +156,7 @@ def what_if_table(estimate: Estimate, *, data_parallel: int = 8,
 
     from .runner import EstimateError
 
+    data_parallel = check_gpus(data_parallel)
     base = estimate.settings
     rows: list[dict[str, Any]] = []
 

@@ -95,7 +95,9 @@ class Simulator:
                     self._step(optimizer, args, kwargs, settings)  # optimizer state, as in step 2
                 with record(device="meta", stacks=settings.stacks) as rec:
                     self._step(optimizer, args, kwargs, settings)
-                host_counters = _host_step_counters(optimizer)
+                host_counters = _step_counters(optimizer, host_only=True)
+                all_counters = _step_counters(optimizer, host_only=False)
+                state_itemsizes = _state_itemsizes(optimizer)
                 del args, kwargs, optimizer
         finally:
             self.slots.clear()
@@ -114,6 +116,9 @@ class Simulator:
         }
         if settings.target_type == "cuda":
             info["host_step_counters"] = host_counters
+        if settings.optimizer in EIGHT_BIT:
+            info["state_itemsizes"] = state_itemsizes
+            info["step_counters"] = all_counters
         return finish_profile(rec.profile, settings, info)
 
     def _step(self, optimizer: Any, args: Any, kwargs: Any, settings: StepSettings) -> None:
@@ -153,19 +158,22 @@ def finish_profile(raw: Profile, settings: StepSettings, info: dict[str, Any]) -
     fake_rows = raw.allocations.device == raw.devices.index(raw.device)
     if settings.target_type == "cuda":
         fake_rows &= ~_rows_of_host_counters(raw, info.get("host_step_counters", []))
-    columns = {
-        name: getattr(raw.allocations, name)[fake_rows] for name in raw.allocations.to_columns()
-    }
-    columns["device"] = np.zeros(int(fake_rows.sum()), np.int32)
+    kept = _without_rows(raw, ~fake_rows)
+    kept = Allocations.from_columns(
+        {**{name: getattr(kept, name) for name in _COLUMN_NAMES},
+         "device": np.zeros(len(kept), np.int32)}
+    )  # fmt: skip
     profile = raw.replace(
-        allocations=Allocations.from_columns(columns),
+        allocations=kept,
         devices=[settings.device],
         device=settings.device,
         source="estimate",
         meta={**raw.meta, "estimate": info},
     )
     if settings.optimizer in EIGHT_BIT:
-        profile = eight_bit_state(profile)
+        # bitsandbytes counts steps in a Python int: no counter tensors at all
+        counters = _rows_of_host_counters(profile, info.get("step_counters", []))
+        profile = eight_bit_state(profile.replace(allocations=_without_rows(profile, counters)))
     if settings.target_type == "cuda":
         from .cuda_model import to_cuda_profile
 
@@ -173,8 +181,9 @@ def finish_profile(raw: Profile, settings: StepSettings, info: dict[str, Any]) -
     return profile
 
 
-def _host_step_counters(optimizer: Any) -> list[int]:
-    """Byte sizes of the optimizer's ``step`` counters that CUDA keeps in host memory.
+def _step_counters(optimizer: Any, *, host_only: bool) -> list[int]:
+    """Byte sizes of the optimizer's scalar ``step`` counters (``host_only``: those CUDA keeps
+    in host memory).
 
     Adam, AdamW and friends create ``state["step"]`` on the CPU unless ``fused`` or
     ``capturable`` is set, so on a GPU those counters take no device memory.
@@ -183,13 +192,34 @@ def _host_step_counters(optimizer: Any) -> list[int]:
         return []
     sizes = []
     for group in optimizer.param_groups:
-        if group.get("fused") or group.get("capturable"):
+        if host_only and (group.get("fused") or group.get("capturable")):
             continue
         for p in group["params"]:
             step = optimizer.state.get(p, {}).get("step")
             if isinstance(step, torch.Tensor) and step.dim() == 0:
                 sizes.append(step.element_size())
     return sizes
+
+
+def _state_itemsizes(optimizer: Any) -> list[list[int]]:
+    """``[bytes, element size]`` of the optimizer's state tensors (one pair per distinct byte
+    size): an AdamW state row's byte size alone does not say how many elements it holds."""
+    if optimizer is None:
+        return []
+    pairs: dict[int, int] = {}
+    for state in optimizer.state.values():
+        for name, value in state.items():
+            if name != "step" and isinstance(value, torch.Tensor):
+                pairs.setdefault(value.numel() * value.element_size(), value.element_size())
+    return [[size, item] for size, item in sorted(pairs.items())]
+
+
+_COLUMN_NAMES = tuple(Allocations.__dataclass_fields__)
+
+
+def _without_rows(profile: Profile, drop: npt.NDArray[np.bool_]) -> Allocations:
+    a = profile.allocations
+    return Allocations.from_columns({name: getattr(a, name)[~drop] for name in _COLUMN_NAMES})
 
 
 def _rows_of_host_counters(raw: Profile, sizes: list[int]) -> npt.NDArray[np.bool_]:
