@@ -560,3 +560,38 @@ def test_quoted_magic_arguments_lose_their_quotes() -> None:
     assert unquote("'a\"") == "'a\""  # quotes that do not match stay
     spec = make_batch_spec(TwoLayer(), resolve_inputs(args.input, {}), None)
     assert spec.describe() == "a=4x128, b=4x128"
+
+
+class Embeds(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(100, 16)
+        self.out = nn.Linear(16, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(self.embed(ids))
+
+
+def test_example_tensors_keep_their_kind_of_dtype() -> None:
+    model = Embeds()
+    ids = torch.randint(0, 100, (2, 8))
+    assert make_batch_spec(model, ids).args[0] == TensorInput((2, 8), torch.int64, 100)
+    # a float tensor stays float (the model's float dtype), never token ids
+    assert make_batch_spec(model, torch.randn(2, 8)).args[0] == TensorInput((2, 8), None)
+    spec = make_batch_spec(model, {"ids": ids, "mask": torch.rand(2, 8)})
+    assert spec.kwargs["mask"].dtype is None and spec.kwargs["ids"].dtype == torch.int64
+    # a shape string still means token ids for a model that starts with an embedding
+    assert make_batch_spec(model, "2x8").args[0].dtype == torch.int64
+
+
+def test_float_tensor_into_an_embedding_fails_like_the_real_model(
+    no_leftover_processes: None,
+) -> None:
+    model = Embeds()
+    with pytest.raises(RuntimeError, match="'indices'"):
+        model(torch.randn(2, 8))  # the real model refuses float ids
+    with pytest.raises(EstimateError, match="embedding takes integer token ids") as info:
+        estimate(model, torch.randn(2, 8), device="cpu")
+    assert "but got torch.float32" in str(info.value)
+    est = estimate(model, torch.randint(0, 100, (2, 8)), device="cpu")
+    assert est.peak_breakdown()["input"] == 2 * 8 * 8  # int64 ids

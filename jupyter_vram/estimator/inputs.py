@@ -214,8 +214,12 @@ def _parse_text(model: nn.Module, text: str) -> BatchSpec:
 
 
 def _from_tensor(model: nn.Module, name: str | None, tensor: torch.Tensor) -> TensorInput:
-    dtype = None if tensor.dtype.is_floating_point else tensor.dtype
-    return _tensor_input(model, name, tuple(tensor.shape), dtype)
+    """An example tensor's shape, with its kind of dtype: a float tensor stays float (the
+    model's float dtype, so ``dtype=`` casts it as training code would), never token ids;
+    if the model cannot take it, the run fails as the real model would."""
+    if tensor.dtype.is_floating_point:
+        return TensorInput(tuple(tensor.shape), None)
+    return _tensor_input(model, name, tuple(tensor.shape), tensor.dtype)
 
 
 def default_input(model: nn.Module) -> BatchSpec | None:

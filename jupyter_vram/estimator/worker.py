@@ -257,6 +257,12 @@ def describe_error(error: BaseException) -> str:
             "step on fake CPU tensors, so device-specific calls (.cuda(), device='cuda', "
             "CUDA-only kernels) must not be hard-coded in the model's forward"
         )
+    elif isinstance(error, RuntimeError) and "'indices'" in text and "scalar type" in text:
+        head = (
+            f"the model rejected the input ({text}): an embedding takes integer token ids, "
+            "not float values; pass integer tensors or a shape (a shape is token ids for a "
+            "model that starts with an embedding)"
+        )
     elif isinstance(error, RuntimeError) and any(
         w in text for w in ("shape", "size", "dim", "mat1", "expected", "mismatch")
     ):
