@@ -13,9 +13,11 @@ import contextlib
 import json
 import math
 import os
+import re
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -84,6 +86,7 @@ class Simulator:
         except BaseException:
             self.slots.clear()
             raise
+        position_checks = check_positions(self.model)
         started = time.perf_counter()
         unit_bytes = _largest_unit_bytes(self.model)
         try:
@@ -100,6 +103,8 @@ class Simulator:
                 state_itemsizes = _state_itemsizes(optimizer)
                 del args, kwargs, optimizer
         finally:
+            for handle in position_checks:
+                handle.remove()
             self.slots.clear()
             if undo is not None:
                 undo()
@@ -136,6 +141,61 @@ class Simulator:
                 self.job.loss_fn,
                 optimizer_context=scalars_read_as_one,
             )
+
+
+#: Names of learned absolute position tables (GPT-2's wpe, BERT's position_embeddings, ...).
+_POSITION_TABLE = re.compile(
+    r"(^|_)(wpe|pos|positions?|position_embeddings?|pos_emb(ed|eds|edding|eddings)?|"
+    r"embed_positions|positional_embeddings?)$"
+)
+
+
+class PositionError(IndexError):
+    """A sequence longer than the model's table of learned positions."""
+
+
+def position_tables(model: nn.Module) -> list[tuple[str, nn.Embedding]]:
+    """The model's learned absolute position tables: embeddings named as positions, or whose
+    size is the config's position limit (``max_position_embeddings`` / ``n_positions`` /
+    ``n_ctx``) and not the vocabulary's."""
+    config = getattr(model, "config", None)
+    limits = {getattr(config, a, None) for a in ("max_position_embeddings", "n_positions", "n_ctx")}
+    limits = {n for n in limits if isinstance(n, int) and n > 0}
+    vocab = getattr(config, "vocab_size", None)
+    found = []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Embedding):
+            continue
+        named = _POSITION_TABLE.search(name.rpartition(".")[2]) is not None
+        sized = module.num_embeddings in limits and module.num_embeddings != vocab
+        if named or sized:
+            found.append((name, module))
+    return found
+
+
+def check_positions(model: nn.Module) -> list[Any]:
+    """Hooks that fail the run where the real model fails on a sequence longer than a position
+    table: the real lookup reads positions 0..L-1 and raises "index out of range"; a fake
+    tensor has no values, so the lookup alone would pass. Positions run along the last
+    dimension of the ids the table is given."""
+
+    def hook(name: str) -> Callable[[nn.Module, tuple[Any, ...]], None]:
+        def check(module: nn.Module, args: tuple[Any, ...]) -> None:
+            assert isinstance(module, nn.Embedding)
+            ids = args[0] if args else None
+            if isinstance(ids, torch.Tensor) and ids.dim() >= 1:
+                length = int(ids.shape[-1])
+                if length > module.num_embeddings:
+                    raise PositionError(
+                        f"the sequence is {length} positions long, but the model's position "
+                        f"table {name} has {module.num_embeddings}: the real model fails here "
+                        "with 'index out of range in self'; use a sequence of at most "
+                        f"{module.num_embeddings}"
+                    )
+
+        return check
+
+    return [m.register_forward_pre_hook(hook(n)) for n, m in position_tables(model)]
 
 
 def _largest_unit_bytes(model: nn.Module) -> int:
@@ -243,7 +303,9 @@ def describe_error(error: BaseException) -> str:
 
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     where = _user_frame(error)
-    if is_data_dependent(error):
+    if isinstance(error, PositionError):
+        head = text
+    elif is_data_dependent(error):
         head = (
             f"the model computes something from tensor values ({text}), which a fake-tensor "
             "run cannot know; estimate a model whose forward does not call .item(), "
