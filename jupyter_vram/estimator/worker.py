@@ -29,6 +29,7 @@ from torch import nn
 from ..model import Allocations, Profile
 from .inputs import parse_dtype, with_default_labels
 from .job import Job
+from .kernels import onednn_scratch, rnn_workspaces
 from .step import (
     EIGHT_BIT,
     StepSettings,
@@ -91,7 +92,7 @@ class Simulator:
         unit_bytes = _largest_unit_bytes(self.model)
         try:
             self.model.train(not settings.inference)
-            with mode:
+            with mode, rnn_workspaces(settings.target_type):
                 args, kwargs = batch.build(SIMULATED_DEVICE, float_dtype(settings, self.model))
                 optimizer = make_optimizer(settings, self.model, self.job.optimizer_factory)
                 if not settings.inference:
@@ -129,8 +130,10 @@ class Simulator:
     def _step(self, optimizer: Any, args: Any, kwargs: Any, settings: StepSettings) -> None:
         from ..capture.fake import cuda_attention, scalars_read_as_one
 
-        kernels = cuda_attention() if settings.target_type == "cuda" else contextlib.nullcontext()
-        with kernels:
+        cuda = settings.target_type == "cuda"
+        kernels = cuda_attention() if cuda else contextlib.nullcontext()
+        scratch = contextlib.nullcontext() if cuda else onednn_scratch()
+        with kernels, scratch:
             training_step(
                 self.model,
                 optimizer,

@@ -1,0 +1,173 @@
+"""Kernel choices and kernel-made buffers that a fake-tensor run does not show by itself.
+
+Fake tensors run each operator's meta implementation, which gets shapes right but can differ
+from the real kernel in what else it returns:
+
+- **LSTM on the CPU.** ``nn.LSTM`` in training runs oneDNN's ``mkldnn_rnn_layer`` once per
+  layer and direction. The real kernel returns a *workspace* (every step's gates and states,
+  kept for backward), sized by oneDNN; its meta implementation returns an empty one, so a fake
+  run missed most of an LSTM's activation memory. :class:`RnnWorkspaces` gives each fake call a
+  workspace of the size oneDNN allocates (:func:`onednn_lstm_workspace_bytes`, checked against
+  the real kernel in the tests).
+- **LSTM on CUDA.** cuDNN keeps its own *reserve space* for backward, whose size only cuDNN
+  can compute (``cudnnGetRNNTrainingReserveSize``). A CUDA estimate charges what that reserve
+  must hold, every step's four gate pre-activations and its cell and hidden states
+  (:func:`cudnn_lstm_reserve_bytes`); it is an approximation, not cuDNN's number.
+- **oneDNN's temporaries.** Inside each LSTM layer call oneDNN reorders the weights into its
+  own layout and uses a scratchpad (the gates of every step); backward also reorders the
+  weight gradients when their leading dimension is padded. These live only during the call,
+  but the CPU recorder sees them and they raise the peak. :class:`OneDnnScratch` allocates
+  and frees buffers of those sizes around each fake call (:func:`onednn_lstm_temporaries`:
+  exact for the weight buffers, the scratchpad within a few tens of KB). cuDNN's workspaces
+  are not modelled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_PAGE = 4096  # oneDNN places each workspace part at a page boundary
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _good_ld(dim: int, itemsize: int) -> int:
+    """oneDNN's leading dimension: a multiple of 64 bytes, moved off multiples of 256
+    elements (``rnn_utils::get_good_ld``)."""
+    ld = _round_up(dim, 64 // itemsize)
+    return ld + 64 // itemsize if ld % 256 == 0 else ld
+
+
+def onednn_lstm_workspace_bytes(steps: int, batch: int, input_size: int, hidden_size: int) -> int:
+    """Bytes of the workspace oneDNN's LSTM forward-training primitive allocates for one layer
+    and direction (float32), as ``mkldnn_rnn_layer`` requests it.
+
+    Parts, each rounded up to a 4 KiB page: the states, cell states and the three diff-state
+    buffers for (layers + 1) x (steps + 1) positions; the gates (4 x hidden) and the hidden
+    outputs for every step.
+    """
+    states_ld = _good_ld(max(input_size, hidden_size), 4)
+    positions = 2 * (steps + 1) * batch  # (n_layer + 1) x (n_iter + 1) x mb, one layer
+    parts = [
+        positions * states_ld * 4,  # states (layer input / output)
+        positions * hidden_size * 4,  # cell states
+        positions * states_ld * 4,  # diff states, layer
+        positions * states_ld * 4,  # diff states, iteration
+        positions * hidden_size * 4,  # diff cell states
+        steps * batch * _good_ld(4 * hidden_size, 4) * 4,  # gates
+        steps * batch * _good_ld(hidden_size, 4) * 4,  # hidden outputs
+    ]
+    return sum(_round_up(p, _PAGE) for p in parts)
+
+
+def onednn_lstm_temporaries(
+    steps: int, batch: int, input_size: int, hidden_size: int, *, backward: bool
+) -> list[int]:
+    """Byte sizes of the buffers oneDNN's LSTM (float32) allocates and frees inside one layer
+    call: the weights reordered into its layout, the scratchpad, and in backward the bias
+    gradient and the weight gradients it cannot write in place."""
+    gates_ld = _good_ld(4 * hidden_size, 4)
+    hidden_ld = _good_ld(hidden_size, 4)
+    merged = backward or batch < 128  # the layer GEMM runs over all steps at once
+    scratch = (steps if merged else 1) * batch * gates_ld * 4 + 2 * batch * hidden_ld * 4
+    weights = [input_size * gates_ld * 4, hidden_size * gates_ld * 4]
+    if not backward:
+        return [*weights, scratch]
+    diff = [
+        4 * hidden_size * _good_ld(dim, 4) * 4
+        for dim in (input_size, hidden_size)
+        if _good_ld(dim, 4) != dim
+    ]
+    return [*diff, *weights, 4 * hidden_size * 4, scratch]
+
+
+def cudnn_lstm_reserve_bytes(steps: int, batch: int, hidden_size: int, itemsize: int) -> int:
+    """An approximation of cuDNN's LSTM reserve space for one layer and direction: the four
+    gate pre-activations and the cell and hidden states of every step."""
+    return steps * batch * hidden_size * 6 * itemsize
+
+
+class RnnWorkspaces(TorchDispatchMode):  # type: ignore[misc,no-untyped-call]
+    """Gives fake ``mkldnn_rnn_layer`` calls the workspace the real kernel returns (see the
+    module docstring). Enter it below the recorder, so the recorder sees the op's real
+    outputs."""
+
+    def __init__(self, target_type: str) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.target_type = target_type
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func is not torch.ops.aten.mkldnn_rnn_layer.default:
+            return out
+        names = (
+            "input", "w0", "w1", "w2", "w3", "hx", "cx", "reverse", "batch_sizes", "mode",
+            "hidden_size", "num_layers", "has_biases", "bidirectional", "batch_first", "train",
+        )  # fmt: skip
+        call = dict(zip(names, args, strict=False)) | dict(kwargs or {})
+        if not call.get("train"):
+            return out
+        x = call["input"]
+        # nn.LSTM hands every layer time-major input, whatever its batch_first flag says
+        # (the real kernel reads it so; checked against its workspace sizes in the tests)
+        steps, batch = int(x.shape[0]), int(x.shape[1])
+        hidden = int(call["hidden_size"])
+        if self.target_type == "cuda":
+            size = cudnn_lstm_reserve_bytes(steps, batch, hidden, x.element_size())
+        else:
+            size = onednn_lstm_workspace_bytes(steps, batch, int(x.shape[-1]), hidden)
+        workspace = torch.empty(size, dtype=torch.uint8, device=x.device)
+        return (*out[:3], workspace)
+
+
+@contextlib.contextmanager
+def rnn_workspaces(target_type: str) -> Iterator[None]:
+    """Within the block, fake LSTM layers return a real-sized workspace."""
+    with RnnWorkspaces(target_type):
+        yield
+
+
+class OneDnnScratch(TorchDispatchMode):  # type: ignore[misc,no-untyped-call]
+    """Allocates and frees oneDNN's in-call temporaries around fake LSTM layer calls (see the
+    module docstring). Enter it above the recorder, so the recorder sees these buffers."""
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        aten = torch.ops.aten
+        if func is aten.mkldnn_rnn_layer.default or func is aten.mkldnn_rnn_layer_backward.default:
+            x, w_layer = args[0], args[1]
+            if x.dtype == torch.float32 and x.dim() == 3:
+                sizes = onednn_lstm_temporaries(
+                    int(x.shape[0]), int(x.shape[1]), int(w_layer.shape[1]),
+                    int(w_layer.shape[0]) // 4,
+                    backward=func is aten.mkldnn_rnn_layer_backward.default,
+                )  # fmt: skip
+                held = [torch.empty(n, dtype=torch.uint8, device=x.device) for n in sizes]
+                del held
+        return out
+
+
+@contextlib.contextmanager
+def onednn_scratch() -> Iterator[None]:
+    """Within the block, fake LSTM layer calls also allocate oneDNN's temporaries."""
+    with OneDnnScratch():  # type: ignore[no-untyped-call]
+        yield
