@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -181,3 +182,150 @@ def test_cuda_lstm_estimate_charges_a_reserve_space() -> None:
     ]  # fmt: skip
     assert len(workspaces) == 2 and all(w - reserve < 512 for w in workspaces)  # block rounding
     assert cpu.peak_bytes != cuda.peak_bytes
+
+
+# -- estimate vs measured: which recording, and what of it -----------------------------------
+
+
+class TwoLayer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(64, 256)
+        self.fc2 = nn.Linear(256, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(x).mean((2, 3)))
+
+
+def measured_step(model: nn.Module, x: torch.Tensor) -> Any:
+    """A real CPU training step (SGD with momentum, as the estimate), recorded."""
+    import jupyter_vram as jv
+    from jupyter_vram.estimator.step import StepSettings, make_optimizer, training_step
+
+    settings = StepSettings(device="cpu", optimizer="sgd")
+    optimizer = make_optimizer(settings, model)
+
+    def step() -> None:
+        training_step(model, optimizer, (x,), {}, settings, "cpu")
+
+    step()
+    with jv.record() as rec:
+        step()
+    return rec.profile
+
+
+@pytest.fixture(scope="module")
+def two_layer() -> tuple[nn.Module, Any]:
+    torch.manual_seed(0)
+    model = TwoLayer()
+    return model, estimate(model, "32x64", device="cpu", optimizer="sgd")
+
+
+def with_other_model(profile: Any, sizes: list[int], module: str = "Other.big") -> Any:
+    """``profile`` as a kernel holding another model records it: that model's parameters
+    alive before the cell (baseline rows charged to its modules), untouched by the step."""
+    import numpy as np
+
+    from jupyter_vram.model import CATEGORY_INDEX, Allocations
+
+    a = profile.allocations
+    n = len(sizes)
+    extra = {
+        "size": sizes, "alloc_seq": [-1] * n, "free_seq": [-1] * n, "alloc_ns": [0] * n,
+        "free_ns": [-1] * n, "device": [0] * n, "op": [0] * n,
+        "module": [len(profile.modules)] * n, "stack": [-1] * n, "phase": [0] * n,
+        "category": [CATEGORY_INDEX["parameter"]] * n,
+    }  # fmt: skip
+    columns = {k: np.concatenate([getattr(a, k), np.asarray(v)]) for k, v in extra.items()}
+    return profile.replace(
+        allocations=Allocations.from_columns(columns), modules=[*profile.modules, module]
+    )
+
+
+def test_comparison_leaves_out_another_model_alive_in_the_kernel(
+    two_layer: tuple[nn.Module, Any],
+) -> None:
+    model, est = two_layer
+    alone = measured_step(model, torch.randn(32, 64))
+    other = [1024 * 1024 * 4, 1024 * 4]  # a 1024 x 1024 Linear's weight and bias
+    measured = with_other_model(alone, other)
+    assert measured.peak_bytes == alone.peak_bytes + sum(other)
+    assert est.matches(measured)
+    comparison = est.compare(measured)
+    assert comparison.unrelated_bytes == sum(other)
+    assert comparison.measured_bytes == alone.peak_bytes
+    assert comparison.measured == alone.peak_breakdown()
+    # counting the other model was an error near -95 % on this small step
+    assert abs(comparison.error) < 0.05, comparison
+    assert comparison.measured["parameter"] == comparison.estimated["parameter"]
+
+
+def parameters_alive(model: nn.Module, profile: Any) -> Any:
+    """``profile`` with ``model``'s parameters listed as alive and untouched (charged to its
+    class, as the recorder names a model it sees before the cell)."""
+    sizes = [p.numel() * p.element_size() for p in model.parameters()]
+    return with_other_model(profile, sizes, type(model).__name__ + ".fc1")
+
+
+def test_a_different_model_does_not_match(two_layer: tuple[nn.Module, Any]) -> None:
+    model, est = two_layer
+    conv = measured_step(ConvNet(), torch.randn(4, 3, 16, 16))
+    assert not est.matches(conv)
+    # the estimated model alive but unused: its parameters are all there, yet it took no
+    # part in the run (matching on live parameters alone said yes here)
+    alive = parameters_alive(model, conv)
+    a = alive.allocations
+    mine = np.array([alive.modules[m].startswith("TwoLayer") for m in a.module])
+    assert int(a.size[mine].sum()) == est.peak_breakdown()["parameter"]
+    assert not est.matches(alive)
+
+
+def test_the_same_model_with_other_inputs_does_not_match(
+    two_layer: tuple[nn.Module, Any],
+) -> None:
+    model, est = two_layer
+    assert est.matches(measured_step(model, torch.randn(32, 64)))
+    assert not est.matches(measured_step(model, torch.randn(8, 64)))
+
+
+def test_a_cell_that_raised_before_the_model_ran_does_not_match(
+    two_layer: tuple[nn.Module, Any],
+) -> None:
+    import jupyter_vram as jv
+
+    model, est = two_layer
+    with pytest.raises(ZeroDivisionError), jv.record() as rec:
+        scratch = torch.ones(1000)
+        print(scratch.sum() / 0, 1 / 0)
+    assert not est.matches(parameters_alive(model, rec.profile))
+
+
+def test_inference_of_the_model_does_not_match_a_training_estimate(
+    two_layer: tuple[nn.Module, Any],
+) -> None:
+    import jupyter_vram as jv
+
+    model, est = two_layer
+    with torch.no_grad(), jv.record() as rec:
+        model(torch.randn(32, 64))
+    assert not est.matches(rec.profile)  # ran, but no gradients: not the training step
+
+
+def test_comparison_text_says_what_was_left_out(two_layer: tuple[nn.Module, Any]) -> None:
+    from jupyter_vram.render.estimate_text import comparison_text
+    from jupyter_vram.render.text import format_bytes
+
+    model, est = two_layer
+    measured = with_other_model(measured_step(model, torch.randn(32, 64)), [1 << 22])
+    text = comparison_text(est.compare(measured))
+    assert f"left out of the measurement: {format_bytes(1 << 22)} of tensors" in text

@@ -14,9 +14,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import numpy.typing as npt
 from torch import nn
 
-from ..model import Profile
+from ..model import CATEGORY_INDEX, Allocations, Profile
 from .gpus import GPUS, Gpu, find_gpu
 from .inputs import make_batch_spec
 from .job import Job
@@ -171,16 +173,44 @@ class Estimate:
         return what_if_table(self, data_parallel=gpus, progress=progress)
 
     def matches(self, measured: Profile) -> bool:
-        """Whether ``measured`` ran the same model: same top-level class, same parameter bytes
-        (within 2 %, which absorbs CUDA block rounding)."""
+        """Whether ``measured`` recorded the step this estimate predicts.
+
+        The estimated model must have *taken part* in the recorded run, not merely be alive:
+        its modules (named from its class) made allocations during the run, its parameters
+        there weigh what the estimate's do (within 2 %, which absorbs CUDA block rounding), a
+        training step produced gradients for them, and the inputs weigh what the estimate's
+        do (the estimate's default ``labels`` may be missing: a training loop can pass the ids
+        as labels). A different model, a model alive but unused, or a cell that failed before
+        the model ran does not match.
+        """
         if not self.model_name or measured.source == "estimate":
             return False
-        roots = {name.split(".", 1)[0] for name in measured.modules if name}
-        if self.model_name not in roots:
+        a = measured.allocations
+        mine = _module_rows(measured, self.model_name)
+        during = a.alloc_seq >= 0
+        if not (mine & during).any():
+            return False  # the model did nothing in this run
+        estimated = self.peak_breakdown()
+        params = int(a.size[mine & (a.category == CATEGORY_INDEX["parameter"])].sum())
+        expected = estimated["parameter"]
+        if expected <= 0 or abs(params - expected) > 0.02 * expected:
             return False
-        mine = self.peak_breakdown()["parameter"]
-        theirs = measured.peak_breakdown()["parameter"]
-        return mine > 0 and abs(theirs - mine) <= 0.02 * mine
+        if not self.settings.inference:
+            grads = mine & during & (a.category == CATEGORY_INDEX["gradient"])
+            if not grads.any():
+                return False
+        return self._inputs_match(measured)
+
+    def _inputs_match(self, measured: Profile) -> bool:
+        a = measured.allocations
+        rows = a.category == CATEGORY_INDEX["input"]
+        inputs = int(a.size[rows].sum())
+        ours = self.profile.allocations
+        our_rows = ours.category == CATEGORY_INDEX["input"]
+        expected = int(ours.size[our_rows].sum())
+        labels = int(self.profile.meta.get("estimate", {}).get("default_label_bytes", 0))
+        slack = 512 * int(our_rows.sum()) + 0.02 * expected  # CUDA block rounding
+        return any(abs(inputs - want) <= slack for want in {expected, expected - labels})
 
     def compare(self, measured: Profile) -> Comparison:
         """This estimate against a measured profile of the same step."""
@@ -219,7 +249,11 @@ class Estimate:
 
 @dataclass(frozen=True)
 class Comparison:
-    """Estimated vs measured peak (and per category), with the relative error."""
+    """Estimated vs measured peak (and per category), with the relative error.
+
+    The measured side counts only what belongs to the step (see :meth:`of`);
+    :attr:`unrelated_bytes` says how much was left out at the measured peak.
+    """
 
     estimated_bytes: int
     measured_bytes: int
@@ -227,18 +261,20 @@ class Comparison:
     measured: dict[str, int]
     estimated_device: str = ""
     measured_device: str = ""
+    left_out_bytes: int = 0
 
     @property
     def unrelated_bytes(self) -> int:
-        """Bytes at the measured peak in tensors that play no role in the step (category
-        "other": alive before the cell, not the model's, not its inputs) beyond the estimate's."""
-        return max(self.measured.get("other", 0) - self.estimated.get("other", 0), 0)
+        """Bytes at the measured peak in tensors that play no role in the step (alive before
+        the cell and not the estimated model's, nor its inputs: another model's parameters,
+        earlier cells' tensors), left out of :attr:`measured_bytes`."""
+        return self.left_out_bytes
 
     @property
     def step_error(self) -> float:
-        """The error on the step alone: the measurement without :attr:`unrelated_bytes`."""
-        step = self.measured_bytes - self.unrelated_bytes
-        return (self.estimated_bytes - step) / max(step, 1)
+        """The error on the step alone (the measurement already leaves out unrelated
+        tensors, so this is :attr:`error`)."""
+        return self.error
 
     @property
     def same_device(self) -> bool:
@@ -253,9 +289,35 @@ class Comparison:
 
     @classmethod
     def of(cls, estimate: Estimate, measured: Profile) -> Comparison:
-        return cls(estimate.peak_bytes, measured.peak_bytes, estimate.peak_breakdown(),
-                   measured.peak_breakdown(), estimate.settings.device,
-                   measured.device)  # fmt: skip
+        """Compare with the part of ``measured`` that belongs to the step: rows allocated
+        during the run, plus, of what existed before it, the estimated model's own tensors
+        (parameters, buffers, optimizer state) and the inputs it was fed."""
+        a = measured.allocations
+        keep = (
+            (a.alloc_seq >= 0)
+            | _module_rows(measured, estimate.model_name)
+            | (a.category == CATEGORY_INDEX["input"])
+        )
+        step = measured.replace(
+            allocations=Allocations.from_columns(
+                {name: getattr(a, name)[keep] for name in a.to_columns()}
+            )
+        )
+        timeline = measured.timeline
+        at_peak = timeline.live_mask(timeline.peak_index)
+        left_out = int(a.size[at_peak & ~keep].sum())
+        return cls(estimate.peak_bytes, step.peak_bytes, estimate.peak_breakdown(),
+                   step.peak_breakdown(), estimate.settings.device, measured.device,
+                   left_out)  # fmt: skip
+
+
+def _module_rows(profile: Profile, model_name: str) -> npt.NDArray[np.bool_]:
+    """Rows charged to the modules of a model whose root class is ``model_name``."""
+    if not model_name:
+        return np.zeros(len(profile.allocations), bool)
+    prefix = model_name + "."
+    ours = np.array([m == model_name or m.startswith(prefix) for m in profile.modules], dtype=bool)
+    return ours[profile.allocations.module] if len(ours) else np.zeros(0, bool)
 
 
 def _gpu(gpu: str | Gpu) -> Gpu:

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ..model import Allocations, Profile
-from .inputs import parse_dtype, with_default_labels
+from .inputs import BatchSpec, parse_dtype, with_default_labels
 from .job import Job
 from .kernels import onednn_scratch, rnn_workspaces
 from .step import (
@@ -56,6 +56,7 @@ class Simulator:
         self.model = model
         self.slots = TensorSlots(model)
         self.batch = with_default_labels(model, job.batch)
+        self.added_labels = "labels" in self.batch.kwargs and "labels" not in job.batch.kwargs
         params = [d for d in self.slots.descriptors() if d.parameter]
         self.parameter_count = sum(math.prod(d.shape) for d in params)
         self.trainable_count = sum(math.prod(d.shape) for d in params if d.requires_grad)
@@ -118,6 +119,7 @@ class Simulator:
             "trainable_parameters": self.trainable_count,
             "seconds": round(time.perf_counter() - started, 3),
             "unit_parameter_bytes": unit_bytes,
+            "default_label_bytes": _label_bytes(batch) if self.added_labels else 0,
             "simulated_on": "fake tensors (torch FakeTensorMode) on the CPU",
         }
         if settings.target_type == "cuda":
@@ -199,6 +201,13 @@ def check_positions(model: nn.Module) -> list[Any]:
         return check
 
     return [m.register_forward_pre_hook(hook(n)) for n, m in position_tables(model)]
+
+
+def _label_bytes(batch: BatchSpec) -> int:
+    """Bytes of the ``labels`` the estimator added for a transformers head."""
+    labels = batch.kwargs["labels"]
+    itemsize = torch.empty(0, dtype=labels.dtype or torch.float32).element_size()
+    return int(math.prod(labels.shape)) * itemsize
 
 
 def _largest_unit_bytes(model: nn.Module) -> int:

@@ -103,8 +103,8 @@ def comparison_text(comparison: Comparison) -> str:
     ]
     if comparison.unrelated_bytes:
         lines.append(
-            f"(the measurement includes {format_bytes(comparison.unrelated_bytes)} of tensors "
-            f"unrelated to the step; without them: error {100 * comparison.step_error:+.1f}%)"
+            f"(left out of the measurement: {format_bytes(comparison.unrelated_bytes)} of "
+            "tensors that existed before the cell and are not the model's or its inputs)"
         )
     if not comparison.same_device:
         lines.append(
