@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from .capture import RecordingError, parse_device
 from .model import Profile
 from .render.text import summary
-from .session import run_code
+from .session import RecordingNotStarted, run_code
+
+
+def current_cell_number(shell: Any) -> int:
+    """The number IPython gave the running cell (``In[n]``). IPython 9 has already counted
+    the next cell while this one runs, so read it from the cell's own code file."""
+    names = getattr(getattr(shell, "compile", None), "_filename_map", None)
+    if isinstance(names, dict):
+        frame = sys._getframe(1)
+        while frame is not None:
+            number = names.get(frame.f_code.co_filename)
+            if isinstance(number, int):
+                return number
+            frame = frame.f_back  # type: ignore[assignment]
+    return int(shell.execution_count)
 
 
 @magics_class
@@ -30,6 +46,11 @@ class VramMagics(Magics):
         """
         __tracebackhide__ = True
         args = parse_argstring(self.vram, line)
+        try:
+            parse_device(args.device)
+        except RecordingError as error:
+            print(f"%vram: {error}", file=sys.stderr)
+            return None
         if cell is None:
             from .devices import memory_now
 
@@ -41,7 +62,7 @@ class VramMagics(Magics):
         if not source.strip():
             print("%%vram: the cell is empty; nothing to record")
             return None
-        filename = shell.compile.cache(source, shell.execution_count)
+        filename = shell.compile.cache(source, current_cell_number(shell))
 
         def show(profile: Profile) -> None:
             shell.user_ns["_vram"] = profile
@@ -59,14 +80,18 @@ class VramMagics(Magics):
             comparison = estimate.compare(profile) if estimate is not None else None
             display(ProfileApp(profile, comparison=comparison))
 
-        run = run_code(
-            source,
-            shell.user_ns,
-            filename=filename,
-            device=args.device,
-            stacks=not args.no_stacks,
-            on_profile=show,
-        )
+        try:
+            run = run_code(
+                source,
+                shell.user_ns,
+                filename=filename,
+                device=args.device,
+                stacks=not args.no_stacks,
+                on_profile=show,
+            )
+        except RecordingNotStarted as error:
+            print(f"%%vram: {error}; the cell did not run", file=sys.stderr)
+            return None
         if run.nested:
             print("%%vram: already recording; this nested cell ran without its own recording")
         return run.value

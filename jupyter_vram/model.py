@@ -88,7 +88,10 @@ class Frame:
     name: str
 
     def __str__(self) -> str:
-        return f"{self.name} ({Path(self.filename).name}:{self.line})"
+        """``name (file:line)``; line 0 means "somewhere in this function" (an op reached
+        through an operator, which the profiler's Python tracer does not place)."""
+        where = Path(self.filename).name
+        return f"{self.name} ({where}:{self.line})" if self.line else f"{self.name} ({where})"
 
 
 @dataclass(frozen=True)

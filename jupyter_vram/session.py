@@ -7,7 +7,7 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from .capture import RECORDING_LOCK
+from .capture import RECORDING_LOCK, RecordingError
 from .model import Profile
 from .recording import record
 
@@ -37,6 +37,10 @@ def matching_estimate(profile: Profile) -> Estimate | None:
 def last_profile() -> Profile | None:
     """The Profile of the latest `%%vram` run in this kernel (None before the first)."""
     return _history[-1] if _history else None
+
+
+class RecordingNotStarted(RecordingError):
+    """Recording could not start (unknown or unavailable device): the cell did not run."""
 
 
 @dataclass(frozen=True)
@@ -80,13 +84,21 @@ def run_code(
         exec(body, globals_)
         value = eval(last, globals_) if last is not None else None
         return CellRun(value, None, nested=True)
-    rec = record(device, stacks=stacks)
+    rec = record(device, stacks=stacks, namespace=globals_)
+    try:
+        rec.__enter__()
+    except RecordingError as error:
+        raise RecordingNotStarted(str(error)) from None
     value = None
     try:
-        with rec:
+        try:
             exec(body, globals_)
             if last is not None:
                 value = eval(last, globals_)
+        except BaseException as error:
+            rec.__exit__(type(error), error, error.__traceback__)
+            raise
+        rec.__exit__(None, None, None)
     finally:
         profile = rec.profile if rec._profile is not None else None
         if profile is not None:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -28,6 +31,9 @@ def recording_state() -> dict[str, object]:
         "step_pre_hooks": len(optimizer_hooks._global_optimizer_pre_hooks),
         "step_post_hooks": len(optimizer_hooks._global_optimizer_post_hooks),
         "saved_tensor_hooks": torch._C._autograd._top_saved_tensors_default_hooks(False),
+        "profiler": torch.autograd.profiler._is_profiler_enabled,
+        "thread_profile": threading.getprofile(),
+        "sigint": signal.getsignal(signal.SIGINT),
         "lock": RECORDING_LOCK.locked(),
     }
 
@@ -39,6 +45,9 @@ CLEAN = {
     "step_pre_hooks": 0,
     "step_post_hooks": 0,
     "saved_tensor_hooks": None,
+    "profiler": False,
+    "thread_profile": None,
+    "sigint": signal.default_int_handler,
     "lock": False,
 }
 
@@ -59,6 +68,15 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))
+
+
+def ipython_shell() -> Any:
+    """IPython's test shell: one per process, started by whichever test module asks first."""
+    from IPython.terminal.interactiveshell import TerminalInteractiveShell
+    from IPython.testing.globalipapp import start_ipython
+
+    start_ipython()
+    return TerminalInteractiveShell.instance()
 
 
 @pytest.fixture

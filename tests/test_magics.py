@@ -6,14 +6,15 @@ from collections.abc import Iterator
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
-from IPython.testing.globalipapp import start_ipython
 
 import jupyter_vram as jv
+
+from .conftest import ipython_shell
 
 
 @pytest.fixture(scope="module")
 def shell() -> Iterator[InteractiveShell]:
-    ip = start_ipython()
+    ip = ipython_shell()
     assert ip is not None
     ip.run_line_magic("load_ext", "jupyter_vram")
     ip.run_cell(
@@ -34,7 +35,9 @@ def test_cell_magic_runs_in_user_namespace_and_returns_last_value(
     assert "peak" in out and "at the peak:" in out and "parameter" in out
     prof = shell.user_ns["_vram"]
     assert isinstance(prof, jv.Profile) and jv.last_profile() is prof
-    assert prof.peak_breakdown()["gradient"] == 4 * (64 * 32 + 32)
+    # at the end (the peak comes earlier: mm's backward clones its input inside the op)
+    end = prof.timeline.breakdown_at(len(prof.timeline) - 1)
+    assert end["gradient"] == 4 * (64 * 32 + 32)
 
 
 def test_error_in_cell_reaches_user_and_profile_is_kept(
@@ -110,7 +113,9 @@ def test_estimate_magic_text_and_comparison(
         comparison.unrelated_bytes
         == measured.peak_breakdown()["other"] - est.peak_breakdown()["other"]
     )
-    assert abs(comparison.step_error) < 0.03
+    # the measurement also sees a copy mm's backward makes inside the op (its gradient input
+    # is an expanded view), which a fake-tensor run cannot: 1 KiB of this 32 KiB toy
+    assert abs(comparison.step_error) < 0.05
 
 
 @pytest.mark.parametrize(

@@ -69,7 +69,7 @@ def test_inconsistent_columns_are_refused() -> None:
 
 
 def test_repr(recorded: Profile) -> None:
-    assert repr(recorded).startswith("<Profile cpu (dispatch): peak ")
+    assert repr(recorded).startswith("<Profile cpu (allocator): peak ")
 
 
 def test_top_sites_facade(recorded: Profile) -> None:

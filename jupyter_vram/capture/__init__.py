@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from types import FrameType
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..model import Profile
 
@@ -15,7 +16,9 @@ class Recorder(Protocol):
     source: str
     device: str
 
-    def start(self, entry_frame: FrameType | None = None) -> None: ...
+    def start(
+        self, entry_frame: FrameType | None = None, namespace: Mapping[str, Any] | None = None
+    ) -> None: ...
 
     def stop(self, error: str | None = None) -> Profile: ...
 
@@ -29,16 +32,40 @@ class RecordingError(RuntimeError):
 RECORDING_LOCK = threading.Lock()
 
 
-def make_recorder(device: str | None, *, stacks: bool = True) -> Recorder:
+def parse_device(device: str | None) -> str:
+    """A device name a recorder accepts, or a RecordingError that says which ones are."""
     import torch
 
     if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise RecordingError(
+            f"unknown device {device!r}: record 'cpu', 'cuda' or 'cuda:N'"
+        ) from None
+    if dev.type == "cpu" and dev.index not in (None, 0):
+        raise RecordingError(f"{device!r}: the CPU has one memory, not one per index; record 'cpu'")
+    return "cpu" if dev.type == "cpu" else str(dev)
+
+
+def make_recorder(device: str | None, *, stacks: bool = True) -> Recorder:
+    """The recorder for a device: the allocator's history on CUDA, its reports to the torch
+    profiler on the CPU (the dispatch tracker when the user's own profiler is running), the
+    dispatch tracker for fake and meta tensors, which allocate nothing."""
+    import torch
+
+    name = parse_device(device)
+    dev = torch.device(name)
     if dev.type == "cuda":
         from .cuda_snapshot import CudaSnapshotRecorder
 
         return CudaSnapshotRecorder(dev, stacks=stacks)
+    if dev.type == "cpu":
+        from .profiler_events import ProfilerRecorder, profiler_busy
+
+        if not profiler_busy():
+            return ProfilerRecorder(name, stacks=stacks)
     from .dispatch import DispatchRecorder
 
-    return DispatchRecorder(str(dev), stacks=stacks)
+    return DispatchRecorder(name, stacks=stacks)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
@@ -175,7 +176,9 @@ class CudaSnapshotRecorder:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self, entry_frame: FrameType | None = None) -> None:
+    def start(
+        self, entry_frame: FrameType | None = None, namespace: Mapping[str, Any] | None = None
+    ) -> None:
         """Take the baseline snapshot and switch history, hooks and labels on.
 
         ``entry_frame`` is the frame that asked for recording; stacks stop there.

@@ -14,6 +14,7 @@ import itertools
 import sys
 import time
 import weakref
+from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
@@ -53,7 +54,9 @@ class DispatchRecorder:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self, entry_frame: FrameType | None = None) -> None:
+    def start(
+        self, entry_frame: FrameType | None = None, namespace: Mapping[str, Any] | None = None
+    ) -> None:
         """Register the baseline and switch recording on.
 
         ``entry_frame`` is the frame that asked for recording; stacks stop there.

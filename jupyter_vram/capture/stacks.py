@@ -38,7 +38,7 @@ def _hidden_prefixes() -> tuple[str, ...]:
     return tuple(p for p in prefixes if p and p != os.sep)
 
 
-def _cell_name(filename: str) -> str:
+def cell_name(filename: str) -> str:
     """'In[7]' for the code of a notebook cell (IPython knows its execution count), else the
     filename unchanged: a kernel's temporary cell file names mean nothing to a reader."""
     try:
@@ -51,6 +51,35 @@ def _cell_name(filename: str) -> str:
     return f"In[{number}]" if isinstance(number, int) else filename
 
 
+class FrameFilter:
+    """The one rule for which frames are the user's: not torch, jupyter_vram, IPython or kernel
+    plumbing (the built-in example workload counts as user code). Cached per filename."""
+
+    def __init__(self) -> None:
+        self._hidden = _hidden_prefixes()
+        # torch.profiler names files relative to their sys.path entry ("torch/nn/module.py")
+        relative = {os.path.basename(p.rstrip(os.sep)) for p in self._hidden}
+        self._hidden_relative = tuple(
+            name + ("" if name.endswith(".py") else "/") for name in relative if name
+        )
+        self._keep: dict[str, bool] = {}
+
+    def keep(self, filename: str) -> bool:
+        keep = self._keep.get(filename)
+        if keep is None:
+            if os.path.isabs(filename):
+                hidden = filename.startswith(self._hidden)
+            else:
+                hidden = filename.startswith(self._hidden_relative)
+            keep = filename == _EXAMPLES or not (hidden or filename.startswith("<frozen"))
+            if not keep and not os.path.isabs(filename) and filename.endswith("examples.py"):
+                keep = filename.replace("/", os.sep).endswith(
+                    os.path.join("jupyter_vram", "examples.py")
+                )
+            self._keep[filename] = keep
+        return keep
+
+
 class StackSampler:
     """Turns the current call stack into an interned stack id, outermost frame first.
 
@@ -61,7 +90,7 @@ class StackSampler:
     def __init__(self, builder: ProfileBuilder, max_depth: int = 48) -> None:
         self._builder = builder
         self._max_depth = max_depth
-        self._hidden = _hidden_prefixes()
+        self._filter = FrameFilter()
         self._keep: dict[CodeType, bool] = {}
         self._cache: dict[tuple[object, ...], int] = {}
         self._boundary: FrameType | None = None
@@ -72,11 +101,7 @@ class StackSampler:
         self._boundary = frame
 
     def _classify(self, code: CodeType) -> bool:
-        filename = code.co_filename
-        keep = filename == _EXAMPLES or not (
-            filename.startswith(self._hidden) or filename.startswith("<frozen")
-        )
-        self._keep[code] = keep
+        keep = self._keep[code] = self._filter.keep(code.co_filename)
         return keep
 
     def sample(self, frame: FrameType | None) -> int:
@@ -107,7 +132,7 @@ class StackSampler:
                 for i in range(len(tkey) - 2, -1, -2)
             ]
             frames = tuple(
-                Frame(_cell_name(code.co_filename), line, code.co_name) for code, line in pairs
+                Frame(cell_name(code.co_filename), line, code.co_name) for code, line in pairs
             )
             sid = self._cache[tkey] = self._builder.intern_stack(frames)
         return sid

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
 
 SOURCE_NAMES = {
     "dispatch": "tensor tracker",
+    "allocator": "allocator events",
     "cuda_snapshot": "CUDA allocator",
     "estimate": "estimate: fake-tensor run",
 }
@@ -45,6 +46,12 @@ def summary(profile: Profile, *, top: int = 5) -> str:
     ]
     if profile.error:
         lines.append(f"the cell raised {profile.error}; the profile covers the run up to it")
+    threads = profile.meta.get("other_threads")
+    if threads:
+        lines.append(
+            f"other threads ran meanwhile ({', '.join(map(str, threads))}): memory they "
+            "allocated is not in this profile"
+        )
     when = f"{t.time_ns[t.peak_index] / 1e6:.1f} ms in" if t.peak_index >= 0 else "before the run"
     lines.append(
         f"peak {format_bytes(peak)} ({when}, {t.peak_phase} phase); before the cell "

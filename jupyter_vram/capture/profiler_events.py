@@ -1,0 +1,716 @@
+"""CPU recording from the allocator's own reports: torch.profiler's memory events.
+
+The CPU allocator reports every allocation and free (address, size, time) to an active
+profiler, including the ones an op makes and frees inside itself (oneDNN workspaces, sparse
+index buffers). Nothing runs per op in Python and no dispatch mode is entered, so autograd
+executes exactly the program it would without us (a dispatch mode makes it accumulate
+gradients out of place, which raises the true peak of some models by a third).
+
+Attribution is read back from the profiler's event tree at the end:
+
+* the op is the innermost aten op around the allocation;
+* the module is a ``jv.module:<id>`` range our global module hooks open around each call
+  (a 1 us C++ range, no Python per op); backward ops name the forward op's module through the
+  autograd sequence number the profiler records on both;
+* the phase is forward inside a module (and until backward starts), backward inside the
+  autograd engine's ranges, optimizer inside ``Optimizer.step``;
+* Python stacks come from the profiler's Python tracer (``stacks=True``);
+* roles (parameter, gradient, optimizer state, activation, input) are noted by the
+  :class:`~.tagging.Tagger` as (address, time) pairs and placed on the allocation that held that
+  address at that time. Storages that existed before recording become baseline rows.
+
+Private torch APIs used here: the profiler's event tree (``kineto_results``), the fast
+record-function range, and c10's log-level flag (its allocator warns once per 1,000 frees of
+memory allocated before profiling started; silenced while recording).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import ctypes
+import os
+import sys
+import sysconfig
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import torch
+
+from ..model import Frame, Profile
+from .builder import OTHER, TEMPORARY, Interner, ProfileBuilder
+from .stacks import FrameFilter, cell_name
+from .tagging import (
+    ACTIVATION,
+    INPUT,
+    PHASE_BACKWARD,
+    PHASE_FORWARD,
+    PHASE_OPTIMIZER,
+    PHASE_OTHER,
+    Tagger,
+    reachable_objects,
+    storages_of,
+)
+
+SOURCE = "allocator"
+MODULE_RANGE = "jv.module:"
+BASELINE_OP = "(before recording)"
+_EVALUATE = "autograd::engine::evaluate_function"
+_STEP = "Optimizer.step#"
+#: Ops that only obtain memory for the op around them: the allocation is charged to that op.
+_PLUMBING = frozenset(
+    {
+        "aten::empty",
+        "aten::empty_strided",
+        "aten::empty_like",
+        "aten::new_empty",
+        "aten::new_empty_strided",
+        "aten::resize_",
+        "aten::as_strided",
+    }
+)
+#: A role noted within this many ns of an allocation's start still belongs to it (the two
+#: clocks are aligned at start to about a microsecond).
+_TOLERANCE_NS = 20_000
+
+
+def profiler_busy() -> bool:
+    """True when a torch profiler is already running in this process (the user's own)."""
+    return bool(torch.autograd.profiler._is_profiler_enabled)
+
+
+class ProfilerRecorder:
+    """Records every CPU allocation and free through the allocator's profiler reports."""
+
+    source = SOURCE
+
+    def __init__(self, device: str = "cpu", *, stacks: bool = True) -> None:
+        self.device = str(torch.device(device))
+        self._device_type = torch.device(device).type
+        self._stacks = stacks
+        self._modules = Interner("")
+        self.tagger = Tagger(
+            self._on_role,
+            self._modules,
+            saved_hooks="per_call",
+            on_enter=self._enter_module,
+            on_exit=self._exit_module,
+            tag_graph=False,
+        )
+        self._range_names: dict[int, str] = {}
+        self._ranges: list[Any] = []
+        self._notes: list[tuple[int, int, int, int, int, int]] = []  # t, ptr, size, cat, mod, key
+        self._watched: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+        self._freed: dict[int, int] = {}  # storage key -> time its memory was released
+        self._profiler: Any = None
+        self._boundary: tuple[str, str] | None = None
+        self._active = False
+        self._t0 = 0
+        self._wall_ns = 0
+        self._log_level: _LogLevel | None = None
+        self._threads = _ThreadWatch()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(
+        self, entry_frame: FrameType | None = None, namespace: Mapping[str, Any] | None = None
+    ) -> None:
+        """Note the tensors the calling code can reach, then start the profiler and hooks.
+
+        ``entry_frame`` is the frame that asked for recording: stacks stop there, and its
+        globals are the namespace unless ``namespace`` (a notebook's) is given. Tensors that
+        namespace reaches are the baseline, with the modules and optimizers that run.
+        """
+        from torch.profiler import ProfilerActivity, profile
+
+        if profiler_busy():
+            from . import RecordingError
+
+            raise RecordingError("a torch profiler is already running")
+        if entry_frame is not None:
+            self._boundary = (entry_frame.f_code.co_filename, entry_frame.f_code.co_name)
+        self._active = True
+        if namespace is None and entry_frame is not None:
+            namespace = entry_frame.f_globals
+        tensors, modules, optimizers = reachable_objects(namespace)
+        for tensor in tensors:
+            self._on_role(tensor, OTHER, 0)
+        del tensors
+        self.tagger.adopt(modules, optimizers)
+        del modules, optimizers
+        self._log_level = _LogLevel.quiet()
+        self._profiler = profile(
+            activities=[ProfilerActivity.CPU], profile_memory=True, with_stack=self._stacks
+        )
+        with _quiet_stderr():
+            self._profiler.start()
+        self._t0 = time.time_ns()
+        self._threads.start()
+        self.tagger.start()
+
+    def stop(self, error: str | None = None) -> Profile:
+        """Switch everything off (always), then read the profiler's events into a Profile."""
+        events: list[Any] = []
+        try:
+            try:
+                if self._active:
+                    self.tagger.final_scan()
+            finally:
+                self.tagger.stop()
+                self._threads.stop()
+                while self._ranges:  # module calls an interrupt left open
+                    with contextlib.suppress(Exception):
+                        self._ranges.pop().__exit__(None, None, None)
+                self._wall_ns = time.time_ns() - self._t0 if self._t0 else 0
+                self._active = False
+                profiler, self._profiler = self._profiler, None
+                if profiler is not None:
+                    with _quiet_stderr():
+                        profiler.stop()
+                    events = profiler.profiler.kineto_results.experimental_event_tree()
+        finally:
+            if self._log_level is not None:
+                self._log_level.restore()
+                self._log_level = None
+            self._watched.clear()  # dropping the weakrefs cancels their callbacks
+        freed, self._freed = self._freed, {}
+        notes, self._notes = self._notes, []
+        builder = ProfileBuilder()
+        builder.modules = self._modules
+        build_rows(
+            builder,
+            read_events(events, self._device_type, self._modules, self._stack_reader(builder)),
+            notes,
+            freed,
+            t0=self._t0,
+        )
+        return builder.build(
+            device=self.device,
+            source=self.source,
+            wall_ns=self._wall_ns,
+            error=error,
+            meta={
+                "torch": torch.__version__,
+                "stacks": self._stacks,
+                **({"other_threads": self._threads.names} if self._threads.names else {}),
+            },
+        )
+
+    def _stack_reader(self, builder: ProfileBuilder) -> StackReader | None:
+        return StackReader(builder, self._boundary) if self._stacks else None
+
+    # -- hooks (never raise) -----------------------------------------------------------------
+
+    def _enter_module(self, module_id: int) -> None:
+        name = self._range_names.get(module_id)
+        if name is None:
+            name = self._range_names[module_id] = f"{MODULE_RANGE}{module_id}"
+        rf = torch._C._profiler._RecordFunctionFast(name)
+        rf.__enter__()
+        self._ranges.append(rf)
+
+    def _exit_module(self) -> None:
+        if self._ranges:
+            self._ranges.pop().__exit__(None, None, None)
+
+    def _on_role(self, tensor: torch.Tensor, category: int, module: int) -> None:
+        if not self._active:
+            return
+        try:
+            for storage in storages_of(tensor):
+                if storage.device.type != self._device_type:
+                    continue
+                ptr = storage.data_ptr()
+                size = storage.nbytes()
+                if not ptr or not size:
+                    continue
+                key = storage._cdata
+                self._notes.append((time.time_ns(), ptr, size, category, module, key))
+                if key not in self._watched:
+                    self._watched[key] = weakref.ref(storage, self._released(key))
+        except Exception:  # noqa: BLE001 - never raise from a hook
+            pass
+
+    def _released(self, key: int) -> Callable[[Any], None]:
+        """A weakref callback: when a noted storage's memory goes, remember when (the profiler
+        does not report frees of memory allocated before it started)."""
+        freed = self._freed
+        watched = self._watched
+
+        def callback(_: Any) -> None:
+            freed[key] = time.time_ns()
+            watched.pop(key, None)
+
+        return callback
+
+
+# -- reading the profiler's events ---------------------------------------------------------
+
+
+@dataclass
+class AllocEvent:
+    """One allocator report: ``size`` > 0 allocates at ``ptr``, < 0 frees it."""
+
+    time_ns: int
+    ptr: int
+    size: int
+    op: int = 0
+    module: int = 0
+    phase: int = PHASE_OTHER
+    stack: int = -1
+    recompute_end: int = 0  # > 0: made while checkpointing recomputed a block ending then
+
+
+@dataclass
+class EventRead:
+    """What the event tree says: allocator reports in time order, plus the op names."""
+
+    events: list[AllocEvent] = field(default_factory=list)
+    ops: list[str] = field(default_factory=lambda: ["(unknown)"])
+
+
+class StackReader:
+    """Python stacks from the profiler's Python-call events, filtered like every other stack.
+
+    A call event names its caller's frame with the exact line, and the called function only
+    by its first line; ops reached through an operator (``a * b``) have no event of their
+    own, so the innermost frame keeps line 0 ("somewhere in this function") until a builtin
+    call inside it gives the exact line. A stack is (stack id, innermost frame is such a
+    placeholder).
+    """
+
+    def __init__(self, builder: ProfileBuilder, boundary: tuple[str, str] | None) -> None:
+        self._builder = builder
+        self._boundary = boundary
+        self._filter = FrameFilter()
+        self._frames: dict[tuple[str, int, str], Frame | None] = {}
+        self._ids: dict[tuple[Frame, ...], int] = {(): -1}
+        self._tuples: dict[int, tuple[Frame, ...]] = {-1: ()}
+        self._interned: dict[int, int] = {-1: -1}
+
+    def _frame(self, file: str, line: int, function: str) -> Frame | None:
+        key = (file, line, function)
+        if key in self._frames:
+            return self._frames[key]
+        keep = self._filter.keep(file)
+        frame = self._frames[key] = Frame(cell_name(file), line, function) if keep else None
+        return frame
+
+    def _id(self, frames: tuple[Frame, ...]) -> int:
+        """A walk-local id: most stacks the walk passes through never allocate."""
+        sid = self._ids.get(frames)
+        if sid is None:
+            sid = self._ids[frames] = len(self._tuples) - 1
+            self._tuples[sid] = frames
+        return sid
+
+    def intern(self, sid: int) -> int:
+        """The profile's stack id of a walk-local one (interned on first use)."""
+        out = self._interned.get(sid)
+        if out is None:
+            out = self._interned[sid] = self._builder.intern_stack(self._tuples[sid])
+        return out
+
+    def call(self, stack: int, placeholder: bool, event: Any, builtin: bool) -> tuple[int, bool]:
+        """The stack inside a Python call event (``builtin``: a C function, no frame)."""
+        extra = event.extra_fields
+        caller = extra.caller
+        cfile, cline, cfunc = caller.file_name, caller.line_number, caller.function_name
+        restart = self._boundary is not None and (cfile, cfunc) == self._boundary
+        frames = () if restart else self._tuples[stack]
+        if placeholder and not restart and frames:
+            frames = frames[:-1]  # the caller's line is now known exactly
+        here = self._frame(cfile, cline, cfunc)
+        if here is not None:
+            frames = (*frames, here)
+        if builtin:
+            return self._id(frames), False
+        site = extra.callsite
+        callee = self._frame(site.file_name, 0, site.function_name)
+        if callee is None:
+            return self._id(frames), False
+        return self._id((*frames, callee)), True
+
+
+def read_events(
+    roots: Sequence[Any],
+    device_type: str,
+    modules: Interner,
+    stacks: StackReader | None = None,
+) -> EventRead:
+    """Give each allocator report in the profiler's event tree its op, module, phase, stack.
+
+    Two passes. The tree walk reads what nesting says reliably: the aten op around a report,
+    whether it happens inside the autograd engine (and for which forward op's sequence
+    number), and its Python stack. Ranges opened from Python (our module ranges, the
+    optimizers' ``Optimizer.step#`` ranges) are leaves of the tree when Python calls are traced,
+    so a second pass sweeps through time with them: module and optimizer ranges, the module of
+    each forward op's sequence number, and the phase (forward between a top-level module call
+    and the next backward / optimizer step, which covers the loss computation).
+    """
+    from torch._C._profiler import _EventType
+
+    alloc_tag, op_tag, py_call = _EventType.Allocation, _EventType.TorchOp, _EventType.PyCall
+    py_tags = (py_call, _EventType.PyCCall)
+    backward_scope = torch._C._profiler.RecordScope.BACKWARD_FUNCTION
+    ops = Interner()
+    allocs: list[tuple[AllocEvent, int]] = []  # report, forward seq of its backward op / -1
+    points: list[tuple[int, int, int, int]] = []  # time, kind, value, end
+    # walk context: op, stack, backward seq (-2: not in backward), placeholder frame
+    todo: list[tuple[Any, tuple[int, int, int, bool]]] = [
+        (r, (0, -1, -2, False)) for r in reversed(roots)
+    ]
+    while todo:
+        event, ctx = todo.pop()
+        tag = event.tag
+        op, stack, bseq, placeholder = ctx
+        if tag == alloc_tag:
+            extra = event.extra_fields
+            if extra.device.type == device_type:
+                t = event.start_time_ns
+                allocs.append((AllocEvent(t, extra.ptr, extra.alloc_size, op, 0, 0, stack), bseq))
+            continue
+        if tag == op_tag:
+            name = event.name
+            if name.startswith(MODULE_RANGE):
+                mid = int(name[len(MODULE_RANGE) :])
+                points.append((event.start_time_ns, _OPEN_MODULE, mid, event.end_time_ns))
+                points.append((event.end_time_ns, _CLOSE_MODULE, mid, 0))
+                continue
+            if name.startswith(_STEP):
+                opt = modules(f"{name[len(_STEP) :].split('.')[0]}.step")
+                points.append((event.start_time_ns, _OPEN_STEP, opt, 0))
+                points.append((event.end_time_ns, _CLOSE_STEP, opt, 0))
+                continue
+            extra = event.extra_fields
+            if name.startswith(_EVALUATE):
+                if bseq == -2:
+                    points.append((event.start_time_ns, _BACKWARD, 0, event.end_time_ns))
+                bseq = extra.sequence_number
+            elif name.startswith("aten::"):
+                if name not in _PLUMBING or not op:  # empty() alone is the op itself
+                    op = ops(name[6:])
+                    seq = extra.sequence_number
+                    if seq >= 0 and bseq == -2:
+                        points.append((event.start_time_ns, _FORWARD_OP, seq, 0))
+            elif extra.scope == backward_scope:
+                op = ops(name.rsplit("::", 1)[-1])
+        elif stacks is not None and tag in py_tags:
+            with contextlib.suppress(UnicodeDecodeError, ValueError):  # an unnamed frame
+                stack, placeholder = stacks.call(stack, placeholder, event, tag != py_call)
+        children = event.children
+        if children:
+            inner = (op, stack, bseq, placeholder)
+            todo.extend((c, inner) for c in reversed(children))
+    if stacks is not None:
+        for ev, _ in allocs:
+            ev.stack = stacks.intern(ev.stack)
+    read = EventRead(ops=ops.names)
+    read.events = _sweep(allocs, points, ops.index.get("ones_like", -1))
+    read.events.sort(key=_time_of)
+    return read
+
+
+def _time_of(event: AllocEvent) -> int:
+    return event.time_ns
+
+
+_OPEN_MODULE, _CLOSE_MODULE, _OPEN_STEP, _CLOSE_STEP, _BACKWARD, _FORWARD_OP, _ALLOC = range(7)
+
+
+def _sweep(
+    allocs: list[tuple[AllocEvent, int]], points: list[tuple[int, int, int, int]], ones_like: int
+) -> list[AllocEvent]:
+    """Module, phase and recompute window of each report from the ranges open at its time."""
+    timeline: list[tuple[int, int, int, int]] = list(points)
+    timeline.extend((ev.time_ns, _ALLOC, i, 0) for i, (ev, _) in enumerate(allocs))
+    timeline.sort()
+    module_stack: list[int] = []
+    opt_stack: list[int] = []
+    seq_module: dict[int, int] = {}
+    backward_until = 0  # end of the current top-level backward range
+    recompute_until = 0  # end of a module call made inside backward (checkpointing)
+    sticky = False
+    seed: AllocEvent | None = None  # the last free-standing ones_like: backward's seed
+    for t, kind, value, end in timeline:
+        if kind == _ALLOC:
+            ev, bseq = allocs[value]
+            in_backward = bseq != -2 or t < backward_until
+            if opt_stack:
+                ev.phase, ev.module = PHASE_OPTIMIZER, opt_stack[-1]
+            elif in_backward:
+                ev.phase = PHASE_BACKWARD
+                if recompute_until and t <= recompute_until and module_stack:
+                    ev.module, ev.recompute_end = module_stack[-1], recompute_until
+                else:
+                    ev.module = seq_module.get(bseq, 0)
+            elif module_stack:
+                ev.phase, ev.module = PHASE_FORWARD, module_stack[-1]
+            else:
+                ev.phase = PHASE_FORWARD if sticky else PHASE_OTHER
+            if ev.size > 0 and not in_backward:
+                free_standing = not opt_stack and not module_stack and ev.op == ones_like
+                seed = ev if free_standing else None
+            continue
+        if kind == _BACKWARD:
+            backward_until = max(backward_until, end)
+            sticky = False
+            if seed is not None:
+                seed.phase, seed.module = PHASE_BACKWARD, 0
+            seed = None
+        elif kind == _OPEN_MODULE:
+            if t < backward_until and not module_stack:
+                recompute_until = end
+            elif not module_stack:
+                sticky = True
+            module_stack.append(value)
+        elif kind == _CLOSE_MODULE:
+            if module_stack:
+                module_stack.pop()
+            if not module_stack:
+                recompute_until = 0
+        elif kind == _OPEN_STEP:
+            opt_stack.append(value)
+            sticky = False
+        elif kind == _CLOSE_STEP:
+            if opt_stack:
+                opt_stack.pop()
+        elif kind == _FORWARD_OP:
+            seq_module.setdefault(value, module_stack[-1] if module_stack else 0)
+    return [ev for ev, _ in allocs]
+
+
+# -- rows ------------------------------------------------------------------------------------
+
+
+def build_rows(
+    builder: ProfileBuilder,
+    read: EventRead,
+    notes: Sequence[tuple[int, int, int, int, int, int]],
+    freed: dict[int, int],
+    *,
+    t0: int,
+) -> None:
+    """Turn allocator reports, role notes and release times into allocation rows.
+
+    Each report pairs with the live allocation at its address. Each note (time, address, size,
+    category, module, storage key) goes to the allocation holding that address at that time,
+    or, when none does, to a baseline row for memory that existed before recording; baseline
+    memory is released when its storage died (``freed``) or the allocator reported its free.
+    """
+    for name in read.ops[1:]:
+        builder.ops(name)
+    cpu = builder.devices("cpu")
+    # 1. allocations made while recording
+    by_ptr: dict[int, list[tuple[int, int]]] = {}
+    live: dict[int, int] = {}
+    orphan_frees: dict[int, list[int]] = {}  # ptr -> times of frees nobody here allocated
+    recompute_end: dict[int, int] = {}
+    free_phase: dict[int, int] = {}
+    timeline: list[tuple[int, int, int]] = []  # (time, 0 = alloc / 1 = free, row)
+    for ev in read.events:
+        if ev.size > 0:
+            previous = live.pop(ev.ptr, None)
+            if previous is not None:  # a free the allocator did not report
+                timeline.append((ev.time_ns, 1, previous))
+            row = builder.add(
+                ev.size, 0, ev.time_ns - t0, cpu, ev.op, ev.module, ev.stack, ev.phase, TEMPORARY
+            )
+            live[ev.ptr] = row
+            by_ptr.setdefault(ev.ptr, []).append((ev.time_ns, row))
+            timeline.append((ev.time_ns, 0, row))
+            if ev.recompute_end:
+                recompute_end[row] = ev.recompute_end
+        elif ev.size < 0:
+            row_or_none = live.pop(ev.ptr, None)
+            if row_or_none is None:
+                orphan_frees.setdefault(ev.ptr, []).append(ev.time_ns)
+                continue
+            timeline.append((ev.time_ns, 1, row_or_none))
+            free_phase[row_or_none] = ev.phase
+    free_time: dict[int, int] = {row: t for t, kind, row in timeline if kind == 1}
+    # 2. roles
+    baseline: dict[int, int] = {}  # storage key -> baseline row
+    for t, ptr, size, category, module, key in notes:
+        holder = _holder(by_ptr.get(ptr), t, free_time)
+        if holder is not None:
+            row = holder
+        else:
+            known = baseline.get(key)
+            if known is not None:
+                row = known
+            else:
+                row = builder.add(size, -1, 0, cpu, builder.ops(BASELINE_OP), 0, -1, 0, OTHER)
+                baseline[key] = row
+                released = _baseline_release(key, ptr, t, freed, orphan_frees)
+                if released is not None:
+                    timeline.append((released, 1, row))
+                    free_time[row] = released
+            if category == ACTIVATION:
+                category = INPUT  # data that existed before the run, which autograd also saved
+        builder.promote(row, category)
+        if module and not builder.module[row]:
+            builder.module[row] = module
+    # 3. what the roles cannot say: kept across a recompute, or saved outside module calls
+    for row, end in recompute_end.items():
+        if builder.category[row] == TEMPORARY and free_time.get(row, sys.maxsize) > end:
+            builder.category[row] = ACTIVATION
+    for row, phase in free_phase.items():
+        if (
+            phase == PHASE_BACKWARD
+            and builder.category[row] == TEMPORARY
+            and builder.phase[row] == PHASE_FORWARD
+        ):
+            # kept from forward until backward released it: saved for backward where our
+            # saved-tensor hooks were not on (the loss, outside any module call)
+            builder.category[row] = ACTIVATION
+    # 4. one sequence over every alloc and free
+    timeline.sort()
+    for seq, (t, kind, row) in enumerate(timeline):
+        if kind == 0:
+            builder.alloc_seq[row] = seq
+        else:
+            builder.free(row, seq, max(0, t - t0))
+
+
+def _holder(allocs: list[tuple[int, int]] | None, t: int, free_time: dict[int, int]) -> int | None:
+    """The row that held an address at time ``t`` (None: memory older than the recording)."""
+    if not allocs:
+        return None
+    i = bisect.bisect_right(allocs, (t + _TOLERANCE_NS, sys.maxsize)) - 1
+    while i >= 0:
+        start, row = allocs[i]
+        if free_time.get(row, sys.maxsize) >= t - _TOLERANCE_NS:
+            return row
+        if start < t - _TOLERANCE_NS:
+            return None
+        i -= 1
+    return None
+
+
+def _baseline_release(
+    key: int, ptr: int, noted: int, freed: dict[int, int], orphan_frees: dict[int, list[int]]
+) -> int | None:
+    """When baseline memory went: its storage's death, or an allocator free at its address
+    (memory allocated under an earlier recording is still known to the allocator's table)."""
+    candidates = [t for t in orphan_frees.get(ptr, ()) if t >= noted - _TOLERANCE_NS]
+    if key in freed:
+        candidates.append(freed[key])
+    return min(candidates) if candidates else None
+
+
+# -- process-wide switches, always restored ------------------------------------------------------
+
+
+class _ThreadWatch:
+    """Which other threads ran Python code during the recording.
+
+    The CPU allocator reports to the profiler only on the recording thread, so memory that
+    other threads allocate (a DataLoader's or a ThreadPoolExecutor's workers, a background
+    training loop) is not in the profile: the profile says so, naming them. Threads started
+    during the recording are caught by a one-shot profile hook (it removes itself at the
+    thread's first Python call); threads already running are caught at the end when their
+    current frame is in torch or the user's code, not idle in the standard library.
+    """
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self._started: set[str] = set()
+        self._before: set[int] = set()
+        self._previous: Any = None
+        self._on = False
+        self._me = 0
+
+    def start(self) -> None:
+        self._me = threading.get_ident()
+        self._before = {t.ident for t in threading.enumerate() if t.ident is not None}
+        self._previous = threading.getprofile()
+        threading.setprofile(self._first_call)
+        self._on = True
+
+    def _first_call(self, frame: Any, event: str, arg: Any) -> None:
+        with contextlib.suppress(Exception):
+            self._started.add(threading.current_thread().name)
+        sys.setprofile(self._previous)
+
+    def stop(self) -> None:
+        if not self._on:
+            return
+        self._on = False
+        threading.setprofile(self._previous)
+        busy = set(self._started)
+        with contextlib.suppress(Exception):
+            threads = {t.ident: t.name for t in threading.enumerate()}
+            for ident, frame in sys._current_frames().items():
+                if ident != self._me and ident in self._before and _running_user_code(frame):
+                    busy.add(threads.get(ident, str(ident)))
+        self.names = sorted(busy)
+
+
+_LIBRARY_DIRS = tuple(
+    {os.path.realpath(p) + os.sep for key, p in sysconfig.get_paths().items() if "lib" in key}
+)
+
+
+def _running_user_code(frame: Any, depth: int = 8) -> bool:
+    """A thread's innermost frames include torch or code outside the Python installation."""
+    torch_dir = os.path.dirname(torch.__file__) + os.sep
+    for _ in range(depth):
+        if frame is None:
+            return False
+        filename = os.path.realpath(frame.f_code.co_filename)
+        if filename.startswith(torch_dir) or not (
+            filename.startswith(_LIBRARY_DIRS) or filename.startswith("<")
+        ):
+            return True
+        frame = frame.f_back
+    return False
+
+
+class _LogLevel:
+    """c10's minimum log level, raised to errors while recording (the CPU allocator logs a
+    warning for frees of memory allocated before profiling started)."""
+
+    def __init__(self, flag: ctypes.c_int | None) -> None:
+        self._flag = flag
+        self._saved = flag.value if flag is not None else 0
+
+    @classmethod
+    def quiet(cls) -> _LogLevel:
+        flag: ctypes.c_int | None = None
+        with contextlib.suppress(Exception):
+            lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
+            flag = ctypes.c_int.in_dll(lib, "FLAGS_caffe2_log_level")
+        level = cls(flag)
+        if flag is not None:
+            flag.value = max(flag.value, 2)
+        return level
+
+    def restore(self) -> None:
+        if self._flag is not None:
+            self._flag.value = self._saved
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Kineto prints a line to file descriptor 2 on every start and stop; in a kernel that
+    line would land in the cell's output."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

@@ -1,0 +1,289 @@
+"""The kernel is sacred: each class of failure found by trying to break `%%vram`, with a test.
+
+Every test runs cells in a real IPython shell (the kernel's own machinery, in process) and
+checks that the next ``%%vram`` still works, that recording is off afterwards, and that the
+user's objects and hooks are as the cell left them.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+from collections.abc import Iterator
+
+import pytest
+import torch
+from IPython.core.interactiveshell import InteractiveShell
+
+import jupyter_vram as jv
+from jupyter_vram.capture.tagging import Tagger
+
+from .conftest import CLEAN, ipython_shell, recording_state
+
+
+@pytest.fixture(scope="module")
+def shell() -> Iterator[InteractiveShell]:
+    ip = ipython_shell()
+    assert ip is not None
+    ip.run_line_magic("load_ext", "jupyter_vram")
+    ip.run_cell("import torch\nfrom torch import nn\nimport jupyter_vram as jv")
+    yield ip
+    ip.run_cell("%reset -f")
+
+
+def run(shell: InteractiveShell, cell: str) -> object:
+    result = shell.run_cell(cell)
+    assert result.error_before_exec is None and result.error_in_exec is None, result
+    return result.result
+
+
+def still_works(shell: InteractiveShell) -> None:
+    """The next %%vram records: a 4 KiB tensor is seen, and recording is off afterwards."""
+    run(shell, "%%vram -q\n_probe = torch.ones(1024)")
+    prof = shell.user_ns["_vram"]
+    assert prof.error is None
+    assert 4096 in set(prof.to_dataframe()["bytes"])
+    assert recording_state() == CLEAN
+
+
+# -- objects alive in the kernel that our scans used to trip on ---------------------------
+
+
+def test_script_and_traced_modules_alive(shell: InteractiveShell) -> None:
+    run(
+        shell,
+        "scripted = torch.jit.script(nn.Linear(4, 4))\n"
+        "traced = torch.jit.trace(nn.Linear(4, 4), torch.randn(2, 4))",
+    )
+    still_works(shell)
+    run(shell, "%%vram -q\ny = scripted(torch.randn(2, 4)) + traced(torch.randn(2, 4))")
+    assert shell.user_ns["_vram"].error is None
+    run(shell, "del scripted, traced")
+
+
+def test_half_constructed_module_alive(shell: InteractiveShell) -> None:
+    cell = (
+        "class Broken(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        self.w = 1\n"
+        "        raise ValueError('before super().__init__()')\n"
+        "try:\n"
+        "    Broken()\n"
+        "except ValueError as e:\n"
+        "    broken_error = e\n"
+    )
+    run(shell, cell)  # the traceback keeps the half-built module alive
+    still_works(shell)
+    # the same object handed straight to the role scan is skipped, never raised on
+    broken = shell.user_ns["broken_error"].__traceback__.tb_next.tb_frame.f_locals["self"]
+    Tagger(lambda *a: None, jv.capture.builder.Interner("")).adopt([broken], [])
+    run(shell, "del broken_error")
+
+
+# -- what a cell does with its model while recording ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        "copy.deepcopy(model)",
+        "pickle.dumps(model)",
+        "torch.save(model, io.BytesIO())",
+        "torch.jit.script(model)",
+    ],
+)
+def test_copying_or_scripting_the_model_in_the_cell(shell: InteractiveShell, action: str) -> None:
+    shell.user_ns.update(copy=copy, pickle=pickle, io=io)
+    run(shell, "model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())")
+    run(shell, f"%%vram -q\nout = model(torch.randn(2, 8)).sum()\nout.backward()\nthing = {action}")
+    assert shell.user_ns["_vram"].error is None
+    assert not shell.user_ns["model"]._forward_pre_hooks  # nothing of ours on the model
+    still_works(shell)
+
+
+def test_torch_func_transforms_in_the_cell(shell: InteractiveShell) -> None:
+    run(shell, "model = nn.Linear(8, 1)\nx = torch.randn(4, 8)")
+    cell = (
+        "%%vram -q\n"
+        "params = dict(model.named_parameters())\n"
+        "def loss(p, x):\n"
+        "    return torch.func.functional_call(model, p, (x,)).sum()\n"
+        "grads = torch.func.grad(loss)(params, x)\n"
+        "per_sample = torch.func.vmap(lambda row: (row * 2).sum())(x)\n"
+        "model(x).sum().backward()\n"  # and a plain step after, in the same cell
+    )
+    run(shell, cell)
+    assert shell.user_ns["_vram"].error is None
+    assert set(shell.user_ns["grads"]) == {"weight", "bias"}
+    still_works(shell)
+
+
+def fresh_namespace(shell: InteractiveShell) -> None:
+    run(shell, "%reset -f")
+    run(shell, "import torch\nfrom torch import nn")
+
+
+def test_model_and_optimizer_built_inside_the_cell(shell: InteractiveShell) -> None:
+    fresh_namespace(shell)
+    cell = (
+        "%%vram -q\n"
+        "fresh = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))\n"
+        "fresh_opt = torch.optim.Adam(fresh.parameters())\n"
+        "fresh(torch.randn(16, 64)).sum().backward()\n"
+        "fresh_opt.step()\n"
+    )
+    run(shell, cell)
+    prof = shell.user_ns["_vram"]
+    numel = (64 * 128 + 128) + (128 * 10 + 10)
+    end = prof.timeline.breakdown_at(len(prof.timeline) - 1)
+    assert end["parameter"] == 4 * numel  # by hand: fp32 weights and biases
+    assert end["gradient"] == 4 * numel
+    df = prof.to_dataframe()
+    params = df[df["category"] == "parameter"]
+    assert set(params["module"]) == {"Sequential.0", "Sequential.2"}
+    assert set(params["op"]) == {"empty"}  # nn.Linear's torch.empty, not "(unknown)"
+
+
+def test_lbfgs_history_is_optimizer_state(shell: InteractiveShell) -> None:
+    fresh_namespace(shell)
+    cell = (
+        "lb_model = nn.Linear(32, 1)\n"
+        "lb_opt = torch.optim.LBFGS(lb_model.parameters(), history_size=5, max_iter=4)\n"
+        "lb_x, lb_y = torch.randn(64, 32), torch.randn(64, 1)\n"
+        "def closure():\n"
+        "    lb_opt.zero_grad()\n"
+        "    loss = ((lb_model(lb_x) - lb_y) ** 2).mean()\n"
+        "    loss.backward()\n"
+        "    return loss\n"
+    )
+    run(shell, cell)
+    run(shell, "%%vram -q\nlb_opt.step(closure)\nlb_opt.step(closure)")
+    prof = shell.user_ns["_vram"]
+    state = shell.user_ns["lb_opt"].state[shell.user_ns["lb_opt"].param_groups[0]["params"][0]]
+    history = sum(t.untyped_storage().nbytes() for t in state["old_dirs"] + state["old_stps"])
+    assert history > 0
+    end = prof.timeline.breakdown_at(len(prof.timeline) - 1)
+    assert end["optimizer_state"] >= history
+    assert end["other"] == 4 * 64  # lb_y alone: the one tensor no module or optimizer holds
+
+
+# -- the user's own modes and hooks ----------------------------------------------------------
+
+
+def test_user_hooks_left_open_stay_exactly_as_the_cell_left_them(shell: InteractiveShell) -> None:
+    run(shell, "model = nn.Linear(8, 8)\nuser_pack = lambda t: t\nuser_unpack = lambda t: t")
+    cell = (
+        "%%vram -q\n"
+        "model(torch.randn(2, 8)).sum().backward()\n"  # our per-call hooks were on here
+        "ctx = torch.autograd.graph.saved_tensors_hooks(user_pack, user_unpack)\n"
+        "ctx.__enter__()\n"
+        "model(torch.randn(2, 8)).sum()\n"
+    )
+    try:
+        run(shell, cell)
+        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        assert top is not None and top[0] is shell.user_ns["user_pack"]
+    finally:
+        run(shell, "ctx.__exit__(None, None, None)")
+    assert recording_state() == CLEAN
+    still_works(shell)
+
+
+def test_user_saved_tensor_hooks_win_inside_the_cell(shell: InteractiveShell) -> None:
+    """A user's save_on_cpu / custom hooks keep working: we never push ours over theirs."""
+    run(shell, "model = nn.Linear(8, 8)\nseen = []")
+    cell = (
+        "%%vram -q\n"
+        "with torch.autograd.graph.saved_tensors_hooks(lambda t: seen.append(1) or t, "
+        "lambda t: t):\n"
+        "    model(torch.randn(2, 8)).sum().backward()\n"
+    )
+    run(shell, cell)
+    assert shell.user_ns["seen"], "the user's pack hook never ran"
+
+
+# -- devices ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [("banana", "unknown device 'banana'"), ("cpu:1", "the CPU has one memory")],
+)
+def test_bad_device_is_one_message_and_the_cell_does_not_run(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str], device: str, message: str
+) -> None:
+    shell.user_ns.pop("ran", None)
+    result = shell.run_cell(f"%%vram --device {device}\nran = True")
+    assert result.error_in_exec is None
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert "ran" not in shell.user_ns
+    still_works(shell)
+
+
+# -- threads and compiled code ----------------------------------------------------------------
+
+
+def test_other_threads_are_named_not_misfiled(shell: InteractiveShell) -> None:
+    cell = (
+        "%%vram -q\n"
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "with ThreadPoolExecutor(2, thread_name_prefix='loader') as pool:\n"
+        "    batches = list(pool.map(lambda i: torch.randn(256, 256), range(4)))\n"
+        "mine = torch.ones(1024)\n"
+    )
+    run(shell, cell)
+    prof = shell.user_ns["_vram"]
+    threads = prof.meta.get("other_threads", [])
+    assert any(name.startswith("loader") for name in threads)
+    from jupyter_vram.render.text import summary
+
+    assert "other threads ran meanwhile" in summary(prof)
+    assert prof.timeline.baseline_bytes < 256 * 256 * 4  # the workers' batches are not baseline
+
+
+def test_torch_compile_runs_compiled(shell: InteractiveShell) -> None:
+    """No dispatch mode: torch.compile inside %%vram compiles and runs the graph."""
+    run(
+        shell,
+        "import torch._dynamo\ntorch._dynamo.reset()\nfrom torch._dynamo.utils import counters",
+    )
+    cell = (
+        "%%vram -q\n"
+        "f = torch.compile(lambda a: (a * 2).sin().sum(), backend='aot_eager')\n"
+        "res = f(torch.randn(512, 512))\n"
+    )
+    run(shell, cell)
+    counters = shell.user_ns["counters"]
+    assert counters["stats"]["unique_graphs"] >= 1
+    prof = shell.user_ns["_vram"]
+    assert prof.error is None and prof.peak_bytes - prof.timeline.baseline_bytes >= 512 * 512 * 4
+    still_works(shell)
+
+
+# -- interrupts ------------------------------------------------------------------------------
+
+
+def test_interrupt_during_stop_keeps_the_profile() -> None:
+    """A Ctrl-C while the recorder stops is held until the profile is built, then raised."""
+    import os
+    import signal
+
+    from jupyter_vram.capture import profiler_events
+
+    original = profiler_events.build_rows
+
+    def slow_build(*args: object, **kwargs: object) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # arrives in the middle of building
+        original(*args, **kwargs)  # type: ignore[arg-type]
+
+    profiler_events.build_rows = slow_build  # type: ignore[assignment]
+    rec = jv.record("cpu")
+    try:
+        with pytest.raises(KeyboardInterrupt), rec:
+            torch.ones(256)
+    finally:
+        profiler_events.build_rows = original
+    assert rec.profile.event_count == 2  # built whole (alloc + free), then the interrupt went on
+    assert recording_state() == CLEAN
