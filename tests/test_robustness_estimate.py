@@ -329,3 +329,126 @@ def test_comparison_text_says_what_was_left_out(two_layer: tuple[nn.Module, Any]
     measured = with_other_model(measured_step(model, torch.randn(32, 64)), [1 << 22])
     text = comparison_text(est.compare(measured))
     assert f"left out of the measurement: {format_bytes(1 << 22)} of tensors" in text
+
+
+# -- checkpointing on the CUDA target -------------------------------------------------------
+
+
+def _families() -> dict[str, tuple[Any, str]]:
+    t = transformers
+    small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+    return {
+        "gpt2": (lambda: t.GPT2LMHeadModel(t.GPT2Config(
+            n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=64)), "2x64"),
+        "bert": (lambda: t.BertForMaskedLM(t.BertConfig(
+            **small, vocab_size=512, max_position_embeddings=64)), "2x64"),
+        "vit": (lambda: t.ViTForImageClassification(t.ViTConfig(
+            **small, image_size=32, patch_size=8, num_labels=10)), "2x3x32x32"),
+        "t5": (lambda: t.T5ForConditionalGeneration(t.T5Config(
+            d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
+            vocab_size=512, decoder_start_token_id=0, pad_token_id=0)), "2x64"),
+        "llama": (lambda: t.LlamaForCausalLM(t.LlamaConfig(
+            **small, num_key_value_heads=2, vocab_size=512, max_position_embeddings=64)),
+            "2x64"),
+        "resnet": (lambda: t.ResNetForImageClassification(t.ResNetConfig(
+            embedding_size=16, hidden_sizes=[16, 32], depths=[2, 2], layer_type="basic",
+            num_labels=10)), "2x3x32x32"),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("family", "variant"),
+    [(family, {}) for family in ("gpt2", "bert", "vit", "t5", "llama", "resnet")]
+    + [("gpt2", {"dtype": "bf16"}), ("gpt2", {"amp": "bf16"}), ("llama", {"dtype": "bf16"})],
+)
+def test_checkpointing_on_the_cuda_target(family: str, variant: dict[str, str]) -> None:
+    """Forward and recomputation run the same attention kernel, so checkpointing works on
+    the CUDA target as on the CPU (it failed with CheckpointError: the recomputation left the
+    CUDA kernels for the CPU path and saved a different number of tensors)."""
+    from dataclasses import replace
+
+    from jupyter_vram.model import CATEGORIES
+
+    build, inputs = _families()[family]
+    with torch.device("meta"):
+        model = build()
+    est = estimate(model, inputs, checkpoint=True, **variant)
+    assert est.settings.target_type == "cuda" and est.settings.checkpoint
+    with est.session() as process:
+        plain = process.run(replace(est.settings, checkpoint=False))
+    activation = CATEGORIES.index("activation")
+    kept = int(est.profile.timeline.by_category()[:, activation].max())
+    full = int(plain.timeline.by_category()[:, activation].max())
+    assert kept < full, (family, kept, full)
+
+
+# -- GPU fits: headroom, the runtime allowance, attention per GPU ------------------------------
+
+
+def test_gpus_know_flash_attention_and_usable_memory() -> None:
+    from jupyter_vram.estimator.gpus import RUNTIME_HIDDEN_BYTES, find_gpu, gpu_from_bytes
+
+    assert not find_gpu("T4").flash_attention and not find_gpu("V100 16GB").flash_attention
+    assert find_gpu("A100 80GB").flash_attention and find_gpu("L4").flash_attention
+    a100 = find_gpu("A100 80GB")
+    assert a100.usable_bytes == 80 * 2**30 - RUNTIME_HIDDEN_BYTES
+    runtime = gpu_from_bytes("NVIDIA A100-SXM4-80GB", 85_031_714_816)  # already the runtime's
+    assert runtime.usable_bytes == 85_031_714_816
+
+
+class CausalAttention(nn.Module):
+    """Causal self-attention without a mask tensor: flash attention's case in bf16."""
+
+    def __init__(self, width: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, w = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, w // self.heads).unbind(2)
+        return nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+
+
+def test_fit_checks_use_the_attention_kernel_of_each_gpu() -> None:
+    from dataclasses import replace
+
+    from jupyter_vram.estimator.gpus import find_gpu, gpu_from_bytes
+
+    est = estimate(CausalAttention(), "2x128x64", dtype="bf16")
+    assert "_scaled_dot_product_flash_attention" in est.profile.ops
+    t4, a100 = find_gpu("T4"), find_gpu("A100 80GB")
+    assert est.settings_for(a100) == est.settings
+    on_t4 = est.settings_for(t4)
+    assert on_t4 == replace(est.settings, flash_attention=False)
+    with est.session() as process:
+        profile = process.run(on_t4)
+    assert "_scaled_dot_product_flash_attention" not in profile.ops
+    assert "_scaled_dot_product_efficient_attention" in profile.ops
+    assert est.used_on(t4) == est.run(on_t4).device_used_bytes
+    # a card exactly as large as device used fits only when nothing is held back
+    used = est.device_used_bytes
+    assert est.fits(gpu_from_bytes("exact", used, 9.0))
+    assert not est.fits(gpu_from_bytes("one byte short", used - 1, 9.0))
+
+
+def test_an_fp32_model_needs_no_second_run_for_pre_ampere_cards() -> None:
+    from jupyter_vram.estimator.gpus import find_gpu
+
+    est = estimate(CausalAttention(), "2x128x64")  # fp32: memory-efficient everywhere
+    assert "_scaled_dot_product_flash_attention" not in est.profile.ops
+    assert est.settings_for(find_gpu("T4")) == est.settings
+
+
+def test_text_marks_the_runtime_allowance_as_a_guess() -> None:
+    from jupyter_vram.render.estimate_text import estimate_summary
+    from jupyter_vram.render.text import format_bytes
+
+    est = estimate(CausalAttention(), "2x128x64")
+    assert est.runtime_overhead.guessed and est.runtime_overhead.bytes == 2**30
+    assert est.device_used_bytes == est.reserved_bytes + est.runtime_overhead.bytes
+    text = estimate_summary(est)
+    assert f"device used = reserved + {format_bytes(2**30)} runtime allowance (GUESSED" in text
+    assert "the driver keeps, also a guess" in text

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,8 +30,29 @@ if TYPE_CHECKING:
     import pandas as pd
 
 #: CUDA context, cuBLAS / cuDNN workspaces and what the driver keeps back, on top of the
-#: allocator's reserved memory. Measured totals vary from about 0.5 to 1.5 GiB.
+#: allocator's reserved memory. Not simulated: a guess (measured totals vary from about 0.5
+#: to 1.5 GiB with the card, driver and libraries loaded).
 RUNTIME_OVERHEAD_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """A fixed amount added to a prediction that the simulation does not compute."""
+
+    bytes: int
+    guessed: bool
+    note: str
+
+
+#: What "device used" adds to the predicted reserved memory (``Estimate.runtime_overhead``).
+RUNTIME_OVERHEAD = Allowance(
+    RUNTIME_OVERHEAD_BYTES,
+    guessed=True,
+    note=(
+        "a guess, not simulated: the CUDA context, cuBLAS / cuDNN workspaces and what the "
+        "driver keeps usually take 0.5 to 1.5 GiB"
+    ),
+)
 
 Progress = Callable[[str], None]
 
@@ -102,9 +123,36 @@ class Estimate:
         """What nvidia-smi would show at the peak: reserved plus the runtime overhead."""
         return self.summary.device_used_bytes
 
+    @property
+    def runtime_overhead(self) -> Allowance:
+        """What device used adds to reserved memory on CUDA (``bytes``; ``guessed`` is True:
+        it is not simulated; ``note`` says so in words)."""
+        return RUNTIME_OVERHEAD
+
     def fits(self, gpu: str | Gpu) -> bool:
-        """Whether this step, at this batch size, fits in ``gpu``'s memory."""
-        return self.device_used_bytes <= _gpu(gpu).memory_bytes
+        """Whether this step, at this batch size, fits ``gpu``: device used (reserved plus the
+        runtime allowance) within what the CUDA runtime offers (:attr:`Gpu.usable_bytes`),
+        with the attention kernel that card runs."""
+        target = _gpu(gpu)
+        return self.used_on(target) <= target.usable_bytes
+
+    def used_on(self, gpu: str | Gpu, batch_size: int | None = None,
+                settings: StepSettings | None = None) -> int:  # fmt: skip
+        """Device used on ``gpu``: the same as :attr:`device_used_bytes` unless the card lacks
+        flash attention and the step uses it (then simulated with the memory-efficient
+        kernel, as CUDA would run it there)."""
+        target = _gpu(gpu)
+        settings = self.settings_for(target, settings)
+        return self.run(settings, batch_size or self.batch_size).device_used_bytes
+
+    def settings_for(self, gpu: Gpu, settings: StepSettings | None = None) -> StepSettings:
+        """``settings`` as run on ``gpu``: without flash attention on a pre-Ampere card."""
+        settings = settings or self.settings
+        if settings.target_type != "cuda" or gpu.flash_attention or not settings.flash_attention:
+            return settings
+        if settings == self.settings and not _uses_flash(self.profile):
+            return settings  # the same run: no attention went through flash
+        return replace(settings, flash_attention=False)
 
     # -- more runs --------------------------------------------------------------------------
 
@@ -138,12 +186,14 @@ class Estimate:
                 if progress is not None:
                     progress(f"largest batch for {gpu.name} ...")
 
-                def used(batch: int) -> int:
-                    if progress is not None and (settings, batch) not in self._summaries:
-                        progress(f"  simulating batch {batch}")
-                    return self.run(settings, batch).device_used_bytes
+                on_gpu = self.settings_for(gpu, settings)
 
-                results[gpu.name] = largest_fitting(used, gpu.memory_bytes, start=self.batch_size)
+                def used(batch: int, on_gpu: StepSettings = on_gpu) -> int:
+                    if progress is not None and (on_gpu, batch) not in self._summaries:
+                        progress(f"  simulating batch {batch}")
+                    return self.run(on_gpu, batch).device_used_bytes
+
+                results[gpu.name] = largest_fitting(used, gpu.usable_bytes, start=self.batch_size)
         return results
 
     def gpu_table(self, gpus: Iterable[str | Gpu] | None = None, *, search: bool = True,
@@ -159,7 +209,7 @@ class Estimate:
                 "gpu": gpu.name,
                 "memory_gib": round(gpu.memory_gib, 1),
                 "fits": self.fits(gpu),
-                "headroom_gib": round((gpu.memory_bytes - self.device_used_bytes) / 2**30, 2),
+                "headroom_gib": round((gpu.usable_bytes - self.used_on(gpu)) / 2**30, 2),
             }
             if search:
                 row["max_batch_size"] = largest[gpu.name]
@@ -320,6 +370,11 @@ def _module_rows(profile: Profile, model_name: str) -> npt.NDArray[np.bool_]:
     return ours[profile.allocations.module] if len(ours) else np.zeros(0, bool)
 
 
+def _uses_flash(profile: Profile) -> bool:
+    """Whether a simulated step ran attention through the flash kernel."""
+    return any("flash_attention" in op for op in profile.ops)
+
+
 def _gpu(gpu: str | Gpu) -> Gpu:
     return gpu if isinstance(gpu, Gpu) else find_gpu(gpu)
 
@@ -391,4 +446,12 @@ def _probe(model: nn.Module | Callable[[], nn.Module]) -> nn.Module:
     return built
 
 
-__all__ = ["Comparison", "Estimate", "EstimateError", "RunSummary", "estimate"]
+__all__ = [
+    "RUNTIME_OVERHEAD",
+    "Allowance",
+    "Comparison",
+    "Estimate",
+    "EstimateError",
+    "RunSummary",
+    "estimate",
+]

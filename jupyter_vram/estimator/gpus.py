@@ -4,8 +4,12 @@ Sizes are the total ``nvidia-smi`` (NVML) reports, in whole MiB, with a recent d
 is the figure people see and quote; the CUDA runtime (``cudaMemGetInfo``, and so
 ``torch.cuda.get_device_properties().total_memory``) reports a few hundred MiB less on most
 cards (e.g. about 79.2 GiB on an A100 80GB), and the CUDA context takes a few hundred MiB
-more before any tensor exists. A fit check should keep that headroom, or use
-:func:`gpu_from_bytes` with the real device's figure.
+more before any tensor exists. A fit check keeps that headroom: it compares against
+:attr:`Gpu.usable_bytes` (the NVML total less :data:`RUNTIME_HIDDEN_BYTES`), or use
+:func:`gpu_from_bytes` with the real device's figure (already the runtime's).
+
+Each card also has its compute capability: flash attention needs 8.0 (Ampere) or newer, so
+on a T4 or V100 CUDA runs attention through the memory-efficient kernel.
 
 Marketing names differ from what the driver calls a card ("NVIDIA A100-SXM4-80GB",
 "Tesla T4", "NVIDIA GeForce RTX 4090"), so :func:`find_gpu` ignores case, punctuation, vendor
@@ -17,9 +21,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["GPUS", "Gpu", "find_gpu", "gpu_from_bytes"]
+__all__ = ["GPUS", "RUNTIME_HIDDEN_BYTES", "Gpu", "find_gpu", "gpu_from_bytes"]
 
 MIB = 1 << 20
+
+#: What the CUDA runtime reports less than NVML's total (memory the driver keeps; not usable
+#: by any process): 80 GiB vs 79.2 GiB on an A100 80GB. Taken from that one card, so a guess
+#: for the others ("a few hundred MiB" on most).
+RUNTIME_HIDDEN_BYTES = 819 * MIB
 
 
 @dataclass(frozen=True)
@@ -34,32 +43,49 @@ class Gpu:
     memory_bytes: int
     approximate: bool = False
     aliases: tuple[str, ...] = ()
+    compute_capability: float | None = None  # None: unknown (assumed 8.0 or newer)
+    # NVML total minus what the runtime offers: RUNTIME_HIDDEN_BYTES for the cards below
+    # (NVML figures); 0 for a size that is already the runtime's (gpu_from_bytes)
+    hidden_bytes: int = 0
 
     @property
     def memory_gib(self) -> float:
         return self.memory_bytes / (1 << 30)
 
+    @property
+    def usable_bytes(self) -> int:
+        """What the CUDA runtime offers processes: the NVML total less what the driver keeps.
+        A step fits when its device used (reserved + context) is at most this."""
+        return self.memory_bytes - self.hidden_bytes
 
-def _gpu(name: str, mib: int, *aliases: str, approximate: bool = False) -> Gpu:
-    return Gpu(name, mib * MIB, approximate, aliases)
+    @property
+    def flash_attention(self) -> bool:
+        """Whether PyTorch's flash attention kernel runs on this card (compute capability
+        8.0 or newer; unknown cards are assumed recent)."""
+        return self.compute_capability is None or self.compute_capability >= 8.0
 
 
-#: Ascending by memory. A bare family name ("a100", "v100") means its largest variant here.
+def _gpu(name: str, mib: int, cc: float, *aliases: str, approximate: bool = False) -> Gpu:
+    return Gpu(name, mib * MIB, approximate, aliases, cc, RUNTIME_HIDDEN_BYTES)
+
+
+#: Ascending by memory, with compute capability. A bare family name ("a100", "v100") means
+#: its largest variant here.
 GPUS: tuple[Gpu, ...] = (
-    _gpu("GTX 1060 6GB", 6144, "gtx 1060", "1060", approximate=True),
-    _gpu("RTX 3060 12GB", 12288, "rtx 3060", "3060"),
-    _gpu("T4", 15360, "t4 16gb"),
-    _gpu("V100 16GB", 16384),
-    _gpu("A10", 23028, "a10 24gb"),
-    _gpu("L4", 23034, "l4 24gb"),
-    _gpu("RTX 4090", 24564, "4090", "rtx 4090 24gb"),
-    _gpu("RTX 3090", 24576, "3090", "rtx 3090 24gb"),
-    _gpu("V100 32GB", 32768, "v100", approximate=True),
-    _gpu("A100 40GB", 40960),
-    _gpu("L40S", 46068, "l40s 48gb"),
-    _gpu("H100 80GB", 81559, "h100"),
-    _gpu("A100 80GB", 81920, "a100"),
-    _gpu("H200", 143771, "h200 141gb"),
+    _gpu("GTX 1060 6GB", 6144, 6.1, "gtx 1060", "1060", approximate=True),
+    _gpu("RTX 3060 12GB", 12288, 8.6, "rtx 3060", "3060"),
+    _gpu("T4", 15360, 7.5, "t4 16gb"),
+    _gpu("V100 16GB", 16384, 7.0),
+    _gpu("A10", 23028, 8.6, "a10 24gb"),
+    _gpu("L4", 23034, 8.9, "l4 24gb"),
+    _gpu("RTX 4090", 24564, 8.9, "4090", "rtx 4090 24gb"),
+    _gpu("RTX 3090", 24576, 8.6, "3090", "rtx 3090 24gb"),
+    _gpu("V100 32GB", 32768, 7.0, "v100", approximate=True),
+    _gpu("A100 40GB", 40960, 8.0),
+    _gpu("L40S", 46068, 8.9, "l40s 48gb"),
+    _gpu("H100 80GB", 81559, 9.0, "h100"),
+    _gpu("A100 80GB", 81920, 8.0, "a100"),
+    _gpu("H200", 143771, 9.0, "h200 141gb"),
 )
 
 _VENDOR_WORDS = frozenset({"nvidia", "geforce", "tesla"})
@@ -103,8 +129,9 @@ def find_gpu(name: str) -> Gpu:
     return gpu
 
 
-def gpu_from_bytes(name: str, total: int) -> Gpu:
-    """A Gpu for a device seen at run time (e.g. ``torch.cuda.get_device_properties``)."""
+def gpu_from_bytes(name: str, total: int, compute_capability: float | None = None) -> Gpu:
+    """A Gpu for a device seen at run time (``torch.cuda.get_device_properties``: its
+    ``total_memory`` is already what the runtime offers, so nothing more is held back)."""
     if total <= 0:
         raise ValueError(f"GPU memory must be positive, got {total}")
-    return Gpu(name, int(total), False, ())
+    return Gpu(name, int(total), False, (), compute_capability)

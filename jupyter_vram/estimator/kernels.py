@@ -1,5 +1,18 @@
 """Kernel choices and kernel-made buffers that a fake-tensor run does not show by itself.
 
+- **Attention on CUDA.** ``scaled_dot_product_attention`` on the CPU falls back to the math
+  path for attention with dropout, which keeps the whole (batch, heads, seq, seq) probability
+  matrix; CUDA runs the flash or memory-efficient kernel, which saves only the output and a
+  log-sum-exp. :func:`cuda_attention` routes the call to the kernel the target GPU would
+  pick (flash needs compute capability 8.0: on a T4 or V100 it is memory-efficient); their
+  fake implementations run anywhere. It replaces ``torch.nn.functional.
+  scaled_dot_product_attention`` for the whole run instead of using a torch-function mode,
+  because such a mode is not active while autograd recomputes a checkpointed block: the
+  recomputation took the CPU path, saved a different number of tensors than the forward, and
+  failed with ``CheckpointError``. (The estimator process runs nothing else, so the
+  replacement is safe there.) A model that bound the function under another name at import
+  runs it as written.
+
 Fake tensors run each operator's meta implementation, which gets shapes right but can differ
 from the real kernel in what else it returns:
 
@@ -29,6 +42,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 _PAGE = 4096  # oneDNN places each workspace part at a page boundary
@@ -171,3 +185,78 @@ def onednn_scratch() -> Iterator[None]:
     """Within the block, fake LSTM layer calls also allocate oneDNN's temporaries."""
     with OneDnnScratch():  # type: ignore[no-untyped-call]
         yield
+
+
+@contextlib.contextmanager
+def cuda_attention(*, flash: bool = True) -> Iterator[None]:
+    """Within the block, ``F.scaled_dot_product_attention`` runs the kernel CUDA would pick
+    (``flash``: whether the target GPU has flash attention, compute capability >= 8.0)."""
+    original = F.scaled_dot_product_attention
+
+    def attention(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+        is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
+    ) -> torch.Tensor:  # fmt: skip
+        out = cuda_kernel_attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, flash=flash
+        )
+        if out is not None:
+            return out
+        return original(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+            scale=scale, enable_gqa=enable_gqa,
+        )  # fmt: skip
+
+    F.scaled_dot_product_attention = attention
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+def attention_kernel(query: torch.Tensor, attn_mask: torch.Tensor | None, *, flash: bool) -> str:
+    """The kernel CUDA's dispatcher picks for these arguments: "flash" (fp16 / bf16, no mask,
+    head size <= 256, a GPU with flash attention) or "efficient" (memory-efficient)."""
+    half = query.dtype in (torch.float16, torch.bfloat16)
+    if flash and half and attn_mask is None and query.shape[-1] <= 256:
+        return "flash"
+    return "efficient"
+
+
+def cuda_kernel_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    flash: bool = True,
+) -> torch.Tensor | None:
+    """Attention through CUDA's flash or memory-efficient kernel, or None for "as written"
+    (grouped-query heads, odd head sizes, a bias CUDA would pad first)."""
+    same_heads = key.shape[:-2] == query.shape[:-2] == value.shape[:-2]
+    if enable_gqa or query.dim() != 4 or not same_heads or query.shape[-1] % 8:
+        return None
+    aten = torch.ops.aten
+    if attention_kernel(query, attn_mask, flash=flash) == "flash":
+        result = aten._scaled_dot_product_flash_attention(
+            query, key, value, dropout_p, is_causal, False, scale=scale
+        )
+        return result[0]  # type: ignore[no-any-return]
+    bias = attn_mask
+    if bias is not None and bias.dtype == torch.bool:  # CUDA turns a boolean mask into a bias
+        bias = torch.zeros(bias.shape, dtype=query.dtype, device=bias.device).masked_fill(
+            bias.logical_not(), float("-inf")
+        )
+    if bias is not None and bias.dim() == 4 and bias.shape[-1] % 16:
+        return None  # CUDA pads such a bias first: leave these to the math path
+    needs_grad = query.requires_grad or key.requires_grad or value.requires_grad
+    result = aten._scaled_dot_product_efficient_attention(
+        query, key, value, bias, needs_grad and torch.is_grad_enabled(), dropout_p, is_causal,
+        scale=scale,
+    )  # fmt: skip
+    return result[0]  # type: ignore[no-any-return]

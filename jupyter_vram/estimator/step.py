@@ -39,6 +39,7 @@ class StepSettings:
     optimizer: str = "adamw"  # a name from OPTIMIZERS, "none", or "custom" (a factory)
     inference: bool = False  # forward only, under no_grad
     stacks: bool = True  # record Python stacks (costs time on big models)
+    flash_attention: bool = True  # the target GPU has flash attention (compute cap. >= 8.0)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,6 +55,8 @@ class StepSettings:
         if self.checkpoint:
             parts.append("checkpointing")
         parts.append("inference" if self.inference else f"optimizer {self.optimizer}")
+        if self.target_type == "cuda" and not self.flash_attention:
+            parts.append("no flash attention (pre-Ampere GPU)")
         return ", ".join(parts)
 
 

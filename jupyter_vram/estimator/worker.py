@@ -29,7 +29,7 @@ from torch import nn
 from ..model import Allocations, Profile
 from .inputs import BatchSpec, parse_dtype, with_default_labels
 from .job import Job
-from .kernels import onednn_scratch, rnn_workspaces
+from .kernels import cuda_attention, onednn_scratch, rnn_workspaces
 from .step import (
     EIGHT_BIT,
     StepSettings,
@@ -93,7 +93,11 @@ class Simulator:
         unit_bytes = _largest_unit_bytes(self.model)
         try:
             self.model.train(not settings.inference)
-            with mode, rnn_workspaces(settings.target_type):
+            cuda = settings.target_type == "cuda"
+            attention = (
+                cuda_attention(flash=settings.flash_attention) if cuda else contextlib.nullcontext()
+            )
+            with mode, rnn_workspaces(settings.target_type), attention:
                 args, kwargs = batch.build(SIMULATED_DEVICE, float_dtype(settings, self.model))
                 optimizer = make_optimizer(settings, self.model, self.job.optimizer_factory)
                 if not settings.inference:
@@ -130,12 +134,11 @@ class Simulator:
         return finish_profile(rec.profile, settings, info)
 
     def _step(self, optimizer: Any, args: Any, kwargs: Any, settings: StepSettings) -> None:
-        from ..capture.fake import cuda_attention, scalars_read_as_one
+        from ..capture.fake import scalars_read_as_one
 
         cuda = settings.target_type == "cuda"
-        kernels = cuda_attention() if cuda else contextlib.nullcontext()
         scratch = contextlib.nullcontext() if cuda else onednn_scratch()
-        with kernels, scratch:
+        with scratch:
             training_step(
                 self.model,
                 optimizer,

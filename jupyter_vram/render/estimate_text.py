@@ -16,8 +16,8 @@ MODELLED = (
     "modelled: every tensor of a forward, loss, backward and optimizer step (the second step, "
     "so optimizer state exists) at its exact size and lifetime; on CUDA the caching "
     "allocator's 512 B rounding, block splitting and 2/20 MiB segments, Adam's foreach path, "
-    "attention through CUDA's flash / memory-efficient kernels; "
-    "device used = reserved + 1 GiB for the CUDA context, library workspaces and driver"
+    "attention through the flash / memory-efficient kernel each GPU runs (no flash before "
+    "compute capability 8.0: T4, V100); LSTM workspaces (oneDNN's exact, cuDNN's approximated)"
 )
 NOT_MODELLED = (
     "not modelled: CUDA-only kernels' own workspaces (cuBLAS, cuDNN, flash attention), "
@@ -27,7 +27,7 @@ NOT_MODELLED = (
 
 def estimate_summary(estimate: Estimate) -> str:
     """The estimate in a few lines: settings, peak, reserved, device used, breakdown, fits."""
-    from ..estimator.gpus import GPUS
+    from ..estimator.gpus import GPUS, RUNTIME_HIDDEN_BYTES
 
     s = estimate.settings
     params = f"{format_count(estimate.parameters)} parameters"
@@ -41,8 +41,14 @@ def estimate_summary(estimate: Estimate) -> str:
             if s.target_type == "cuda"
             else ""
         ),
-        "at the peak:",
     ]
+    if s.target_type == "cuda":
+        allowance = estimate.runtime_overhead
+        lines.append(
+            f"  device used = reserved + {format_bytes(allowance.bytes)} runtime allowance "
+            f"({'GUESSED: ' if allowance.guessed else ''}{allowance.note})"
+        )
+    lines.append("at the peak:")
     peak = max(estimate.peak_bytes, 1)
     for name, nbytes in estimate.peak_breakdown().items():
         if nbytes:
@@ -50,7 +56,10 @@ def estimate_summary(estimate: Estimate) -> str:
     if s.target_type == "cuda":
         fits = [g.name for g in GPUS if estimate.fits(g)]
         lines.append(
-            "fits at this batch size: " + (", ".join(fits) if fits else "none of the GPUs")
+            "fits at this batch size: "
+            + (", ".join(fits) if fits else "none of the GPUs")
+            + f" (device used within the card's memory less the "
+            f"{format_bytes(RUNTIME_HIDDEN_BYTES)} the driver keeps, also a guess)"
         )
     else:
         lines.append("a CPU estimate: use device='cuda' (--device cuda) for the GPUs it fits")
