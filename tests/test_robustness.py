@@ -287,3 +287,21 @@ def test_interrupt_during_stop_keeps_the_profile() -> None:
         profiler_events.build_rows = original
     assert rec.profile.event_count == 2  # built whole (alloc + free), then the interrupt went on
     assert recording_state() == CLEAN
+
+
+def test_failing_cell_traceback_has_no_frames_of_ours(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The user's traceback looks as it does without %%vram: their cell, the op that failed."""
+    run(shell, "lin = nn.Linear(8, 8)")
+    capsys.readouterr()
+    result = shell.run_cell("%%vram -q\nh = lin(torch.randn(2, 8))\nlin(torch.randn(2, 5))")
+    assert isinstance(result.error_in_exec, RuntimeError)
+    text = capsys.readouterr().out
+    assert "mat1 and mat2 shapes cannot be multiplied" in text
+    assert "jupyter_vram" not in text and "_dynamo" not in text and "profiler" not in text
+    import re
+
+    cells = re.findall(r"Cell In\[(\d+)\], line (\d+)", text)
+    assert len(cells) == 2 and cells[0][0] == cells[1][0]  # the magic line and its body: one cell
+    assert cells[1][1] == "2"  # the failing line of the body

@@ -1,0 +1,109 @@
+"""Interrupts at random moments of recording cells, in a real kernel: state stays clean.
+
+A real ipykernel receives SIGINT the way a notebook's "interrupt" button sends it, at random
+points of allocation-heavy ``%%vram`` cells (while the recorder starts, runs or stops). After
+each one the kernel must have recording fully off (no profiler, hooks, signal handler or lock of
+ours left) and the next ``%%vram`` must record normally. Bounded to about a minute.
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+jupyter_client = pytest.importorskip("jupyter_client")
+
+CELL = """%%vram -q
+xs = []
+for i in range(400):
+    xs.append(torch.randn(64, 64) @ torch.randn(64, 64))
+    if len(xs) > 20:
+        xs.pop(0)
+"""
+
+PROBE = """
+import signal, threading, torch
+from torch.nn.modules import module as _m
+from torch.optim import optimizer as _o
+from jupyter_vram.capture import RECORDING_LOCK
+state = (
+    torch.autograd.profiler._is_profiler_enabled,
+    len(_m._global_forward_pre_hooks), len(_m._global_forward_hooks),
+    len(_o._global_optimizer_pre_hooks), len(_o._global_optimizer_post_hooks),
+    torch._C._autograd._top_saved_tensors_default_hooks(False) is None,
+    threading.getprofile() is None,
+    signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+    RECORDING_LOCK.locked(),
+)
+assert state == (False, 0, 0, 0, 0, True, True, True, False), state
+"""
+
+NEXT = """%%vram -q
+probe = torch.ones(1024)
+"""
+
+CHECK = """assert 4096 in set(_vram.to_dataframe()["bytes"]) and _vram.error is None, _vram"""
+
+
+@pytest.fixture
+def kernel() -> Iterator[Any]:
+    manager, client = jupyter_client.manager.start_new_kernel(kernel_name="python3")
+    try:
+        yield manager, client
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def execute(client: Any, code: str, timeout: float = 60) -> dict[str, Any]:
+    """Run ``code`` and wait for its reply (status 'ok' or 'error', with the error text)."""
+    msg_id = client.execute(code)
+    deadline = time.monotonic() + timeout
+    while True:
+        reply = client.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return dict(reply["content"])
+
+
+def drain(client: Any) -> None:
+    while True:
+        try:
+            client.get_iopub_msg(timeout=0.05)
+        except queue.Empty:
+            return
+
+
+@pytest.mark.slow
+def test_random_interrupts_leave_the_kernel_clean(kernel: Any) -> None:
+    manager, client = kernel
+    setup = execute(client, "%load_ext jupyter_vram\nimport torch")
+    assert setup["status"] == "ok", setup
+    rng = random.Random(20261130)
+    interrupted = 0
+    deadline = time.monotonic() + 45
+    rounds = 0
+    while time.monotonic() < deadline and rounds < 30:
+        rounds += 1
+        msg_id = client.execute(CELL)
+        time.sleep(rng.uniform(0.0, 0.4))
+        manager.interrupt_kernel()
+        while True:
+            reply = client.get_shell_msg(timeout=60)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
+        if reply["content"]["status"] == "error":
+            interrupted += 1
+            assert reply["content"]["ename"] == "KeyboardInterrupt", reply["content"]
+        drain(client)
+        probe = execute(client, PROBE)
+        assert probe["status"] == "ok", (rounds, probe.get("evalue"))
+        assert execute(client, NEXT)["status"] == "ok"
+        check = execute(client, CHECK)
+        assert check["status"] == "ok", (rounds, check.get("evalue"))
+    assert rounds >= 5
+    assert interrupted >= 3, "the interrupts never landed inside a cell"
