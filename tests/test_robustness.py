@@ -305,3 +305,20 @@ def test_failing_cell_traceback_has_no_frames_of_ours(
     cells = re.findall(r"Cell In\[(\d+)\], line (\d+)", text)
     assert len(cells) == 2 and cells[0][0] == cells[1][0]  # the magic line and its body: one cell
     assert cells[1][1] == "2"  # the failing line of the body
+
+
+def test_a_profiler_started_in_the_cell_is_reported(shell: InteractiveShell) -> None:
+    cell = (
+        "%%vram -q\n"
+        "from torch.profiler import profile, ProfilerActivity\n"
+        "with profile(activities=[ProfilerActivity.CPU]) as users_own:\n"
+        "    torch.ones(10)\n"
+    )
+    run(shell, cell)
+    assert len(shell.user_ns["users_own"].events()) > 0  # the user's profiler worked
+    prof = shell.user_ns["_vram"]
+    assert any("incomplete" in w for w in prof.meta["warnings"])
+    from jupyter_vram.render.text import summary
+
+    assert "this profile is incomplete" in summary(prof)
+    still_works(shell)

@@ -114,6 +114,7 @@ class ProfilerRecorder:
         self._wall_ns = 0
         self._log_level: _LogLevel | None = None
         self._threads = _ThreadWatch()
+        self._warnings: list[str] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -170,9 +171,14 @@ class ProfilerRecorder:
                 self._active = False
                 profiler, self._profiler = self._profiler, None
                 if profiler is not None:
-                    with _quiet_stderr():
+                    if not profiler_busy():  # a profiler the cell ran ended ours
+                        self._warnings.append(
+                            "a torch.profiler started inside the recording took over the "
+                            "allocator's reports: this profile is incomplete"
+                        )
+                    with _quiet_stderr(), contextlib.suppress(Exception):
                         profiler.stop()
-                    events = profiler.profiler.kineto_results.experimental_event_tree()
+                        events = profiler.profiler.kineto_results.experimental_event_tree()
         finally:
             if self._log_level is not None:
                 self._log_level.restore()
@@ -198,6 +204,7 @@ class ProfilerRecorder:
                 "torch": torch.__version__,
                 "stacks": self._stacks,
                 **({"other_threads": self._threads.names} if self._threads.names else {}),
+                **({"warnings": self._warnings} if self._warnings else {}),
             },
         )
 

@@ -46,6 +46,7 @@ def summary(profile: Profile, *, top: int = 5) -> str:
     ]
     if profile.error:
         lines.append(f"the cell raised {profile.error}; the profile covers the run up to it")
+    lines.extend(f"warning: {w}" for w in profile.meta.get("warnings", ()))
     threads = profile.meta.get("other_threads")
     if threads:
         lines.append(
