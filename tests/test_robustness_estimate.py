@@ -452,3 +452,125 @@ def test_text_marks_the_runtime_allowance_as_a_guess() -> None:
     text = estimate_summary(est)
     assert f"device used = reserved + {format_bytes(2**30)} runtime allowance (GUESSED" in text
     assert "the driver keeps, also a guess" in text
+
+
+# -- memory that must not grow, processes and folders that must not stay -----------------------
+
+
+class HoldsArrays(nn.Module):
+    """A model that keeps large non-tensor data next to its weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import array
+
+        self.fc = nn.Linear(16, 4)
+        self.table = np.ones((2500, 1000), dtype=np.float32)  # 10 MB
+        self.blob = bytearray(3 << 20)
+        self.codes = array.array("i", range(1 << 19))  # 2 MiB
+        self.small = np.arange(10)  # a constant the forward reads: travels by value
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.table.shape == (2500, 1000) and len(self.blob) == 3 << 20
+        assert int(self.small[3]) == 3
+        return self.fc(x) * float(self.table.dtype.itemsize)
+
+
+def test_large_arrays_and_buffers_travel_as_shapes() -> None:
+    from jupyter_vram.estimator.transport import dumps, loads
+
+    model = HoldsArrays()
+    payload = dumps(model)
+    assert len(payload) < 64 * 1024  # 10 MB + 3 MiB + 2 MiB of data left behind
+    back = loads(payload)
+    assert back.table.shape == (2500, 1000) and back.table.dtype == np.float32
+    assert back.table.strides == (0, 0)  # a view of one element: no memory
+    assert isinstance(back.blob, bytearray) and len(back.blob) == 3 << 20
+    assert back.codes.typecode == "i" and len(back.codes) == 1 << 19
+    assert back.small.tolist() == list(range(10))
+
+
+def test_kept_estimates_do_not_grow_with_the_model_data() -> None:
+    import gc
+    import tracemalloc
+
+    from jupyter_vram.session import remember_estimate
+
+    model = HoldsArrays()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        kept = []
+        for _ in range(3):
+            est = estimate(model, "4x16", device="cpu", optimizer="sgd")
+            remember_estimate(est)
+            kept.append(est)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert all(len(e._payload) < 64 * 1024 for e in kept)
+    assert grown < 2 << 20, f"3 estimates kept {grown:,} bytes"  # the model holds 15 MB
+
+
+KERNEL = r"""
+import sys, time
+import torch
+from torch import nn
+from jupyter_vram.estimator import estimate
+
+class Sleeps(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        print("step started", flush=True)
+        time.sleep(600)
+        return self.fc(x)
+
+estimate(Sleeps(), "2x4", device="cpu", timeout_s=900)
+"""
+
+
+def test_a_killed_kernel_takes_its_estimator_process_and_folder_with_it(tmp_path: Any) -> None:
+    """The 'kernel' (a python process) starts an estimate whose step sleeps for minutes and
+    is killed: the estimator process ends within seconds and its job folder is removed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    folders = tmp_path / "tmp"
+    folders.mkdir()
+    env = {**os.environ, "TMPDIR": str(folders)}
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        worker = None
+        while time.monotonic() < deadline and worker is None:
+            for child in psutil.Process(kernel.pid).children(recursive=True):
+                if "jupyter_vram.estimator.worker" in " ".join(child.cmdline()):
+                    worker = child
+            time.sleep(0.2)
+        assert worker is not None, "the estimator process did not start"
+        assert next(p.name for p in folders.iterdir()).startswith("jupyter_vram_estimate_")
+        time.sleep(3)  # let it load the model and get into the step
+        assert worker.is_running()
+        kernel.send_signal(signal.SIGKILL)
+        kernel.wait(timeout=10)
+        gone = time.monotonic()
+        while time.monotonic() - gone < 5 and worker.is_running():
+            if worker.status() == psutil.STATUS_ZOMBIE:
+                break
+            time.sleep(0.1)
+        running = worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE
+        assert not running, "the estimator process outlived its kernel"
+        assert list(folders.iterdir()) == []
+    finally:
+        if kernel.poll() is None:
+            kernel.kill()

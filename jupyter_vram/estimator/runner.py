@@ -27,6 +27,7 @@ from .step import StepSettings
 from .transport import dumps
 
 DEFAULT_TIMEOUT_S = 300.0
+JOB_FOLDER_PREFIX = "jupyter_vram_estimate_"  # the estimator process deletes only these
 
 
 class EstimateError(RuntimeError):
@@ -56,7 +57,7 @@ class EstimatorProcess:
         self.model_name = ""
         self.parameters = 0
         self.input = ""
-        self._dir = Path(tempfile.mkdtemp(prefix="jupyter_vram_estimate_"))
+        self._dir = Path(tempfile.mkdtemp(prefix=JOB_FOLDER_PREFIX))
         self._runs = 0
         self._process: subprocess.Popen[bytes] | None = None
         self._lines: queue.Queue[bytes] = queue.Queue()
@@ -82,7 +83,13 @@ class EstimatorProcess:
         stderr = self._stderr_path.open("wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_vram.estimator.worker", str(self._dir / "job.pkl")],
+            [
+                sys.executable,
+                "-m",
+                "jupyter_vram.estimator.worker",
+                str(self._dir / "job.pkl"),
+                str(os.getpid()),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr,

@@ -6,10 +6,16 @@ not), so a 7B-parameter model on the meta device, on the CPU or on a GPU travels
 cloudpickle carries classes and functions defined in the notebook (``__main__``) by value.
 On the other side tensors come back on the meta device, costing no memory, and each run swaps
 them for fake tensors (:class:`TensorSlots`).
+
+Other data travels as shapes too: a numpy array of at least :data:`LARGE_BYTES` comes back as
+a read-only array of zeros of its shape and dtype that takes no memory (a broadcast view of
+one element), and a large bytes / bytearray / array.array comes back zero-filled, so a model
+holding a 400 MB table costs the job a few bytes, not 400 MB per estimate kept.
 """
 
 from __future__ import annotations
 
+import array
 import io
 import pickle
 from collections.abc import Callable, Iterator
@@ -17,10 +23,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
+import numpy as np
 import torch
 from torch import nn
 
 _TAG = "jupyter_vram.tensor"
+_ARRAY_TAG = "jupyter_vram.ndarray"
+_BUFFER_TAG = "jupyter_vram.buffer"
+
+#: Arrays and buffers from this size on travel as shapes; smaller ones (constants, lookup
+#: tables a forward may read) travel with their values.
+LARGE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -62,7 +75,7 @@ class _DescriptorPickler(cloudpickle.Pickler):  # type: ignore[misc]
 
     def persistent_id(self, obj: Any) -> Any:
         if not isinstance(obj, torch.Tensor):
-            return None
+            return _data_id(obj)
         key = self._keys.get(id(obj))
         if key is None:
             key = self._keys[id(obj)] = len(self._keys)
@@ -79,12 +92,33 @@ class _MetaUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         tag, descriptor = pid
+        if tag == _ARRAY_TAG:
+            shape, dtype = descriptor
+            return np.broadcast_to(np.zeros((), dtype=np.dtype(dtype)), shape)
+        if tag == _BUFFER_TAG:
+            kind, size, typecode = descriptor
+            if kind == "array":
+                return array.array(typecode, bytes(size))
+            return bytearray(size) if kind == "bytearray" else bytes(size)
         if tag != _TAG:
             raise pickle.UnpicklingError(f"unknown persistent id {tag!r}")
         made = self._made.get(descriptor.key)
         if made is None:
             made = self._made[descriptor.key] = descriptor.meta()
         return made
+
+
+def _data_id(obj: Any) -> Any:
+    """A descriptor for a large numpy array or buffer (None: pickle it as usual)."""
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.hasobject or obj.nbytes < LARGE_BYTES:
+            return None
+        return (_ARRAY_TAG, (tuple(obj.shape), obj.dtype.str))
+    if isinstance(obj, (bytes, bytearray)) and len(obj) >= LARGE_BYTES:
+        return (_BUFFER_TAG, (type(obj).__name__, len(obj), ""))
+    if isinstance(obj, array.array) and obj.itemsize * len(obj) >= LARGE_BYTES:
+        return (_BUFFER_TAG, ("array", obj.itemsize * len(obj), obj.typecode))
+    return None
 
 
 def dumps(obj: Any) -> bytes:

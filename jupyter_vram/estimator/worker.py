@@ -14,7 +14,9 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -30,6 +32,7 @@ from ..model import Allocations, Profile
 from .inputs import BatchSpec, parse_dtype, with_default_labels
 from .job import Job
 from .kernels import cuda_attention, onednn_scratch, rnn_workspaces
+from .runner import JOB_FOLDER_PREFIX
 from .step import (
     EIGHT_BIT,
     StepSettings,
@@ -364,10 +367,38 @@ def _send(channel: IO[str], message: dict[str, Any]) -> None:
     channel.flush()
 
 
+#: How often the estimator process checks that the kernel that started it is alive.
+PARENT_POLL_S = 0.25
+
+
+def watch_parent(parent: int, folder: Path) -> threading.Thread:
+    """End this process (and delete its job folder) as soon as ``parent`` is gone.
+
+    A kernel that is killed cannot stop its estimator process, which would otherwise run its
+    step to the end (minutes for a big model) and leave its folder behind. When the parent
+    dies this process is re-parented, so ``os.getppid()`` changes; a thread polls it. (Linux's
+    ``PR_SET_PDEATHSIG`` is not used: it fires when the *thread* that started the process
+    ends, and an estimate may be started from a short-lived thread.)
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        if folder.name.startswith(JOB_FOLDER_PREFIX):
+            shutil.rmtree(folder, ignore_errors=True)
+        os._exit(3)
+
+    thread = threading.Thread(target=watch, name="jupyter_vram-parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: list[str]) -> int:
     channel = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything the model prints goes to stderr, never into the protocol
     job_path = Path(argv[1])
+    if len(argv) > 2:
+        watch_parent(int(argv[2]), job_path.parent)
     header = json.loads(job_path.with_suffix(".json").read_text())
     sys.path[:0] = [p for p in header.get("sys_path", []) if p not in sys.path]
     try:
