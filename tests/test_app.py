@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import html
 import json
 
 import pytest
 import torch
+from jupyter_bokeh import BokehModel
 
 import jupyter_vram as jv
 from jupyter_vram.app import ProfileApp
 from jupyter_vram.app.flame_view import FlameView
 from jupyter_vram.app.timeline_view import TimelineView
-from jupyter_vram.render.figures import PATH_SEP
+from jupyter_vram.render.figures import CRUMB_SEP, PATH_SEP
+from jupyter_vram.render.text import format_bytes
 
 from .conftest import MLP
 
@@ -39,18 +42,49 @@ def test_tabs_are_built_lazily(profile: jv.Profile) -> None:
     assert app.tabs.selected_index == 2
 
 
-def test_flame_click_zooms_and_up_goes_back(profile: jv.Profile) -> None:
+def browser_clicks(plot: BokehModel, x: float, y: float) -> None:
+    """What a click in the page sends: jupyter_bokeh's message for a bokeh Tap event at data
+    coordinates (x, y), handled the way jupyter_bokeh handles it."""
+    values = [["model", {"id": plot._model.id}], ["x", x], ["y", y], ["sx", 0], ["sy", 0],
+              ["modifiers", {"type": "map", "entries": [["shift", False], ["ctrl", False],
+                                                        ["alt", False]]}]]  # fmt: skip
+    event = {"type": "event", "name": "tap", "values": {"type": "map", "entries": values}}
+    content = {"event": "jsevent", "kind": "MessageSent", "msg_type": "bokeh_event"}
+    plot._sync_model(plot, {**content, "msg_data": event}, [])
+
+
+def centre(data: dict[str, list[float]], row: int) -> tuple[float, float]:
+    """A point inside block ``row`` (data coordinates, as drawn)."""
+    return (
+        (data["left"][row] + data["right"][row]) / 2,
+        (data["top"][row] + data["bottom"][row]) / 2,
+    )
+
+
+def test_flame_click_zooms_into_exactly_the_clicked_block(profile: jv.Profile) -> None:
     view = ProfileApp(profile).tabs.children[0]
     assert isinstance(view, FlameView)
-    paths = view.source.data["path"]
-    target = max(
-        range(len(paths)), key=lambda i: (paths[i].count(PATH_SEP), view.source.data["bytes"][i])
-    )
-    expected = tuple(paths[target].split(PATH_SEP))
-    view.source.selected.indices = [target]  # a tap on that block
-    assert view.focus == expected
-    assert view.source.data["name"][len(expected)] == expected[-1]
-    assert " \N{SINGLE RIGHT-POINTING ANGLE QUOTATION MARK} ".join(expected) in view.crumbs.value
+    data = dict(view.source.data)
+    depth = [-int(top) for top in data["top"]]
+    # one block per depth 1..3, each with children (so a stale index would land elsewhere)
+    targets = [next(i for i in range(len(depth)) if depth[i] == d) for d in (1, 2, 3)]
+    targets.append(max(i for i in range(len(depth)) if depth[i] == 1))  # the last top block
+    for target in targets:
+        view.reset.click()
+        assert view.source.data["path"] == data["path"]
+        expected = tuple(data["path"][target].split(PATH_SEP))
+        browser_clicks(view.plot, *centre(data, target))
+        assert view.focus == expected, data["name"][target]
+        crumbs = view.crumbs.value.split("</span>")[0].split(">")[-1]
+        assert crumbs.split(CRUMB_SEP) == ["all", *(html.escape(n) for n in expected)]
+    # clicking a block of the zoomed view: exactly that block, again
+    zoomed = dict(view.source.data)
+    row = len(zoomed["path"]) - 1  # the last block drawn: the deepest level
+    deeper = tuple(zoomed["path"][row].split(PATH_SEP))
+    assert len(deeper) > len(expected)
+    browser_clicks(view.plot, *centre(zoomed, row))
+    assert view.focus == deeper
+    expected = deeper
     view.up.click()
     assert view.focus == expected[:-1]
     view.reset.click()
@@ -67,15 +101,35 @@ def test_switching_hierarchy_and_mode_rebuilds(profile: jv.Profile) -> None:
     assert view.source.data["bytes"][0] >= profile.peak_bytes - profile.timeline.baseline_bytes
 
 
-def test_timeline_pick_shows_what_was_live(profile: jv.Profile) -> None:
+def test_timeline_click_anywhere_picks_that_moment(profile: jv.Profile) -> None:
     view = TimelineView(profile)
     assert "Live at the peak" in view.moment.value
-    view.source.selected.indices = [0]
-    assert "Live at the selected moment" in view.moment.value
-    first = view.source.data["index"][0]
-    from jupyter_vram.render.text import format_bytes
-
-    assert format_bytes(profile.timeline.total_at(first)) in view.moment.value
+    data = dict(view.source.data)
+    t = profile.timeline
+    widest = max(range(len(data["x"]) - 1), key=lambda k: data["x_end"][k] - data["x"][k])
+    for k in (1, widest, len(data["x"]) // 2):
+        x = (data["x"][k] + data["x_end"][k]) / 2
+        for y in (0.0, max(data["total"]) * 1.1):  # inside the area, and above it
+            browser_clicks(view.plot, x, y)
+            event = data["index"][k]
+            # the event drawn there: the highest of its pixel, by the timeline's own totals
+            assert t.total_at(event) == max(
+                [
+                    t.total_at(i)
+                    for i in range(len(t))
+                    if data["x"][k] <= t.time_ns[i] / 1e6 < data["x_end"][k]
+                ]
+                or [t.total_at(event)]
+            )
+            assert "Live at the selected moment" in view.moment.value
+            assert f"{t.time_ns[event] / 1e6:.3f} ms, event {event + 1:,}" in view.moment.value
+            assert f"<b class='jv-moment-total'>{format_bytes(t.total_at(event))}</b>" in (
+                view.moment.value
+            )
+    view.axis.value = "allocation events"
+    assert view.source.data["x_end"][-1] == len(t)
+    browser_clicks(view.plot, t.peak_index + 1.5, 0.0)  # the peak's own step, by event number
+    assert f"event {t.peak_index + 1:,}" in view.moment.value
 
 
 def test_text_fallback_and_state(profile: jv.Profile) -> None:

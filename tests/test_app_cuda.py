@@ -43,7 +43,15 @@ def test_allocator_levels_and_gaps(prof: Profile, data: dict) -> None:  # type: 
     assert state.end_allocated == expected["end_allocated"]
     cached = {g.label: g for g in state.gaps}["cached free blocks"]
     assert cached.bytes == state.peak_reserved - state.allocated_at_reserved_peak
-    assert state.fragmentation == pytest.approx(cached.bytes / state.peak_reserved)
+    # the cached-free share is measured at the allocated peak, from the segment events alone
+    seg = prof.segments
+    peak_seq = int(prof.timeline.seq[prof.timeline.peak_index])
+    reserved_then = seg.baseline + int(seg.delta[seg.seq <= peak_seq].sum())
+    assert state.reserved_at_allocated_peak == reserved_then
+    assert state.cached_free_share == pytest.approx(
+        (reserved_then - expected["peak_allocated"]) / reserved_then
+    )
+    assert state.excess_reserved == expected["peak_reserved"] - expected["peak_allocated"]
     context = {g.label: g for g in state.gaps}["CUDA context and others"]
     assert context.bytes == GIB - expected["end_reserved"]
     assert reserved_at(prof, [-1])[0] == expected["baseline_reserved"]
@@ -52,7 +60,8 @@ def test_allocator_levels_and_gaps(prof: Profile, data: dict) -> None:  # type: 
 def test_expandable_segments_advice_follows_fragmentation(prof: Profile) -> None:
     state = allocator_state(prof)
     advised = any("expandable_segments" in a for a in state.advice)
-    assert advised == (state.fragmentation is not None and state.fragmentation > 0.2
+    excess = (state.peak_reserved or 0) - state.peak_allocated
+    assert advised == (bool(state.stranded) and excess > 0.2 * (state.peak_reserved or 0)
                        and (state.peak_reserved or 0) >= 256 * 2**20)  # fmt: skip
 
 
@@ -74,7 +83,7 @@ def test_app_tabs_on_a_cuda_profile(prof: Profile) -> None:
     assert reserved, "the timeline draws reserved memory on CUDA"
     allocator = app.tabs.children[4].value
     assert "reserved (peak)" in allocator and "cached free blocks" in allocator
-    assert "Fragmentation at the reserved peak" in allocator
+    assert "Cached but free at the allocated peak" in allocator
     text = app._repr_mimebundle_()["text/plain"]
     assert text.startswith("jupyter_vram · cuda:0 (CUDA allocator)")
 

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from bokeh.models import ColumnDataSource, Span
+from bokeh.models import ColumnDataSource
+from bokeh.models.annotations import Label, Span
 from jupyter_bokeh import BokehModel
 
 from jupyter_vram.analysis.flame import flame_tree
@@ -79,22 +80,81 @@ def test_flame_payload_is_bounded_at_1m_events() -> None:
         assert size < 2_000_000
 
 
-def test_timeline_sampling_keeps_the_peak_exactly() -> None:
-    prof = synthetic_profile(200_000)
+def _spike_profile() -> Profile:
+    """1 s of 10 MiB allocated and freed every 10 ms, and one 100 MiB spike lasting 0.05 ms
+    while one of those is live: the peak (110 MiB) lasts 1/20000 of the run."""
+    b = ProfileBuilder()
+    dev, op = b.devices("cpu"), b.ops("mm")
+    s = b.intern_stack((Frame("/u/a.py", 1, "f"),))
+    act, tmp = CATEGORY_INDEX["activation"], CATEGORY_INDEX["temporary"]
+    mib = 2**20
+    events: list[tuple[int, str, int, int]] = []  # (ns, kind, key, size)
+    for i in range(100):
+        events += [
+            (i * 10_000_000, "alloc", i, 10 * mib),
+            (i * 10_000_000 + 9_000_000, "free", i, 0),
+        ]
+    events += [(500_010_000, "alloc", -1, 100 * mib), (500_060_000, "free", -1, 0)]
+    rows: dict[int, int] = {}
+    for seq, (ns, kind, key, size) in enumerate(sorted(events)):
+        if kind == "alloc":
+            cat = tmp if key < 0 else act
+            rows[key] = b.add(size, seq, ns, dev, op, b.modules("net"), s, 1, cat)
+        else:
+            b.free(rows[key], seq, ns)
+    return b.build(device="cpu", source="test", wall_ns=10**9)
+
+
+def _drawn_levels_cover_every_event(
+    prof: Profile, data: dict[str, list[float]], xs: list[float]
+) -> None:
+    """Brute force: inside each drawn step [x, x_end), no event rises above the drawn level, and
+    the drawn level is one of the events' levels there (or the level held from before)."""
     t = prof.timeline
-    data = timeline_data(t, max_points=500)
-    assert len(data["t"]) <= 502  # samples, the peak, and the baseline at t=0
+    per = 2**30 if t.peak_bytes >= 2**30 else 2**20
+    totals = [t.total_at(i) for i in range(len(t))]
+    for k in range(len(data["x"])):
+        lo, hi = data["x"][k], data["x_end"][k]
+        inside = [v for x, v in zip(xs, totals, strict=True) if lo <= x < hi]
+        drawn = round(data["total"][k] * per)
+        if inside:
+            assert max(inside) <= drawn, (k, lo, hi)
+
+
+def test_timeline_draws_the_highest_moment_of_every_pixel() -> None:
+    prof = _spike_profile()
+    t = prof.timeline
+    assert t.peak_bytes == 110 * 2**20
+    data = timeline_data(t, buckets=400)
+    # the spike is 1/20000 of the run, far narrower than a pixel: still drawn at full height
+    assert max(data["total"]) * 2**20 == pytest.approx(t.peak_bytes)
     assert t.peak_index in data["index"]
-    assert max(data["total"]) * 2**20 == pytest.approx(prof.peak_bytes)
-    # the stacked categories add up to the total at every sampled point
-    for i in range(0, len(data["t"]), 50):
+    assert len(data["x"]) <= 2 * 400 + 2
+    xs = [float(v) / 1e6 for v in t.time_ns]
+    _drawn_levels_cover_every_event(prof, data, xs)
+    for i in range(len(data["x"])):  # the stacked categories add up to the total
         assert sum(data[c][i] for c in CATEGORIES) == pytest.approx(data["total"][i])
+    # the step holding the peak starts at the pixel containing the spike's time
+    k = data["index"].index(t.peak_index)
+    assert data["x"][k] <= 500.01 < data["x_end"][k] and data["x_end"][k] - data["x"][k] < 3
+
+
+def test_timeline_by_event_axis() -> None:
+    prof = synthetic_profile(20_000)
+    t = prof.timeline
+    data = timeline_data(t, axis="event", buckets=300)
+    assert data["x_end"][-1] == len(t)  # events numbered 1..n
+    assert max(data["total"]) * 2**20 == pytest.approx(t.peak_bytes)
+    _drawn_levels_cover_every_event(prof, data, [float(i + 1) for i in range(len(t))])
+    timed = timeline_data(t, buckets=300)
+    _drawn_levels_cover_every_event(prof, timed, [float(v) / 1e6 for v in t.time_ns])
 
 
 def test_timeline_figure_and_breakdown_build(small: Profile) -> None:
     t = small.timeline
-    fig = timeline_figure(ColumnDataSource(timeline_data(t)), 0.001)
+    fig = timeline_figure(ColumnDataSource(timeline_data(t)), (0.001, 1000), peak_bytes=1000)
     assert fig.select_one({"type": Span}).location == 0.001
+    assert fig.select_one({"type": Label}).text == "peak 1000 B"
     bar = breakdown_figure(small.peak_breakdown())
     assert bar.title.text == "At the peak: 1000 B"
 

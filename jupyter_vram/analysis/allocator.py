@@ -9,12 +9,14 @@ import numpy as np
 import numpy.typing as npt
 
 from ..model import Int64Array
+from ..render.text import format_bytes
 
 if TYPE_CHECKING:
     from ..model import Profile
 
-FRAGMENTATION_ADVICE_THRESHOLD = 0.2  # cached-but-free share of reserved memory
+FRAGMENTATION_ADVICE_THRESHOLD = 0.2  # share of reserved memory beyond the allocated peak
 EXPANDABLE_MIN_RESERVED = 256 * 2**20
+LARGE_REQUEST = 1 << 20  # larger requests come from the large pool (smaller: 2 MiB segments)
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,27 @@ class Gap:
 
 
 @dataclass(frozen=True)
+class StrandedRequest:
+    """A request that made the allocator reserve a new segment although at least as many
+    bytes were cached but free: the free bytes were in pieces too small for it (or in the
+    other pool). This is the fragmentation that ``expandable_segments`` avoids."""
+
+    seq: int
+    size: int  # the request (its block)
+    cached_free: int  # reserved minus allocated just before it
+
+
+@dataclass(frozen=True)
 class AllocatorState:
+    """Allocated, reserved and device levels, and how much of reserved memory was not in use.
+
+    ``cached_free_share`` is the cached-but-free share of reserved memory *at the allocated
+    peak* (reserved then minus the peak, over reserved then): what the caching allocator kept
+    aside when memory was tightest. ``excess_reserved`` is how far the reserved peak exceeds the
+    allocated peak. Neither is fragmentation by itself; ``stranded`` lists the requests that
+    fragmentation made cost a new segment.
+    """
+
     device: str
     has_caching_allocator: bool
     peak_allocated: int
@@ -37,9 +59,17 @@ class AllocatorState:
     end_reserved: int | None
     device_used: int | None
     device_total: int | None
-    fragmentation: float | None  # free share of reserved memory when reserved peaked
+    reserved_at_allocated_peak: int | None
+    cached_free_share: float | None
+    excess_reserved: int | None
+    stranded: tuple[StrandedRequest, ...]  # largest first
     gaps: tuple[Gap, ...]
     advice: tuple[str, ...]
+    expandable_segments: bool = False
+
+    @property
+    def stranded_bytes(self) -> int:
+        return sum(r.size for r in self.stranded)
 
 
 def has_segments(profile: Profile) -> bool:
@@ -66,6 +96,35 @@ def reserved_at(profile: Profile, seqs: npt.ArrayLike) -> Int64Array:
     return with_baseline[at + 1]
 
 
+def stranded_requests(profile: Profile) -> list[StrandedRequest]:
+    """Large requests that got a new segment while at least their size was cached but free.
+
+    A segment event at seq ``s`` is made for the first allocation at or after ``s``; the free
+    cached bytes are reserved minus allocated just before that allocation. Largest first.
+    """
+    t = profile.timeline
+    seg = profile.segments
+    order = np.argsort(seg.seq, kind="stable")
+    seg_seq, delta = seg.seq[order], seg.delta[order]
+    reserved_after = seg.baseline + np.cumsum(delta, dtype=np.int64)
+    reserved_before = reserved_after - delta
+    allocs = np.flatnonzero(t.delta > 0)
+    out = []
+    for k in np.flatnonzero(delta > 0):
+        j = int(np.searchsorted(t.seq[allocs], seg_seq[k], side="left"))
+        if j >= len(allocs):
+            continue
+        event = int(allocs[j])
+        size = int(t.delta[event])
+        if size <= LARGE_REQUEST:
+            continue
+        free = int(reserved_before[k]) - t.total_at(event - 1)
+        if free >= size:
+            out.append(StrandedRequest(int(t.seq[event]), size, free))
+    out.sort(key=lambda r: -r.size)
+    return out
+
+
 def allocator_state(profile: Profile) -> AllocatorState:
     """Reconcile the levels the user sees in different tools, and explain the differences."""
     t = profile.timeline
@@ -86,7 +145,7 @@ def allocator_state(profile: Profile) -> AllocatorState:
         )
         state = AllocatorState(
             profile.device, False, profile.peak_bytes, None, None, end_allocated, None,
-            used, total, None, tuple(gaps), tuple(_category_advice(profile)),
+            used, total, None, None, None, (), tuple(gaps), tuple(_category_advice(profile)),
         )  # fmt: skip
         return state
 
@@ -98,8 +157,14 @@ def allocator_state(profile: Profile) -> AllocatorState:
         at = -1
     allocated_then = t.total_at(t.index_at_seq(at))
     cached = max(0, peak_reserved - allocated_then)
-    fragmentation = cached / peak_reserved if peak_reserved else 0.0
     end_reserved = int(reserved[-1]) if len(reserved) else profile.segments.baseline
+    peak = profile.peak_bytes
+    reserved_then = int(reserved_at(profile, [t.seq_at(t.peak_index)])[0])
+    cached_at_peak = max(0, reserved_then - peak)
+    share = cached_at_peak / reserved_then if reserved_then else 0.0
+    excess = max(0, peak_reserved - peak)
+    stranded = tuple(stranded_requests(profile))
+    expandable = bool(profile.meta.get("expandable_segments"))
     gaps.append(
         Gap(
             "cached free blocks",
@@ -119,18 +184,28 @@ def allocator_state(profile: Profile) -> AllocatorState:
                 "processes on this GPU.",
             )
         )
-    if fragmentation > FRAGMENTATION_ADVICE_THRESHOLD and peak_reserved >= EXPANDABLE_MIN_RESERVED:
+    if (
+        stranded
+        and not expandable
+        and peak_reserved >= EXPANDABLE_MIN_RESERVED
+        and excess > FRAGMENTATION_ADVICE_THRESHOLD * peak_reserved
+    ):
+        big = stranded[0]
         advice.append(
-            f"{100 * fragmentation:.0f}% of reserved memory was cached but free at the peak: "
-            "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (before CUDA initialises) so "
+            f"Reserved memory peaked {format_bytes(excess)} ({100 * excess / peak_reserved:.0f}% "
+            f"of it) above the allocated peak, and {len(stranded)} request(s) needed a new "
+            f"segment while enough was cached but free in smaller pieces (largest: "
+            f"{format_bytes(big.size)} with {format_bytes(big.cached_free)} free): set "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (before CUDA initialises) so "
             "segments can grow instead of fragmenting."
         )
     if total and used is not None and int(used) > 0.9 * int(total):
         advice.append("The device is more than 90% full: the next larger batch will likely OOM.")
     advice += _category_advice(profile)
     return AllocatorState(
-        profile.device, True, profile.peak_bytes, peak_reserved, allocated_then, end_allocated,
-        end_reserved, used, total, fragmentation, tuple(gaps), tuple(advice),
+        profile.device, True, peak, peak_reserved, allocated_then, end_allocated,
+        end_reserved, used, total, reserved_then, share, excess, stranded, tuple(gaps),
+        tuple(advice), expandable,
     )  # fmt: skip
 
 

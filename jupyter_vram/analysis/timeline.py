@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -85,7 +85,11 @@ class Timeline:
         cats = a.category[self.alloc_index]
         for c in range(n_cat):
             running = np.cumsum(np.where(cats == c, self.delta, 0))
-            out[:, c] = running if indices is None else running[indices]
+            if indices is None:
+                out[:, c] = running
+            else:  # index -1: before the first event, nothing but the baseline
+                at = np.asarray(indices, np.int64)
+                out[:, c] = np.where(at >= 0, running[np.maximum(at, 0)] if len(running) else 0, 0)
         return out + self.baseline_by_category()[None, :]
 
     def sample(self, max_points: int = 2000) -> npt.NDArray[np.int64]:
@@ -103,6 +107,50 @@ class Timeline:
         if self.peak_index >= 0:
             out = np.union1d(out, [self.peak_index])
         return out
+
+    def bucket_peaks(
+        self, buckets: int = 600, *, axis: Literal["time", "event"] = "time"
+    ) -> tuple[npt.NDArray[np.float64], Int64Array]:
+        """What a chart ``buckets`` pixels wide should draw so that no maximum is lost.
+
+        The x axis (ms since the start, or event number 1..n) is cut into ``buckets`` equal
+        slices. Each slice that holds events is drawn at the level of its highest event, from
+        the slice's start; a slice followed by empty ones hands over, at the next slice's start,
+        to its last event's level (what holds until the next event). Returns (x, event index)
+        of those steps, starting at x=0 (index -1, the baseline, when the first slice is
+        empty) and ending at the last event's x; the peak event is always one of them.
+        """
+        n = len(self.seq)
+        if n == 0:
+            return np.zeros(1), np.full(1, -1, np.int64)
+        if axis == "time":
+            xs = np.maximum.accumulate(self.time_ns.astype(np.float64) / 1e6)
+        else:
+            xs = np.arange(1, n + 1, dtype=np.float64)
+        end = float(xs[-1]) if xs[-1] > 0 else 1.0
+        width = end / buckets
+        slot = np.minimum((xs / width).astype(np.int64), buckets - 1)
+        order = np.lexsort((-self.total, slot))  # by slice, highest first, earliest on ties
+        starts = np.flatnonzero(np.r_[True, slot[order][1:] != slot[order][:-1]])
+        highest = order[starts]
+        used = slot[highest]
+        last = np.r_[np.flatnonzero(slot[1:] != slot[:-1]), n - 1]
+        x: list[float] = []
+        index: list[int] = []
+        if used[0] > 0:
+            x.append(0.0)
+            index.append(-1)
+        for k, b in enumerate(used.tolist()):
+            x.append(b * width)
+            index.append(int(highest[k]))
+            following = int(used[k + 1]) if k + 1 < len(used) else buckets
+            if following > b + 1 or (k + 1 == len(used) and int(last[k]) != int(highest[k])):
+                x.append(min((b + 1) * width, end))
+                index.append(int(last[k]))
+        if x[-1] < end:  # the last level's right edge
+            x.append(end)
+            index.append(index[-1])
+        return np.asarray(x), np.asarray(index, np.int64)
 
     def baseline_by_category(self) -> Int64Array:
         a = self.profile.allocations

@@ -8,40 +8,81 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
+import pandas as pd
 from jupyter_bokeh import BokehModel
 
-from ..analysis.allocator import AllocatorState, allocator_state
-from ..analysis.groups import live_at_peak
+from ..analysis.allocator import AllocatorState, allocator_state, has_segments
+from ..analysis.groups import allocated_during_run, live_at_peak
 from ..analysis.tables import top_sites
 from ..model import Profile
-from ..render.figures import breakdown_figure, sites_table, table_source
-from ..render.html import breakdown_table, groups_table, header_html
+from ..render.figures import breakdown_figure
+from ..render.html import (
+    SITE_SORTS,
+    breakdown_table,
+    category_help_html,
+    groups_table,
+    header_html,
+    legend_html,
+    sites_html,
+)
 from ..render.text import format_bytes, summary
+from ..render.theme import apply_theme
 from .flame_view import FlameView
+from .holder import GONE, ProfileHandle
 from .timeline_view import TimelineView
+
+CUDA_CONTEXT = 1 << 30  # what the CUDA context and libraries take on a device, about
 
 if TYPE_CHECKING:
     from ..estimator.api import Comparison, Estimate
 
 TABS = ("Flame graph", "Breakdown", "Timeline", "Top sites", "Allocator")
+# Colours come from JupyterLab's theme variables (light and dark); the fallbacks are light.
 STYLE = """<style>
+.jv-app{color:var(--jp-ui-font-color1,#222)}
 .jv-header{display:flex;flex-wrap:wrap;gap:4px 18px;font-size:13px;padding:4px 0;line-height:1.6}
 .jv-label{color:var(--jp-ui-font-color2,#666)}
-.jv-error{color:#a00;margin:2px 0}
-.jv-table{border-collapse:collapse;font-size:12px;margin:4px 0;line-height:1.5}
-.jv-table td,.jv-table th{padding:1px 8px;border-bottom:1px solid #ddd}
-.jv-table caption{text-align:left;font-weight:bold}
+.jv-error,.jv-gone{color:var(--jp-error-color1,#a00);margin:2px 0}
+.jv-table{border-collapse:collapse;font-size:12px;margin:4px 0;line-height:1.5;
+color:var(--jp-ui-font-color1,#222);background:transparent}
+.jv-table td,.jv-table th{padding:1px 8px;border-bottom:1px solid var(--jp-border-color2,#ddd);
+vertical-align:top}
+.jv-table th{text-align:left;font-weight:600;color:var(--jp-ui-font-color1,#222)}
+.jv-table caption{text-align:left;font-weight:bold;color:var(--jp-ui-font-color1,#222)}
+.jv-table td.jv-num{text-align:right;white-space:nowrap}
+.jv-table td.jv-name .jv-cut{max-width:360px}
+.jv-caption-note{font-weight:normal;font-size:11px}
+.jv-swatch{display:inline-block;width:10px;height:10px;margin-right:5px;border-radius:2px;
+vertical-align:baseline}
+.jv-legend{display:flex;flex-wrap:wrap;gap:2px 14px;font-size:12px;margin:2px 0 4px}
+.jv-legend-item{cursor:help;white-space:nowrap}
+.jv-help{font-size:12px;margin:4px 0}.jv-help summary{cursor:pointer}
+.jv-help ul{margin:2px 0;padding-left:20px}
+.jv-tables{display:flex;gap:24px;flex-wrap:wrap;align-items:flex-start}
+.jv-more-toggle{display:none}
+.jv-more-toggle:not(:checked)+table tr.jv-extra{display:none}
+.jv-more-toggle:checked+table tr.jv-more-row{display:none}
+.jv-more{cursor:pointer;color:var(--jp-content-link-color,#1976d2);text-decoration:underline}
+.jv-sites-table{width:100%;max-width:1200px}
+.jv-sites-table th{white-space:nowrap}
+.jv-sites-table td.jv-site,.jv-sites-table td.jv-op{white-space:normal;overflow-wrap:anywhere;
+min-width:90px}
+.jv-cut{overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
+.jv-table td{white-space:nowrap}
 .jv-estimate-badge{display:inline-block;margin:2px 0;padding:1px 8px;border-radius:3px;
 font-weight:bold;font-size:13px;background:#fff3cd;color:#6b4e00;border:1px solid #e0c36a}
 .jv-estimate-note{font-size:12px;line-height:1.6;color:var(--jp-ui-font-color2,#666);margin:2px 0}
 .jv-estimate-note summary{cursor:pointer}
 .jv-comparison{font-size:13px;line-height:1.6;margin:4px 0;padding:2px 8px;
 border-left:4px solid #4C72B0}
-.jv-fit-no td{color:#a00}
-.jv-up{color:#a00}.jv-down{color:#2a7a2a}
+.jv-fit-no td{color:var(--jp-error-color1,#a00)}
+.jv-up{color:var(--jp-error-color1,#a00)}.jv-down{color:var(--jp-success-color1,#2a7a2a)}
 .jv-whatifs td,.jv-whatifs th{white-space:nowrap}
-.jv-whatifs td.jv-whatif-note{white-space:normal;max-width:480px;color:#8a5a00;font-style:italic}
+.jv-whatifs td.jv-whatif-note{white-space:normal;max-width:480px;
+color:var(--jp-warn-color1,#8a5a00);font-style:italic}
 .jv-note{font-size:12px;line-height:1.5;max-width:900px}
+.jv-allocator{font-size:13px;line-height:1.6;max-width:980px}
+.jv-allocator h4{margin:8px 0 2px;font-size:13px}
 </style>"""
 
 
@@ -51,6 +92,9 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
     An estimate's profile (``source == "estimate"``) gets a header that says so. With
     ``estimate`` (the :class:`Estimate` behind it) a "Fit & what-ifs" tab is added; with
     ``comparison`` (a measured profile against an earlier estimate) the header shows the error.
+
+    The app holds its profile weakly (see :mod:`.holder`): what it shows is computed when a
+    tab opens and kept; a tab opened after the profile is gone says so.
     """
 
     def __init__(
@@ -60,15 +104,17 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         estimate: Estimate | None = None,
         comparison: Comparison | None = None,
     ) -> None:
-        self.profile = profile
+        self._handle = ProfileHandle(profile)
         self.estimate = estimate
         self.comparison = comparison
-        self.header = w.HTML(STYLE + self._header_html())
+        self._text = self._summary_text(profile)
+        self.header = w.HTML(STYLE + self._header_html(profile))
         self.header.add_class("jv-header-box")
-        self._builders: dict[int, Callable[[], w.Widget]] = {
-            0: lambda: FlameView(profile),
+        handle = self._handle
+        self._builders: dict[int, Callable[[Profile], w.Widget]] = {
+            0: lambda p: FlameView(handle),
             1: self._breakdown,
-            2: lambda: TimelineView(profile),
+            2: lambda p: TimelineView(handle),
             3: self._sites,
             4: self._allocator,
         }
@@ -76,7 +122,7 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         if estimate is not None:
             from .estimate_view import TITLE, EstimateView
 
-            self._builders[len(titles)] = lambda: EstimateView(estimate)
+            self._builders[len(titles)] = lambda p: EstimateView(estimate)
             titles.append(TITLE)
         self.tabs = w.Tab(children=[_placeholder() for _ in titles])
         for i, title in enumerate(titles):
@@ -87,12 +133,22 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         self.add_class("jv-app")
         self.open_tab(0)
 
+    @property
+    def profile(self) -> Profile | None:
+        """The profile, while something else (``_vram``, the latest app) still holds it."""
+        return self._handle.get()
+
     def open_tab(self, index: int) -> w.Widget:
         """Build the tab's content if needed and select it."""
         children = list(self.tabs.children)
-        builder = self._builders.pop(index, None)
+        builder = self._builders.get(index)
         if builder is not None:
-            children[index] = builder()
+            profile = self._handle.get()
+            if profile is not None:
+                del self._builders[index]
+                children[index] = builder(profile)
+            else:
+                children[index] = w.HTML(f"<p class='jv-gone'>{GONE}</p>")
             self.tabs.children = children
         if self.tabs.selected_index != index:
             self.tabs.selected_index = index
@@ -102,56 +158,95 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         if change["new"] is not None and change["new"] in self._builders:
             self.open_tab(change["new"])
 
-    def _header_html(self) -> str:
-        if self.profile.source == "estimate":
+    def _header_html(self, profile: Profile) -> str:
+        if profile.source == "estimate":
             from .estimate_view import estimate_header_html
 
-            text = estimate_header_html(self.profile)
+            text = estimate_header_html(profile)
         else:
-            text = header_html(self.profile)
+            text = header_html(profile)
         if self.comparison is not None:
             from .estimate_view import comparison_html
 
             text += comparison_html(self.comparison)
         return text
 
-    def _breakdown(self) -> w.Widget:
-        breakdown = self.profile.peak_breakdown()
-        bar = BokehModel(breakdown_figure(breakdown), combine_events=True)
+    def _breakdown(self, profile: Profile) -> w.Widget:
+        breakdown = profile.peak_breakdown()
+        fig = breakdown_figure(breakdown)
+        apply_theme(fig)
+        bar = BokehModel(fig, combine_events=True)
         bar.add_class("jv-breakdown")
-        peak = self.profile.peak_bytes
+        peak = profile.peak_bytes
+        modules = groups_table(
+            live_at_peak(profile, "module"),
+            peak,
+            title="modules at the peak",
+            note="self bytes: allocations made in the module itself, not in its submodules "
+            "(the flame graph adds children up)",
+        )
         tables = w.HTML(
-            "<div style='display:flex;gap:24px;flex-wrap:wrap'>"
+            legend_html([c for c in breakdown if breakdown[c]])
+            + category_help_html()
+            + "<div class='jv-tables'>"
             + breakdown_table(breakdown)
-            + groups_table(live_at_peak(self.profile, "module"), peak, title="modules at the peak")
-            + groups_table(live_at_peak(self.profile, "op"), peak, title="ops at the peak")
+            + modules
+            + groups_table(live_at_peak(profile, "op"), peak, title="ops at the peak")
             + "</div>"
         )
         box = w.VBox([bar, tables])
         box.add_class("jv-breakdown-view")
         return box
 
-    def _sites(self) -> w.Widget:
-        by = w.ToggleButtons(options=["live at peak", "allocated"], description="rank by")
-        source = table_source(top_sites(self.profile, limit=200))
-        table = BokehModel(sites_table(source), combine_events=True)
+    def _sites(self, profile: Profile) -> w.Widget:
+        peak = profile.peak_bytes
+        frames = {
+            "peak": top_sites(profile, limit=200, by="peak"),
+            "allocated": top_sites(profile, limit=200, by="allocated"),
+        }
+        sort = w.Dropdown(
+            options=list(SITE_SORTS), value="live at peak", description="sort by",
+            layout=w.Layout(width="240px"),
+        )  # fmt: skip
+        sort.add_class("jv-sites-sort")
+        table = w.HTML(sites_html(frames["peak"], peak))
         table.add_class("jv-sites")
+        help_line = w.HTML(
+            "<div class='jv-label jv-note'>Allocation sites: the innermost line of your code "
+            "and the op that allocated. live at peak: bytes still held at the peak; of peak: "
+            "their share of peak allocated; allocated: every allocation during the cell, freed "
+            "or not. Hover a site for its whole stack.</div>" + category_help_html()
+        )
 
-        def rerank(change: dict[str, Any]) -> None:
-            ranked = top_sites(
-                self.profile,
-                limit=200,
-                by="peak" if change["new"] == by.options[0] else "allocated",
-            )
-            source.data = dict(table_source(ranked).data)
+        def resort(change: dict[str, Any]) -> None:
+            column = SITE_SORTS[change["new"]]
+            if column == "allocated_bytes":
+                frame = frames["allocated"]
+            elif column == "live_at_peak_bytes":
+                frame = frames["peak"]
+            else:
+                both = pd.concat([frames["peak"], frames["allocated"]])
+                frame = both.drop_duplicates(["site", "op", "stack"]).sort_values(
+                    column, ascending=column in ("site", "op", "category"), kind="stable"
+                )
+            table.value = sites_html(frame, peak)
 
-        by.observe(rerank, "value")
-        return w.VBox([by, table])
+        sort.observe(resort, "value")
+        box = w.VBox([sort, help_line, table])
+        box.add_class("jv-sites-view")
+        return box
 
-    def _allocator(self) -> w.Widget:
-        box = w.HTML(allocator_html(allocator_state(self.profile)))
+    def _allocator(self, profile: Profile) -> w.Widget:
+        text = allocator_html(allocator_state(profile))
+        if not has_segments(profile):
+            text += simulated_html(profile)
+        box = w.HTML(text)
         box.add_class("jv-allocator")
         return box
+
+    @staticmethod
+    def _summary_text(profile: Profile) -> str:
+        return summary(profile)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         bundle = super()._repr_mimebundle_(**kwargs)
@@ -166,7 +261,7 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
 
             text = estimate_summary(self.estimate)
         else:
-            text = summary(self.profile)
+            text = self._text
         if self.comparison is not None:
             from ..render.estimate_text import comparison_text
 
@@ -178,23 +273,55 @@ def _placeholder() -> w.Widget:
     return w.HTML("<i>loading…</i>")
 
 
+def _row(label: str, value: str, title: str = "") -> str:
+    tip = f" title='{html.escape(title, quote=True)}'" if title else ""
+    return f"<tr{tip}><td>{html.escape(label)}</td><td class='jv-num'>{value}</td></tr>"
+
+
 def allocator_html(state: AllocatorState) -> str:
-    rows = [("allocated (peak)", state.peak_allocated)]
+    """Levels, what fills each gap, and advice."""
+    rows = [_row("allocated (peak)", format_bytes(state.peak_allocated))]
     if state.peak_reserved is not None:
-        rows.append(("reserved (peak)", state.peak_reserved))
+        rows.append(_row("reserved (peak)", format_bytes(state.peak_reserved)))
+    if state.reserved_at_allocated_peak is not None:
+        rows.append(
+            _row(
+                "reserved at the allocated peak",
+                format_bytes(state.reserved_at_allocated_peak),
+                "reserved memory when allocated memory peaked",
+            )
+        )
     if state.device_used is not None:
-        rows.append(("device used", state.device_used))
+        rows.append(_row("device used", format_bytes(state.device_used)))
     if state.device_total is not None:
-        rows.append(("device total", state.device_total))
-    levels = "".join(
-        f"<tr><td>{k}</td><td style='text-align:right'>{format_bytes(v)}</td></tr>" for k, v in rows
-    )
-    frag = (
-        "<p>Fragmentation at the reserved peak: "
-        f"<b>{100 * state.fragmentation:.1f}%</b> of reserved memory was cached but free.</p>"
-        if state.fragmentation is not None
-        else ""
-    )
+        rows.append(_row("device total", format_bytes(state.device_total)))
+    measures = ""
+    if state.cached_free_share is not None and state.reserved_at_allocated_peak is not None:
+        cached = state.reserved_at_allocated_peak - state.peak_allocated
+        measures = (
+            "<p>Cached but free at the allocated peak: "
+            f"<b>{format_bytes(max(cached, 0))}</b>, <b>{100 * state.cached_free_share:.1f}%</b>"
+            " of what was reserved then (the cached-free share of reserved memory, measured "
+            "when memory was tightest)."
+        )
+        if state.excess_reserved:
+            measures += (
+                f" The reserved peak is {format_bytes(state.excess_reserved)} above the "
+                "allocated peak."
+            )
+        if state.stranded:
+            big = state.stranded[0]
+            measures += (
+                f" Fragmentation: {len(state.stranded)} request(s) needed a new segment while "
+                "at least as many bytes were cached but free in smaller pieces (largest: "
+                f"{format_bytes(big.size)} with {format_bytes(big.cached_free)} free)."
+            )
+        else:
+            measures += (
+                " No request needed a new segment while enough was cached and free: "
+                "fragmentation did not add to reserved memory."
+            )
+        measures += "</p>"
     gaps = "".join(
         f"<li><b>{html.escape(g.label)}</b>"
         + (f" ({format_bytes(g.bytes)})" if g.bytes else "")
@@ -202,6 +329,72 @@ def allocator_html(state: AllocatorState) -> str:
         for g in state.gaps
     )
     advice = "".join(f"<li>{html.escape(a)}</li>" for a in state.advice)
-    return f"<table class='jv-table'>{levels}</table>{frag}<ul>{gaps}</ul>" + (
+    return f"<table class='jv-table'>{''.join(rows)}</table>{measures}<ul>{gaps}</ul>" + (
         f"<div class='jv-advice'><b>Advice</b><ul>{advice}</ul></div>" if advice else ""
+    )
+
+
+def tracker_facts(profile: Profile) -> list[tuple[str, str, str]]:
+    """(label, value, explanation) of what the CPU tensor tracker saw."""
+    a = profile.allocations
+    t = profile.timeline
+    during = allocated_during_run(profile)
+    sizes = a.size[during]
+    live_at_peak = int(t.live_mask(t.peak_index).sum())
+    end = t.total_at(len(t) - 1)
+    facts = [
+        ("allocations during the cell", f"{int(during.sum()):,}", "tensor storages created"),
+        ("bytes allocated during the cell", format_bytes(int(sizes.sum())),
+         "every allocation, freed or not"),
+        ("largest single allocation", format_bytes(int(sizes.max(initial=0))), ""),
+        ("alive before the cell", format_bytes(t.baseline_bytes),
+         "tensors that existed when recording started"),
+        ("peak allocated", format_bytes(t.peak_bytes), f"{live_at_peak:,} tensors live then"),
+        ("live after the cell", format_bytes(end), "what the cell left allocated"),
+    ]  # fmt: skip
+    return facts
+
+
+def simulated_html(profile: Profile) -> str:
+    """The tracker's facts, and the CUDA caching allocator model applied to the recorded
+    requests: what a GPU would reserve for the same run."""
+    facts = "".join(_row(k, v, e) for k, v, e in tracker_facts(profile))
+    out = f"<h4>What the tensor tracker saw</h4><table class='jv-table'>{facts}</table>"
+    try:
+        from ..estimator.cuda_model import simulate, to_cuda_profile
+
+        sim = simulate(profile)
+        state = allocator_state(to_cuda_profile(profile, sim))
+    except Exception as exc:  # noqa: BLE001 (a model failure must not take the tab down)
+        return (
+            out
+            + f"<p class='jv-error'>The CUDA allocator model failed: {html.escape(str(exc))}</p>"
+        )
+    used = sim.peak_reserved + CUDA_CONTEXT
+    rows = "".join(
+        [
+            _row("allocated (peak)", format_bytes(sim.peak_allocated),
+                 "requests rounded up to the allocator's 512 B blocks"),
+            _row("reserved (peak)", format_bytes(sim.peak_reserved),
+                 "segments cudaMalloc'd: 2 MiB for small requests, 20 MiB or the request "
+                 "rounded to 2 MiB for large ones"),
+            _row("segments", f"{sim.segment_count:,}", ""),
+            _row("device used (about)", format_bytes(used),
+                 "reserved + about 1 GiB for the CUDA context and libraries"),
+        ]
+    )  # fmt: skip
+    share = state.cached_free_share or 0.0
+    frag = (
+        f"{len(state.stranded)} request(s) would need a new segment while enough was cached "
+        "but free in smaller pieces"
+        if state.stranded
+        else "no request would need a new segment while enough was cached and free"
+    )
+    return out + (
+        "<h4>On a GPU (the CUDA caching allocator model, applied to these requests)</h4>"
+        f"<p>On a GPU this run would reserve <b>{format_bytes(sim.peak_reserved)}</b> for a peak "
+        f"of <b>{format_bytes(sim.peak_allocated)}</b> allocated; at the allocated peak "
+        f"{100 * share:.1f}% of reserved memory would be cached but free, and {frag}. Kernel "
+        "workspaces (cuBLAS, cuDNN) and allocations inside ops are not seen by the tracker.</p>"
+        f"<table class='jv-table'>{rows}</table>"
     )

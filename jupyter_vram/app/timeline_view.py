@@ -1,63 +1,135 @@
-"""Timeline panel: categories over the run, the peak marked, click a moment to see what was live."""
+"""Timeline panel: categories over the run, the peak marked; a click anywhere on the chart picks
+that moment and shows what was live then."""
 
 from __future__ import annotations
 
-from typing import Any
+import bisect
+from typing import Any, Literal
 
 import ipywidgets as w
 from bokeh.models import ColumnDataSource
+from bokeh.models.annotations import Label, Span
 from jupyter_bokeh import BokehModel
 
 from ..analysis.allocator import has_segments, reserved_at
 from ..analysis.groups import group
 from ..model import Profile
-from ..render.figures import timeline_data, timeline_figure
-from ..render.html import breakdown_table, groups_table
+from ..render.figures import byte_unit, timeline_data, timeline_figure
+from ..render.html import breakdown_table, groups_table, legend_html
 from ..render.text import format_bytes
+from ..render.theme import apply_theme
+from .flame_view import on_click
+from .holder import GONE, ProfileHandle, handle_of
+
+AXES: dict[str, Literal["time", "event"]] = {"wall time": "time", "allocation events": "event"}
 
 
 class TimelineView(w.VBox):  # type: ignore[misc]
-    def __init__(self, profile: Profile) -> None:
-        self.profile = profile
-        t = profile.timeline
-        data = timeline_data(t)
-        self.source = ColumnDataSource(data)
-        reserved = None
-        if has_segments(profile):
-            reserved = ColumnDataSource(
-                {
-                    "t": data["t"],
-                    "reserved": (
-                        reserved_at(profile, [t.seq_at(i) for i in data["index"]]) / 2**20
-                    ).tolist(),
-                }
-            )
-        peak_ms = float(t.time_ns[t.peak_index] / 1e6) if t.peak_index >= 0 else None
-        self.figure = timeline_figure(self.source, peak_ms, reserved=reserved)
+    def __init__(self, profile: Profile | ProfileHandle) -> None:
+        self._handle = handle_of(profile)
+        prof = self._handle.get()
+        assert prof is not None
+        t = prof.timeline
+        self.peak_bytes = t.peak_bytes
+        self.axis = w.ToggleButtons(
+            options=list(AXES),
+            description="x axis",
+            style={"button_width": "auto"},
+            tooltip="wall time, or one step per allocation / free (short bursts get room)",
+        )
+        self.axis.add_class("jv-timeline-axis")
+        self._reserved = has_segments(prof)
+        self.source = ColumnDataSource(self._data(prof, "time"))
+        self.figure = timeline_figure(
+            self.source,
+            self._peak_at(prof, "time"),
+            peak_bytes=t.peak_bytes,
+            reserved=self._reserved,
+        )
+        apply_theme(self.figure)
+        on_click(self.figure, self._on_click)  # before the figure joins a document
         self.plot = BokehModel(self.figure, combine_events=True)
         self.plot.add_class("jv-timeline")
         self.moment = w.HTML()
         self.moment.add_class("jv-moment")
-        self.source.selected.on_change("indices", self._on_pick)
-        super().__init__([self.plot, self.moment])
+        legend = w.HTML(legend_html())
+        legend.add_class("jv-legend-box")
+        self.axis.observe(self._on_axis, "value")
+        super().__init__([self.axis, self.plot, legend, self.moment])
         self.add_class("jv-timeline-view")
         self.show_moment(t.peak_index, "the peak")
 
-    def _on_pick(self, attr: str, old: Any, new: list[int]) -> None:
-        if new:
-            self.show_moment(int(self.source.data["index"][new[0]]), "the selected moment")
+    def _data(self, profile: Profile, axis: Literal["time", "event"]) -> dict[str, Any]:
+        data = timeline_data(profile.timeline, axis=axis)
+        if self._reserved:
+            t = profile.timeline
+            _, per = byte_unit(t.peak_bytes)
+            data["reserved"] = (
+                reserved_at(profile, [t.seq_at(i) for i in data["index"]]) / per
+            ).tolist()
+        return data
+
+    @staticmethod
+    def _peak_at(profile: Profile, axis: Literal["time", "event"]) -> tuple[float, int] | None:
+        t = profile.timeline
+        if t.peak_index < 0:
+            return None
+        x = float(t.time_ns[t.peak_index] / 1e6) if axis == "time" else float(t.peak_index + 1)
+        return x, t.peak_bytes
+
+    def _on_axis(self, change: Any) -> None:
+        profile = self._handle.get()
+        if profile is None:
+            self.moment.value = f"<span class='jv-gone'>{GONE}</span>"
+            return
+        axis = AXES[change["new"]]
+        self.source.data = self._data(profile, axis)
+        peak = self._peak_at(profile, axis)
+        for span in self.figure.select({"type": Span}):
+            span.location = peak[0] if peak else None
+        for label in self.figure.select({"type": Label}):
+            label.x = peak[0] if peak else 0
+        self.figure.xaxis.axis_label = (
+            "time since the cell started (ms)" if axis == "time" else "allocation / free event #"
+        )
+
+    def step_at(self, x: float) -> int:
+        """The drawn step at ``x``: the last one starting at or before it."""
+        xs = self.source.data["x"]
+        return max(0, bisect.bisect_right(xs, x) - 1)
+
+    def _on_click(self, x: float, y: float) -> None:
+        """A click anywhere on the chart picks the moment drawn at that x."""
+        self.pick(self.step_at(x))
+
+    def pick(self, row: int) -> None:
+        self.show_moment(int(self.source.data["index"][row]), "the selected moment")
 
     def show_moment(self, index: int, label: str) -> None:
         """What was live right after event ``index``: by category and by module."""
-        t = self.profile.timeline
+        profile = self._handle.get()
+        if profile is None:
+            self.moment.value = f"<span class='jv-gone'>{GONE}</span>"
+            return
+        t = profile.timeline
         mask = t.live_mask(index)
         total = t.total_at(index)
-        when = f"{t.time_ns[index] / 1e6:.3f} ms" if index >= 0 else "before the run"
+        when = (
+            f"{t.time_ns[index] / 1e6:.3f} ms, event {index + 1:,}"
+            if index >= 0
+            else ("before the first event")
+        )
         self.moment.value = (
-            f"<div class='jv-moment-title'>Live at {label} ({when}): <b>{format_bytes(total)}</b>"
-            "</div><div style='display:flex;gap:24px;flex-wrap:wrap'>"
+            f"<div class='jv-moment-title'>Live at {label} (<span class='jv-when'>{when}</span>):"
+            f" <b class='jv-moment-total'>{format_bytes(total)}</b></div>"
+            "<div class='jv-tables'>"
             + breakdown_table(t.breakdown_at(index))
-            + groups_table(group(self.profile, mask, "module"), total, title="by module")
-            + groups_table(group(self.profile, mask, "site"), total, title="by allocation site")
+            + groups_table(
+                group(profile, mask, "module"),
+                total,
+                title="by module",
+                note="self bytes: made in the module itself, not in its submodules",
+            )
+            + groups_table(group(profile, mask, "site"), total, title="by allocation site")
             + "</div>"
         )

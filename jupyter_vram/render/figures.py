@@ -7,13 +7,13 @@ keep every local maximum and the peak. Hover texts carry the exact numbers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Range1d, TapTool
-from bokeh.models.annotations import Legend, LegendItem, Span
+from bokeh.models.annotations import Label, Legend, LegendItem, Span
 from bokeh.models.widgets.tables import DataTable, NumberFormatter, StringFormatter, TableColumn
 from bokeh.plotting import figure
 from bokeh.transform import stack
@@ -33,6 +33,7 @@ CATEGORY_COLORS: dict[str, str] = dict(
 )
 PATH_SEP = "\x1f"  # joins a node's path in the data source; never appears in names
 MIN_WIDTH = 0.002  # nodes narrower than this fraction of the view are not drawn
+BLOCK_LINE = "rgba(128,128,128,0.35)"  # block outlines: visible on light and dark pages
 
 
 def category_mix(by_category: Sequence[int]) -> str:
@@ -55,7 +56,7 @@ def _category_legend(fig: Any) -> None:
         items.append(LegendItem(label=name, renderers=[swatch]))
     fig.add_layout(
         Legend(items=items, orientation="horizontal", label_text_font_size="9pt",
-               spacing=4, margin=0),
+               spacing=4, margin=0, nrows=2),
         "below",
     )  # fmt: skip
 
@@ -69,14 +70,46 @@ class FlameLayout:
     focus: tuple[str, ...]
 
 
+ROOT_COLOR = "#6b7785"  # the root is all categories at once: a neutral slate, not a category
+CRUMB_SEP = " \u203a "
+LABEL_PX = 860  # plot width labels are fitted to (a 1024 px window; wider ones only gain room)
+CHAR_PX = 7.0  # width of one character of a 9pt label
+
+
+def share_of_peak(n: int, peak_bytes: int, cumulative: bool = False) -> str:
+    """'40.0%'; for cumulative bytes (every allocation of the run, freed ones included) the
+    share says so, since it passes 100% whenever memory is freed and allocated again."""
+    if not peak_bytes:
+        return "-"
+    pct = f"{100 * n / peak_bytes:.1f}%"
+    return f"{pct} (allocated over the run, freed bytes counted again)" if cumulative else pct
+
+
+def fit_label(name: str, width: float, plot_px: float = LABEL_PX) -> str:
+    """``name`` as much as fits in a block ``width`` (fraction of the plot) wide: whole, cut
+    with an ellipsis, or nothing when not even three characters fit."""
+    room = int((width * plot_px - 8) / CHAR_PX)
+    if len(name) <= room:
+        return name
+    return name[: room - 1] + "\u2026" if room >= 3 else ""
+
+
 def flame_layout(
-    root: FlameNode, peak_bytes: int, focus: Sequence[str] = (), *, max_nodes: int = 4000
+    root: FlameNode,
+    peak_bytes: int,
+    focus: Sequence[str] = (),
+    *,
+    max_nodes: int = 4000,
+    display: Callable[[tuple[str, ...]], str] | None = None,
+    cumulative: bool = False,
 ) -> FlameLayout:
     """Lay out the subtree at ``focus`` across the full width, its ancestors as full-width bars
-    above it (click one to zoom back out)."""
+    above it (click one to zoom back out). ``display`` names a node from its path (e.g. a
+    Sequential child "3" as "3: Conv2d"); by default its own name. ``cumulative``: the tree
+    counts every allocation of the run, so shares of the peak can pass 100% (and say why)."""
     cols: dict[str, Any] = {
         k: []
-        for k in ("left", "right", "top", "bottom", "name", "path", "bytes", "bytes_h",
+        for k in ("left", "right", "top", "bottom", "name", "path", "full", "bytes", "bytes_h",
                   "pct_peak", "count", "mix", "color", "label")
     }  # fmt: skip
     chain = [root]
@@ -87,22 +120,31 @@ def flame_layout(
         chain.append(child)
     focus = tuple(n.name for n in chain[1:])
 
+    def show(path: tuple[str, ...]) -> str:
+        if not path:
+            return root.name
+        return display(path) if display is not None else path[-1]
+
     def add(node: FlameNode, path: tuple[str, ...], left: float, width: float, depth: int) -> None:
         by_cat = node.by_category
         dominant = CATEGORIES[int(np.argmax(by_cat))] if any(by_cat) else "other"
+        shown = show(path)
         cols["left"].append(left)
         cols["right"].append(left + width)
         cols["top"].append(-depth)
         cols["bottom"].append(-depth - 1)
-        cols["name"].append(node.name)
+        cols["name"].append(shown)
         cols["path"].append(PATH_SEP.join(path))
+        cols["full"].append(
+            CRUMB_SEP.join([root.name, *(show(path[: i + 1]) for i in range(len(path)))])
+        )
         cols["bytes"].append(node.bytes)
         cols["bytes_h"].append(format_bytes(node.bytes))
-        cols["pct_peak"].append(f"{100 * node.bytes / peak_bytes:.1f}%" if peak_bytes else "-")
+        cols["pct_peak"].append(share_of_peak(node.bytes, peak_bytes, cumulative))
         cols["count"].append(node.count)
         cols["mix"].append(category_mix(by_cat))
-        cols["color"].append(CATEGORY_COLORS[dominant])
-        cols["label"].append(node.name if width > 0.06 else "")
+        cols["color"].append(ROOT_COLOR if not path else CATEGORY_COLORS[dominant])
+        cols["label"].append(fit_label(shown, width))
 
     for depth, node in enumerate(chain[:-1]):
         add(node, focus[:depth], 0.0, 1.0, depth)
@@ -127,62 +169,76 @@ def flame_layout(
     return FlameLayout(cols, max_depth + 1, focus)
 
 
-def flame_figure(source: ColumnDataSource, depth: int, *, title: str = "") -> Any:
-    """The icicle figure over a source filled by :func:`flame_layout`."""
+def flame_height(depth: int) -> int:
+    return max(200, 26 * depth + 40)
+
+
+def flame_figure(
+    source: ColumnDataSource, depth: int, *, title: str = "", legend: bool = False
+) -> Any:
+    """The icicle figure over a source filled by :func:`flame_layout`. The app shows the
+    category legend as HTML beside it; ``legend=True`` draws one in the figure (the report)."""
     fig = figure(
-        height=max(220, 26 * depth + 90),
+        height=flame_height(depth) + (60 if legend else 0),
         sizing_mode="stretch_width",
         x_range=Range1d(start=0, end=1),
         y_range=Range1d(start=-max(depth, 1), end=0),
         tools="",
         toolbar_location=None,
-        title=title,
+        title=title or None,
+        min_border=2,
     )
     quads = fig.quad(
         left="left", right="right", top="top", bottom="bottom", source=source,
-        fill_color="color", line_color="white", line_width=1,
+        fill_color="color", line_color=BLOCK_LINE, line_width=1,
         hover_fill_alpha=0.85, hover_line_color="black",
         selection_fill_alpha=1.0, nonselection_fill_alpha=1.0,
     )  # fmt: skip
     fig.text(
-        x="left", y="top", text="label", source=source, x_offset=4, y_offset=4,
+        x="left", y="top", text="label", source=source, x_offset=4, y_offset=5,
         text_font_size="9pt", text_baseline="top", text_color="white",
     )  # fmt: skip
     fig.add_tools(
         HoverTool(
             renderers=[quads],
             tooltips=[
-                ("name", "@name"),
+                ("block", "@full"),
                 ("bytes", "@bytes_h (@bytes{0,0} B)"),
                 ("of peak", "@pct_peak"),
                 ("allocations", "@count{0,0}"),
                 ("categories", "@mix"),
             ],
         ),
-        TapTool(renderers=[quads]),
     )
     fig.axis.visible = False
     fig.grid.visible = False
     fig.outline_line_color = None
-    _category_legend(fig)
+    if legend:
+        _category_legend(fig)
     return fig
 
 
-def breakdown_figure(breakdown: Mapping[str, int], *, title: str = "At the peak") -> Any:
-    """One stacked horizontal bar: the categories live at the peak."""
+def breakdown_figure(
+    breakdown: Mapping[str, int], *, title: str = "At the peak", legend: bool = False
+) -> Any:
+    """One stacked horizontal bar: the categories live at the peak (hover a part for its
+    bytes and share). The app shows the legend as HTML; ``legend=True`` draws one in it."""
     total = sum(breakdown.values())
     cats = [c for c in CATEGORIES if breakdown.get(c)]
+    unit, per = byte_unit(total)
     data: dict[str, Any] = {"y": ["peak"]}
     for c in cats:
-        data[c] = [breakdown[c] / 2**20]
+        data[c] = [breakdown[c] / per]
     fig = figure(
-        y_range=FactorRange(factors=["peak"]), height=150, sizing_mode="stretch_width", tools="",
-        toolbar_location=None, title=f"{title}: {format_bytes(total)}", x_axis_label="MiB",
+        y_range=FactorRange(factors=["peak"]), height=130 + (50 if legend else 0),
+        sizing_mode="stretch_width", tools="", toolbar_location=None,
+        title=f"{title}: {format_bytes(total)}", x_axis_label=unit, min_border_left=10,
     )  # fmt: skip
     if cats:
         renderers = fig.hbar_stack(
             cats, y="y", height=0.6, source=ColumnDataSource(data),
-            color=[CATEGORY_COLORS[c] for c in cats], legend_label=cats,
+            color=[CATEGORY_COLORS[c] for c in cats],
+            **({"legend_label": cats} if legend else {}),
         )  # fmt: skip
         for r, c in zip(renderers, cats, strict=True):
             share = 100 * breakdown[c] / total if total else 0
@@ -191,70 +247,125 @@ def breakdown_figure(breakdown: Mapping[str, int], *, title: str = "At the peak"
                     renderers=[r], tooltips=[(c, f"{format_bytes(breakdown[c])} ({share:.1f}%)")]
                 )
             )
-        fig.legend.orientation = "horizontal"
-        fig.legend.location = "top_left"
-        fig.legend.label_text_font_size = "9pt"
-        fig.add_layout(fig.legend[0], "below")
+        if legend:
+            fig.legend.orientation = "horizontal"
+            fig.legend.label_text_font_size = "9pt"
+            fig.legend.nrows = 2
+            fig.add_layout(fig.legend[0], "below")
     fig.ygrid.visible = False
+    fig.yaxis.visible = False
     return fig
 
 
-def timeline_data(timeline: Timeline, max_points: int = 2000) -> dict[str, Any]:
-    """Sampled categories-over-time columns: t (ms), one column per category (MiB), total."""
-    idx = timeline.sample(max_points)
+def byte_unit(peak_bytes: int) -> tuple[str, float]:
+    """The unit a chart of bytes up to ``peak_bytes`` reads best in: (name, bytes per unit)."""
+    return ("GiB", 2.0**30) if peak_bytes >= 2**30 else ("MiB", 2.0**20)
+
+
+def timeline_data(
+    timeline: Timeline, *, axis: Literal["time", "event"] = "time", buckets: int = 600
+) -> dict[str, Any]:
+    """Columns of the timeline chart, one row per drawn step (see ``Timeline.bucket_peaks``):
+    x, x_end (the step's right edge), index (the event whose state is drawn), when (that
+    event, for tooltips), total and one column per category in the chart's unit, and their
+    texts. Each pixel-wide slice is drawn at its highest level, so the chart reaches the peak
+    however short it was."""
+    x, idx = timeline.bucket_peaks(buckets, axis=axis)
     by_cat = timeline.by_category(idx)
-    base = timeline.baseline_by_category()
-    totals = [timeline.baseline_bytes, *timeline.total[idx].tolist()]
-    data: dict[str, Any] = {  # a first point at t=0: the baseline, before the first event
-        "t": [0.0, *(timeline.time_ns[idx] / 1e6).tolist()],
-        "index": [-1, *idx.tolist()],
-        "total": [v / 2**20 for v in totals],
-        "total_h": [format_bytes(int(v)) for v in totals],
+    totals = np.where(idx >= 0, timeline.total[np.maximum(idx, 0)] if len(timeline) else 0,
+                      timeline.baseline_bytes)  # fmt: skip
+    _, per = byte_unit(timeline.peak_bytes)
+    times = np.where(idx >= 0, timeline.time_ns[np.maximum(idx, 0)] if len(timeline) else 0, 0)
+    data: dict[str, Any] = {
+        "x": x.tolist(),
+        "x_end": [*x[1:].tolist(), float(x[-1])],
+        "index": idx.tolist(),
+        "when": [
+            "before the first event" if i < 0 else f"{t / 1e6:.3f} ms, event {i + 1:,}"
+            for i, t in zip(idx.tolist(), times.tolist(), strict=True)
+        ],
+        "total": (totals / per).tolist(),
+        "total_h": [format_bytes(int(v)) for v in totals.tolist()],
     }
     for i, c in enumerate(CATEGORIES):
-        data[c] = [base[i] / 2**20, *(by_cat[:, i] / 2**20).tolist()]
+        data[c] = (by_cat[:, i] / per).tolist()
+    data["breakdown"] = [
+        "".join(
+            f"<div><span style='color:{CATEGORY_COLORS[c]}'>\u25a0</span> {c}: "
+            f"{format_bytes(int(v))}</div>"
+            for c, v in zip(CATEGORIES, row, strict=True)
+            if v
+        )
+        for row in by_cat.tolist()
+    ]
     return data
+
+
+def _legend_label(label: str, legend: bool) -> dict[str, Any]:
+    return {"legend_label": label} if legend else {}
 
 
 def timeline_figure(
     source: ColumnDataSource,
-    peak_time_ms: float | None,
+    peak: tuple[float, int] | None,
     *,
-    reserved: ColumnDataSource | None = None,
+    peak_bytes: int,
+    axis: Literal["time", "event"] = "time",
+    reserved: bool = False,
+    legend: bool = False,
 ) -> Any:
-    """Stacked areas of live bytes per category over the run, the peak marked; clicking a
-    point selects that moment (the app shows what was live then)."""
+    """Stacked areas of live bytes per category over the run, the peak marked and labelled.
+
+    Every step of the chart is also a transparent column from the floor to the top, so
+    hovering anywhere shows that moment's categories and a click anywhere selects it (the app
+    shows what was live then). ``peak``: (x of the peak, peak bytes)."""
+    unit, per = byte_unit(peak_bytes)
+    top = max(peak_bytes / per, 1e-9) * 1.15
     fig = figure(
         height=300, sizing_mode="stretch_width", tools="xwheel_zoom,xpan,reset",
-        toolbar_location="right", x_axis_label="time (ms)", y_axis_label="MiB live",
-        title="Live memory by category",
+        toolbar_location="right", y_range=Range1d(start=0, end=top), min_border_left=50,
+        x_axis_label="time since the cell started (ms)" if axis == "time"
+        else "allocation / free event #",
+        y_axis_label=f"{unit} live",
+        title="Live memory by category (each pixel: its highest moment)",
     )  # fmt: skip
     cats = list(CATEGORIES)
     for i, c in enumerate(cats):  # steps, not slopes: memory changes at events, not between
         fig.varea_step(
-            x="t", y1=stack(*cats[:i]), y2=stack(*cats[: i + 1]), step_mode="after",
-            source=source, color=CATEGORY_COLORS[c], legend_label=c,
+            x="x", y1=stack(*cats[:i]), y2=stack(*cats[: i + 1]), step_mode="after",
+            source=source, color=CATEGORY_COLORS[c], **_legend_label(c, legend),
         )  # fmt: skip
-    points = fig.scatter(
-        "t", "total", source=source, size=7, fill_alpha=0.0, line_alpha=0.0,
-        selection_fill_alpha=1.0, selection_line_alpha=1.0, selection_color="black",
-        nonselection_fill_alpha=0.0, nonselection_line_alpha=0.0,
-        hover_fill_alpha=0.6, hover_fill_color="black",
+    if reserved:
+        fig.step("x", "reserved", source=source, mode="after", line_color="#888888",
+                 line_dash="dashed", **_legend_label("reserved", legend))  # fmt: skip
+    columns = fig.quad(
+        left="x", right="x_end", bottom=0, top=top, source=source,
+        fill_alpha=0.0, line_alpha=0.0, hover_fill_color="#888888", hover_fill_alpha=0.25,
+        selection_fill_alpha=0.0, nonselection_fill_alpha=0.0, nonselection_line_alpha=0.0,
+        selection_line_alpha=0.0,
     )  # fmt: skip
-    if reserved is not None:
-        fig.step("t", "reserved", source=reserved, mode="after", line_color="black",
-                 line_dash="dashed", legend_label="reserved")  # fmt: skip
-    if peak_time_ms is not None:
-        fig.add_layout(Span(location=peak_time_ms, dimension="height", line_color="#C44E52",
+    if peak is not None:
+        x, peak_b = peak
+        end = float(source.data["x_end"][-1]) if len(source.data.get("x_end", [])) else 0.0
+        right = x > 0.6 * end  # label on the side of the line with room
+        fig.add_layout(Span(location=x, dimension="height", line_color="#C44E52",
                             line_dash="dotted", line_width=2))  # fmt: skip
+        fig.add_layout(
+            Label(x=x, y=peak_b / per, text=f"peak {format_bytes(peak_b)}",
+                  x_offset=-4 if right else 4, text_align="right" if right else "left",
+                  y_offset=2, text_font_size="9pt", text_color="#C44E52",
+                  text_font_style="bold", name="jv-peak-label")
+        )  # fmt: skip
     fig.add_tools(
-        HoverTool(renderers=[points], tooltips=[("t", "@t{0.000} ms"), ("live", "@total_h")],
-                  mode="vline", point_policy="snap_to_data"),
-        TapTool(renderers=[points]),
+        HoverTool(renderers=[columns], tooltips="<div class='jv-tip-when'><b>@when</b></div>"
+                  "<div class='jv-tip-live'>live: <b>@total_h</b></div>@breakdown{safe}",
+                  point_policy="follow_mouse"),
     )  # fmt: skip
-    fig.legend.orientation = "horizontal"
-    fig.legend.label_text_font_size = "8pt"
-    fig.add_layout(fig.legend[0], "below")
+    if legend:
+        fig.legend.orientation = "horizontal"
+        fig.legend.label_text_font_size = "8pt"
+        fig.legend.nrows = 2
+        fig.add_layout(fig.legend[0], "below")
     return fig
 
 
@@ -282,6 +393,7 @@ def sites_table(source: ColumnDataSource) -> DataTable:
 def flame_tap_zoom(source: ColumnDataSource, fig: Any) -> None:
     """Standalone (no kernel) zoom: clicking a node narrows the x range to it."""
     from bokeh.models import CustomJS, ResetTool
+    from bokeh.models.renderers import GlyphRenderer
 
     source.selected.js_on_change(
         "indices",
@@ -294,7 +406,7 @@ def flame_tap_zoom(source: ColumnDataSource, fig: Any) -> None:
             """,
         ),
     )
-    fig.add_tools(ResetTool())
+    fig.add_tools(ResetTool(), TapTool(renderers=list(fig.select({"type": GlyphRenderer}))[:1]))
     fig.toolbar_location = "right"
 
 
@@ -310,20 +422,23 @@ def report_panels(profile: Any) -> list[tuple[str, Any]]:
     for hierarchy, label in (("module", "module → op"), ("stack", "Python stack")):
         for mode, mode_label in (("peak", "live at peak"), ("cumulative", "cumulative allocated")):
             tree = flame_tree(profile, hierarchy, mode)  # type: ignore[arg-type]
-            layout = flame_layout(tree, profile.peak_bytes)
+            layout = flame_layout(tree, profile.peak_bytes, cumulative=mode == "cumulative")
             src = ColumnDataSource(layout.data)
-            fig = flame_figure(src, layout.depth, title=f"{label}, {mode_label}")
+            fig = flame_figure(src, layout.depth, title=f"{label}, {mode_label}", legend=True)
             flame_tap_zoom(src, fig)
             flames.append(fig)
     panels.append(("Flame graphs", column(flames, sizing_mode="stretch_width")))
     t = profile.timeline
-    peak_ms = float(t.time_ns[t.peak_index] / 1e6) if t.peak_index >= 0 else None
+    peak = (float(t.time_ns[t.peak_index] / 1e6), t.peak_bytes) if t.peak_index >= 0 else None
+    chart = timeline_figure(
+        ColumnDataSource(timeline_data(t)), peak, peak_bytes=t.peak_bytes, legend=True
+    )
     panels.append(
         (
             "Breakdown",
             column(
-                breakdown_figure(profile.peak_breakdown()),
-                timeline_figure(ColumnDataSource(timeline_data(t)), peak_ms),
+                breakdown_figure(profile.peak_breakdown(), legend=True),
+                chart,
                 sizing_mode="stretch_width",
             ),
         )

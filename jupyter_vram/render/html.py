@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import html
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..analysis.allocator import has_segments, reserved_peak
 from ..analysis.groups import Group
@@ -57,38 +58,115 @@ def header_html(profile: Profile) -> str:
     return f'<div class="jv-header">{items}</div>{error}'
 
 
-def groups_table(groups: Sequence[Group], total: int, *, title: str, limit: int = 12) -> str:
-    """A small HTML table of groups: label, bytes, share of ``total``, count."""
-    rows = "".join(
-        f"<tr><td>{html.escape(g.label)}</td><td style='text-align:right'>{format_bytes(g.bytes)}"
-        f"</td><td style='text-align:right'>{100 * g.bytes / total:.1f}%</td>"
-        f"<td style='text-align:right'>{g.count:,}</td></tr>"
-        for g in groups[:limit]
-        if total
+#: What each category holds, as the legends' tooltips and help lines say it.
+CATEGORY_HELP: dict[str, str] = {
+    "parameter": "weights and biases of a module (nn.Parameter)",
+    "buffer": "module buffers that are not trained, e.g. BatchNorm running statistics",
+    "gradient": "the .grad of parameters, written by backward",
+    "optimizer_state": "what the optimizer keeps per parameter (Adam's moments, step counters)",
+    "input": "tensors fed into the model: the batch, labels, masks",
+    "activation": "forward results autograd saved for backward; freed as backward runs",
+    "temporary": "every other tensor made during the cell: intermediate results, outputs "
+    "nobody kept, gradients of activations; short-lived",
+    "other": "tensors alive before the cell that are not the model's, or not classified",
+}
+
+
+def legend_html(categories: Sequence[str] = CATEGORIES) -> str:
+    """The category colours, each with its meaning as a tooltip (hover a name)."""
+    from .figures import CATEGORY_COLORS
+
+    items = "".join(
+        f"<span class='jv-legend-item' title='{html.escape(CATEGORY_HELP[c], quote=True)}'>"
+        f"<span class='jv-swatch' style='background:{CATEGORY_COLORS[c]}'></span>{c}</span>"
+        for c in categories
+    )
+    return f"<div class='jv-legend'>{items}<span class='jv-label'>(hover a name)</span></div>"
+
+
+def category_help_html() -> str:
+    """One line per category: what it holds."""
+    rows = "".join(f"<li><b>{c}</b>: {html.escape(CATEGORY_HELP[c])}</li>" for c in CATEGORIES)
+    return (
+        "<details class='jv-help'><summary>What the categories mean</summary>"
+        f"<ul>{rows}</ul></details>"
+    )
+
+
+_more_id = itertools.count()
+
+
+def expandable_rows(rows: Sequence[str], shown: int, columns: int) -> tuple[str, str]:
+    """(toggle, rows): the first ``shown`` rows, then the rest hidden behind a "… N more" row
+    that shows them when clicked (a hidden checkbox before the table; no kernel needed).
+    Put ``toggle`` right before the ``<table>`` holding ``rows``."""
+    if len(rows) <= shown:
+        return "", "".join(rows)
+    ident = f"jv-more-{next(_more_id)}"
+    hidden = "".join(
+        r.replace("<tr", "<tr data-jv-extra='1' class='jv-extra'", 1) for r in rows[shown:]
     )
     more = (
-        f"<tr><td colspan=4>… {len(groups) - limit} more</td></tr>" if len(groups) > limit else ""
+        f"<tr class='jv-more-row'><td colspan={columns}><label for='{ident}' class='jv-more'>"
+        f"\u2026 {len(rows) - shown} more (show)</label></td></tr>"
+    )
+    toggle = f"<input type='checkbox' id='{ident}' class='jv-more-toggle'>"
+    return toggle, "".join(rows[:shown]) + hidden + more
+
+
+def groups_table(
+    groups: Sequence[Group],
+    total: int,
+    *,
+    title: str,
+    limit: int = 12,
+    most: int = 200,
+    note: str = "",
+) -> str:
+    """A small HTML table of groups: label, bytes, share of ``total``, count. The first
+    ``limit`` rows show; the next ones (up to ``most``) open from a "… N more" row."""
+    rows = [
+        f"<tr><td class='jv-name' title='{html.escape(g.label, quote=True)}'><div class='jv-cut'>"
+        f"{html.escape(g.label)}</div></td><td class='jv-num'>{format_bytes(g.bytes)}"
+        f"</td><td class='jv-num'>{100 * g.bytes / total:.1f}%</td>"
+        f"<td class='jv-num'>{g.count:,}</td></tr>"
+        for g in groups[:most]
+        if total
+    ]
+    toggle, body = expandable_rows(rows, limit, 4)
+    if len(groups) > most:
+        body += f"<tr><td colspan=4 class='jv-label'>and {len(groups) - most} smaller</td></tr>"
+    caption = html.escape(title) + (
+        f"<div class='jv-label jv-caption-note'>{note}</div>" if note else ""
     )
     return (
-        f"<table class='jv-table'><caption>{html.escape(title)}</caption>"
+        f"<div class='jv-group-table'>{toggle}<table class='jv-table'><caption>{caption}</caption>"
         "<tr><th>name</th><th>bytes</th><th>share</th><th>allocations</th></tr>"
-        f"{rows}{more}</table>"
+        f"{body}</table></div>"
     )
 
 
 def breakdown_table(breakdown: dict[str, int]) -> str:
     total = sum(breakdown.values())
     rows = "".join(
-        f"<tr><td>{c}</td><td style='text-align:right'>{format_bytes(breakdown[c])}</td>"
-        f"<td style='text-align:right'>{100 * breakdown[c] / total:.1f}%</td></tr>"
+        f"<tr><td title='{html.escape(CATEGORY_HELP[c], quote=True)}'>"
+        f"<span class='jv-swatch' style='background:{_color(c)}'></span>{c}</td>"
+        f"<td class='jv-num'>{format_bytes(breakdown[c])}</td>"
+        f"<td class='jv-num'>{100 * breakdown[c] / total:.1f}%</td></tr>"
         for c in CATEGORIES
         if breakdown.get(c) and total
     )
     return (
         "<table class='jv-table'><tr><th>category</th><th>bytes</th><th>share</th></tr>"
-        f"{rows}<tr><td><b>total</b></td><td style='text-align:right'><b>{format_bytes(total)}"
+        f"{rows}<tr><td><b>total</b></td><td class='jv-num'><b>{format_bytes(total)}"
         "</b></td><td></td></tr></table>"
     )
+
+
+def _color(category: str) -> str:
+    from .figures import CATEGORY_COLORS
+
+    return CATEGORY_COLORS[category]
 
 
 def write_report(
@@ -124,3 +202,60 @@ _REPORT_CSS = """<style>
 .jv-header{display:flex;flex-wrap:wrap;gap:4px 18px;font-family:sans-serif;font-size:13px}
 .jv-label{color:#666}.jv-error{color:#a00;font-family:sans-serif;margin:4px 0}
 </style>"""
+
+
+SITE_SORTS: dict[str, str] = {
+    "live at peak": "live_at_peak_bytes",
+    "allocated": "allocated_bytes",
+    "allocations": "allocations",
+    "largest": "largest_bytes",
+    "site": "site",
+    "op": "op",
+    "category": "category",
+}
+
+
+def site_label(site: str) -> str:
+    """'forward (examples.py:26)' as 'examples.py:26 forward': the line number first, so a
+    narrow column cuts the function name, never the line."""
+    name, _, where = site.rpartition(" (")
+    if not name or not where.endswith(")"):
+        return site
+    return f"{where[:-1]} {name}"
+
+
+def sites_html(frame: Any, peak_bytes: int, *, shown: int = 50) -> str:
+    """Top allocation sites as an HTML table: bytes in KiB / MiB / GiB, the share of the peak,
+    the full stack as the site's tooltip; rows past ``shown`` open from a "… N more" row."""
+    rows = []
+    for r in frame.to_dict("records"):
+        live = int(r["live_at_peak_bytes"])
+        share = f"{100 * live / peak_bytes:.1f}%" if peak_bytes else "-"
+        tip = html.escape(str(r["stack"]).replace(" > ", "\n"), quote=True)
+        rows.append(
+            f"<tr><td class='jv-site' title='{tip}'>"
+            f"{html.escape(site_label(str(r['site'])))}</td>"
+            f"<td class='jv-op'>{html.escape(str(r['op']))}</td>"
+            f"<td class='jv-num' title='{live:,} B'>{format_bytes(live)}</td>"
+            f"<td class='jv-num'>{share}</td>"
+            f"<td class='jv-num' title='{int(r['allocated_bytes']):,} B'>"
+            f"{format_bytes(int(r['allocated_bytes']))}</td>"
+            f"<td class='jv-num'>{int(r['allocations']):,}</td>"
+            f"<td class='jv-num' title='{int(r['largest_bytes']):,} B'>"
+            f"{format_bytes(int(r['largest_bytes']))}</td>"
+            f"<td title='{html.escape(CATEGORY_HELP.get(str(r['category']), ''), quote=True)}'>"
+            f"<span class='jv-swatch' style='background:{_color(str(r['category']))}'></span>"
+            f"{html.escape(str(r['category']))}</td></tr>"
+        )
+    toggle, body = expandable_rows(rows, shown, 8)
+    head = (
+        "<tr><th>site (file:line function)</th><th>op</th>"
+        "<th title='bytes of this site still live at the peak'>live at peak</th>"
+        "<th title='live at peak / peak allocated'>of peak</th>"
+        "<th title='every allocation during the cell, freed or not'>allocated</th>"
+        "<th>count</th><th>largest</th>"
+        "<th title='the category holding most of the site&#39;s bytes'>category</th></tr>"
+    )
+    if not rows:
+        body = "<tr><td colspan=8 class='jv-label'>no allocations during the cell</td></tr>"
+    return f"{toggle}<table class='jv-table jv-sites-table'>{head}{body}</table>"

@@ -25,6 +25,7 @@ from .lab import (
 pytestmark = pytest.mark.browser
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
+SEP = " \u203a "  # between the names of a path, in tooltips and the breadcrumb
 
 SETUP = """\
 %load_ext jupyter_vram
@@ -53,42 +54,130 @@ step()
 """
 
 
-def hover_until_tooltip(page: Page, canvas: Locator, text: str) -> tuple[float, float]:
-    """Move over the canvas, top rows first, until a bokeh tooltip containing ``text`` shows."""
+TOOLTIP_ROWS = """
+() => {
+  for (const tip of document.querySelectorAll('.bk-Tooltip')) {
+    if (!tip.shadowRoot || !tip.checkVisibility()) continue;
+    const content = tip.shadowRoot.querySelector('.bk-tooltip-content');
+    if (!content || !content.innerText.trim()) continue;
+    const rows = {};
+    for (const row of content.querySelectorAll('.bk-tooltip-row-label')) {
+      rows[row.innerText.replace(/:\\s*$/, '').trim()] = row.nextElementSibling.innerText.trim();
+    }
+    for (const e of content.querySelectorAll('[class^="jv-tip-"]')) {
+      rows[e.className.slice(7)] = e.innerText.trim();
+    }
+    return rows;
+  }
+  return null;
+}
+"""
+
+
+def tooltip_at(page: Page, canvas: Locator, x: float, y: float) -> dict[str, str] | None:
+    """Hover (x, y) of ``canvas`` and return the rows of the bokeh tooltip that shows there."""
+    canvas.hover(position={"x": x, "y": y}, force=True)
+    for _ in range(10):
+        rows = page.evaluate(TOOLTIP_ROWS)
+        if rows:
+            return dict(rows)
+        page.wait_for_timeout(30)
+    return None
+
+
+def collapse_sidebars(page: Page) -> None:
+    """At 1024 px the notebook gets the whole width, as a user would arrange it."""
+    page.evaluate("() => { window.jupyterapp.shell.collapseLeft(); "
+                  "window.jupyterapp.shell.collapseRight(); }")  # fmt: skip
+
+
+def flame_blocks(page: Page, canvas: Locator) -> dict[str, tuple[float, float]]:
+    """The blocks of the flame graph as its tooltips name them (full path), each with a point
+    inside it (relative to the canvas): hover a grid over the canvas."""
     box = canvas.bounding_box()
     assert box is not None
-    for dy in range(8, int(box["height"]), 6):
-        x, y = box["x"] + box["width"] * 0.05, box["y"] + dy
-        page.mouse.move(x, y)
-        tip = page.locator(".bk-Tooltip", has_text=text)
-        if tip.count() and tip.first.is_visible():
-            return x, y
-    raise AssertionError(f"no tooltip containing {text!r} over the flame graph")
+    found: dict[str, tuple[float, float]] = {}
+    for fx in (0.02, 0.2, 0.4, 0.55, 0.7, 0.85, 0.97):
+        for dy in range(10, int(box["height"]), 13):
+            x, y = box["width"] * fx, float(dy)
+            rows = tooltip_at(page, canvas, x, y)
+            if rows and "block" in rows:
+                found.setdefault(rows["block"], (x, y))
+    return found
+
+
+def click(canvas: Locator, at: tuple[float, float]) -> None:
+    canvas.click(position={"x": at[0], "y": at[1]}, force=True)
+
+
+def click_block(page: Page, canvas: Locator, at: tuple[float, float], path: str) -> None:
+    """Click at ``at`` once the block drawn there is ``path`` (the figure may still be
+    redrawing after the previous zoom)."""
+    for _ in range(100):
+        rows = tooltip_at(page, canvas, *at)
+        if rows and rows.get("block") == path:
+            click(canvas, at)
+            return
+        page.wait_for_timeout(50)
+    raise AssertionError(f"the block at {at} never showed as {path!r}")
 
 
 def test_vram_app_in_jupyterlab(lab: Lab, page: Page, page_log: PageLog) -> None:
     name = "vram_app.ipynb"
+    page.set_viewport_size({"width": 1024, "height": 900})
     write_notebook(lab.root_dir, name, [SETUP, RECORD])
     open_notebook(page, lab, name)
+    collapse_sidebars(page)
     assert run_all_cells(page, name), "a cell raised"
 
     app = page.locator(".jv-app")
     expect(app).to_be_visible(timeout=30_000)
     expect(app.locator(".jv-header-box")).to_contain_text("peak allocated")
 
-    # Flame graph: drawn, hover names a block with its bytes, a click zooms into it.
+    # Flame graph: every block's tooltip gives its full path; a click on a block zooms to
+    # exactly that block (the breadcrumb ends at it), at several depths.
     canvas = app.locator(".jv-flame canvas").first
     expect(canvas).to_be_visible(timeout=20_000)
-    x, y = hover_until_tooltip(page, canvas, "Sequential")
-    tooltip = page.locator(".bk-Tooltip", has_text="Sequential").first
-    expect(tooltip).to_contain_text("bytes")
-    expect(tooltip).to_contain_text("of peak")
-    crumbs = app.locator(".jv-crumbs")
-    expect(crumbs).to_contain_text("all:")
-    page.mouse.click(x, y)
-    expect(crumbs).to_contain_text("all \u203a Sequential", timeout=10_000)
-    app.locator(".jv-flame-reset").click()
-    expect(crumbs).not_to_contain_text("\u203a", timeout=10_000)
+    app.locator(".jv-flame").scroll_into_view_if_needed()
+    expect(app.locator(".jv-crumb-path")).to_have_text("all")
+    blocks = flame_blocks(page, canvas)
+    by_depth: dict[int, list[str]] = {}
+    for path in blocks:
+        by_depth.setdefault(path.count(SEP), []).append(path)
+    assert "all" in blocks and len(by_depth.get(1, [])) >= 2, blocks
+    assert by_depth.get(2) and by_depth.get(3), blocks
+    targets = [
+        *sorted(by_depth[1], key=lambda p: "[backward]" not in p)[:2],
+        by_depth[2][0],
+        by_depth[3][-1],
+    ]
+    reset = app.locator(".jv-flame-reset")
+
+    for path in targets:
+        reset.click()
+        expect(app.locator(".jv-crumb-path")).to_have_text("all")
+        click_block(page, canvas, blocks[path], path)
+        expect(app.locator(".jv-crumb-path")).to_have_text(path, timeout=10_000)
+    # a block clicked in a zoomed view: still exactly that block
+    parent = targets[0]
+    reset.click()
+    click_block(page, canvas, blocks[parent], parent)
+    expect(app.locator(".jv-crumb-path")).to_have_text(parent, timeout=10_000)
+    inner = flame_blocks(page, canvas)
+    deeper = sorted(p for p in inner if p.startswith(parent + SEP) and p.count(SEP) >= 2)
+    assert deeper, inner
+    click_block(page, canvas, inner[deeper[-1]], deeper[-1])
+    expect(app.locator(".jv-crumb-path")).to_have_text(deeper[-1], timeout=10_000)
+    app.locator(".jv-flame-up").click()
+    expect(app.locator(".jv-crumb-path")).to_have_text(
+        SEP.join(deeper[-1].split(SEP)[:-1]), timeout=10_000
+    )
+    reset.click()
+    expect(app.locator(".jv-crumb-path")).to_have_text("all", timeout=10_000)
+    for button in (".jv-flame-up", ".jv-flame-reset"):  # labels not cut to "..."
+        text = app.locator(button).inner_text().strip()
+        assert text in ("up", "reset"), text
+        assert app.locator(button).evaluate("e => e.scrollWidth <= e.clientWidth")
 
     if os.environ.get("JV_SCREENSHOT"):
         DOCS.mkdir(exist_ok=True)
@@ -99,12 +188,41 @@ def test_vram_app_in_jupyterlab(lab: Lab, page: Page, page_log: PageLog) -> None
     expect(app.locator(".jv-breakdown canvas").first).to_be_visible(timeout=20_000)
     expect(app.locator(".jv-breakdown-view")).to_contain_text("optimizer_state")
 
-    # Timeline tab: areas draw and the panel shows what was live at the peak.
+    # Timeline tab: a click anywhere inside the chart picks the moment its tooltip names.
     app.locator(".jv-tabs .lm-TabBar-tab", has_text="Timeline").click()
-    expect(app.locator(".jv-timeline canvas").first).to_be_visible(timeout=20_000)
+    chart = app.locator(".jv-timeline canvas").first
+    expect(chart).to_be_visible(timeout=20_000)
     expect(app.locator(".jv-moment")).to_contain_text("Live at the peak")
+    box = chart.bounding_box()
+    assert box is not None
+    picked = None
+    for fx in (0.3, 0.45, 0.6):
+        x, y = box["width"] * fx, box["height"] * 0.6
+        picked = tooltip_at(page, chart, x, y)
+        if picked and "when" in picked:
+            break
+    assert picked and "when" in picked and "live" in picked, picked
+    click(chart, (x, y))
+    moment = app.locator(".jv-moment")
+    expect(moment.locator(".jv-moment-title")).to_contain_text("the selected moment")
+    expect(moment.locator(".jv-when")).to_have_text(picked["when"])
+    assert picked["live"] == "live: " + moment.locator(".jv-moment-total").inner_text()
     if os.environ.get("JV_SCREENSHOT"):
         app.screenshot(path=str(DOCS / "app-timeline.png"))
+
+    # Top sites: sizes in binary units, the share of the peak, nothing cut but long names.
+    app.locator(".jv-tabs .lm-TabBar-tab", has_text="Top sites").click()
+    table = app.locator(".jv-sites-table")
+    expect(table).to_be_visible(timeout=20_000)
+    first = table.locator("tr").nth(1).locator("td")
+    assert first.nth(2).inner_text().endswith(("B", "KiB", "MiB", "GiB"))
+    assert first.nth(3).inner_text().endswith("%")
+    cut = table.evaluate(
+        "t => [...t.querySelectorAll('td, td .jv-cut')]"
+        ".filter(e => e.scrollWidth > e.clientWidth).map(e => e.innerText)"
+    )
+    assert cut == [], cut  # at 1024 px nothing is cut: long names wrap, numbers never
+    assert table.evaluate("t => t.getBoundingClientRect().right") <= page.viewport_size["width"]
 
     assert widget_errors(page) == []
     assert page_log.console_errors == []
