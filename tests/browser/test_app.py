@@ -230,3 +230,138 @@ def test_vram_app_in_jupyterlab(lab: Lab, page: Page, page_log: PageLog) -> None
 
     save_notebook(page, name)
     assert output_errors(read_notebook(lab.root_dir, name)) == []
+
+
+CONTRAST = """
+(root) => {
+  const parse = (c) => {
+    const p = c.match(/rgba?\\(([^)]+)\\)/)[1].split(/[ ,\\/]+/).filter(Boolean).map(Number);
+    return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1];
+  };
+  const background = (e) => {
+    for (let n = e; n; n = n.parentElement) {
+      const c = parse(getComputedStyle(n).backgroundColor);
+      if (c[3] > 0.5) return c;
+    }
+    return [255, 255, 255, 1];
+  };
+  const lum = ([r, g, b]) => {
+    const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+  };
+  const out = [];
+  for (const e of root.querySelectorAll('td, th, caption, .jv-fact, .jv-legend-item')) {
+    const text = e.innerText.trim();
+    if (!text || e.offsetParent === null) continue;
+    const bg = background(e);
+    const [r, g, b, a] = parse(getComputedStyle(e).color);
+    const fg = [r * a + bg[0] * (1 - a), g * a + bg[1] * (1 - a), b * a + bg[2] * (1 - a)];
+    const [l1, l2] = [lum(fg), lum(bg)];
+    out.push([text.slice(0, 40), (Math.max(l1, l2) + 0.05) / (Math.min(l1, l2) + 0.05)]);
+  }
+  return out;
+}
+"""
+
+PAGE_BACKGROUND = """
+(e) => {
+  for (let n = e; n; n = n.parentElement) {
+    const c = getComputedStyle(n).backgroundColor;
+    const p = c.match(/rgba?\\(([^)]+)\\)/)[1].split(/[ ,\\/]+/).filter(Boolean).map(Number);
+    if (p.length < 4 || p[3] > 0.5) return p.slice(0, 3);
+  }
+  return [255, 255, 255];
+}
+"""
+
+FIGURE_COLOURS = """
+() => {
+  const out = [];
+  for (const doc of window.Bokeh.documents) {
+    for (const m of doc.all_models) {
+      if (m.constructor.__name__ !== 'Figure' && !('below' in m && 'left' in m)) continue;
+      for (const axis of [...m.below, ...m.left]) {
+        if (axis.major_label_text_color !== undefined) out.push(axis.major_label_text_color);
+      }
+    }
+  }
+  return out;
+}
+"""
+
+
+def dominant_colour(png: bytes) -> tuple[int, int, int]:
+    """The most frequent pixel colour of a screenshot."""
+    import io
+
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    counts = image.getcolors(maxcolors=image.width * image.height)
+    assert counts
+    return max(counts)[1]  # type: ignore[no-any-return]
+
+
+def check_contrast(app: Locator, where: str, minimum: float = 4.5) -> None:
+    ratios = app.evaluate(CONTRAST)
+    assert ratios, f"no text found in {where}"
+    poor = [(text, round(r, 2)) for text, r in ratios if r < minimum]
+    assert poor == [], f"{where}: text below {minimum}:1 contrast: {poor[:10]}"
+
+
+def test_app_follows_the_dark_theme(lab: Lab, page: Page, page_log: PageLog) -> None:
+    name = "vram_dark.ipynb"
+    page.set_viewport_size({"width": 1024, "height": 900})
+    write_notebook(lab.root_dir, name, [SETUP, RECORD])
+    open_notebook(page, lab, name)
+    collapse_sidebars(page)
+    page.evaluate(
+        "async () => await window.jupyterapp.commands.execute('apputils:change-theme', "
+        "{theme: 'JupyterLab Dark'})"
+    )
+    page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'")
+    assert run_all_cells(page, name), "a cell raised"
+    app = page.locator(".jv-app")
+    expect(app.locator(".jv-flame canvas").first).to_be_visible(timeout=30_000)
+    page_bg = tuple(app.evaluate(PAGE_BACKGROUND))
+    assert sum(page_bg) < 3 * 80, page_bg  # a dark page
+    check_contrast(app.locator(".jv-header-box"), "header")
+    check_contrast(app.locator(".jv-flame-view"), "flame legend")
+
+    for tab, figure in (("Breakdown", ".jv-breakdown"), ("Timeline", ".jv-timeline")):
+        app.locator(".jv-tabs .lm-TabBar-tab", has_text=tab).click()
+        canvas = app.locator(f"{figure} canvas").first
+        expect(canvas).to_be_visible(timeout=20_000)
+        page.mouse.move(0, 0)  # no tooltip over the figure
+        view = app.locator(f"{figure}-view" if tab == "Breakdown" else ".jv-timeline-view")
+        check_contrast(view, tab)
+        # the figure is transparent: its most frequent colour is what is behind it (the dark
+        # tab panel), not white
+        behind = tuple(app.locator(figure).evaluate(PAGE_BACKGROUND))
+        assert sum(behind) < 3 * 80, behind
+        colour = dominant_colour(app.locator(figure).screenshot())
+        assert max(abs(a - b) for a, b in zip(colour, behind, strict=True)) <= 3, (
+            tab,
+            colour,
+            behind,
+        )
+
+    # axis labels take the theme's text colour (set by the figures' theme script)
+    text2 = page.evaluate(
+        "() => getComputedStyle(document.body).getPropertyValue('--jp-ui-font-color2').trim()"
+    )
+    colours = page.evaluate(FIGURE_COLOURS)
+    assert colours and all(c == text2 for c in colours), (colours, text2)
+
+    app.locator(".jv-tabs .lm-TabBar-tab", has_text="Top sites").click()
+    expect(app.locator(".jv-sites-table")).to_be_visible(timeout=20_000)
+    check_contrast(app.locator(".jv-sites-view"), "Top sites")
+    app.locator(".jv-tabs .lm-TabBar-tab", has_text="Allocator").click()
+    expect(app.locator(".jv-allocator")).to_be_visible(timeout=20_000)
+    check_contrast(app.locator(".jv-allocator"), "Allocator")
+    if os.environ.get("JV_SCREENSHOT"):
+        app.locator(".jv-tabs .lm-TabBar-tab", has_text="Timeline").click()
+        app.screenshot(path=str(DOCS / "app-dark.png"))
+
+    assert widget_errors(page) == []
+    assert page_log.console_errors == []
