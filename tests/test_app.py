@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import html
 import json
+import re
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +20,9 @@ from jupyter_vram.render.figures import CRUMB_SEP, PATH_SEP
 from jupyter_vram.render.text import format_bytes
 
 from .conftest import MLP
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from synthetic import synthetic_profile
 
 
 @pytest.fixture(scope="module")
@@ -155,3 +161,62 @@ def _all_widgets(widget: object) -> list[object]:
     for child in getattr(widget, "children", ()):
         out += _all_widgets(child)
     return out
+
+
+def _cells(table_html: str, column: int) -> list[str]:
+    """The text of one column of an HTML table's body rows (tags dropped)."""
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", table_html, flags=re.S)
+    out = []
+    for row in rows:
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row, flags=re.S)
+        if len(cells) > column:
+            out.append(re.sub(r"<[^>]+>", "", cells[column]))
+    return out
+
+
+def test_top_sites_in_binary_units_with_a_share_and_sorting(profile: jv.Profile) -> None:
+    app = ProfileApp(profile)
+    view = app.open_tab(3)
+    sort, _, table = view.children
+    # expected, from the allocation columns alone: bytes live at the peak per (stack, op)
+    a = profile.allocations
+    t = profile.timeline
+    s = t.seq[t.peak_index]
+    live: dict[tuple[int, int], int] = {}
+    for i in range(len(a)):
+        if a.alloc_seq[i] >= 0 and a.alloc_seq[i] <= s and not (0 <= a.free_seq[i] <= s):
+            key = (int(a.stack[i]), int(a.op[i]))
+            live[key] = live.get(key, 0) + int(a.size[i])
+    top = max(live.values())
+    assert _cells(table.value, 2)[0] == format_bytes(top)
+    assert _cells(table.value, 3)[0] == f"{100 * top / profile.peak_bytes:.1f}%"
+    assert all(c.endswith(("B", "KiB", "MiB", "GiB")) for c in _cells(table.value, 4))
+    sort.value = "allocations"
+    counts = [int(c.replace(",", "")) for c in _cells(table.value, 5)]
+    assert counts == sorted(counts, reverse=True) and len(counts) > 3
+    sort.value = "op"
+    ops = _cells(table.value, 1)
+    assert ops == sorted(ops)
+
+
+def test_long_tables_expand_in_the_page() -> None:
+    prof = synthetic_profile(20_000)
+    sites = ProfileApp(prof).open_tab(3).children[2].value
+    rows = re.findall(r"<tr", sites)
+    extra = sites.count("class='jv-extra'")
+    assert extra == 200 - 50 and f"\u2026 {extra} more (show)" in sites
+    assert len(rows) == 1 + 200 + 1  # head, every row, the "more" row
+    toggle = re.search(r"<input type='checkbox' id='([^']+)' class='jv-more-toggle'>", sites)
+    assert toggle and f"<label for='{toggle.group(1)}'" in sites
+
+
+def test_cpu_allocator_tab_shows_the_tracker_and_a_gpu_model(profile: jv.Profile) -> None:
+    from jupyter_vram.estimator.cuda_model import simulate
+
+    text = ProfileApp(profile).open_tab(4).value
+    a = profile.allocations
+    during = int(((a.alloc_seq >= 0) & (a.device == profile.devices.index(profile.device))).sum())
+    assert f"<td>allocations during the cell</td><td class='jv-num'>{during:,}</td>" in text
+    sim = simulate(profile)
+    assert sim.peak_reserved >= sim.peak_allocated >= profile.peak_bytes
+    assert f"On a GPU this run would reserve <b>{format_bytes(sim.peak_reserved)}</b>" in text

@@ -309,10 +309,18 @@ def check_contrast(app: Locator, where: str, minimum: float = 4.5) -> None:
     assert poor == [], f"{where}: text below {minimum}:1 contrast: {poor[:10]}"
 
 
+MANY_MODULES = """\
+%%vram
+deep = nn.Sequential(*[nn.Linear(64, 64) for _ in range(30)])  # 30 modules live at the peak
+deep(torch.randn(8, 64)).sum().backward()
+step()
+"""
+
+
 def test_app_follows_the_dark_theme(lab: Lab, page: Page, page_log: PageLog) -> None:
     name = "vram_dark.ipynb"
     page.set_viewport_size({"width": 1024, "height": 900})
-    write_notebook(lab.root_dir, name, [SETUP, RECORD])
+    write_notebook(lab.root_dir, name, [SETUP, MANY_MODULES])
     open_notebook(page, lab, name)
     collapse_sidebars(page)
     page.evaluate(
@@ -345,6 +353,18 @@ def test_app_follows_the_dark_theme(lab: Lab, page: Page, page_log: PageLog) -> 
             colour,
             behind,
         )
+
+    # "… N more" under a long table opens its N hidden rows, in the page
+    app.locator(".jv-tabs .lm-TabBar-tab", has_text="Breakdown").click()
+    modules = app.locator(".jv-group-table", has_text="modules at the peak")
+    more = modules.locator("label.jv-more")
+    hidden = int(more.inner_text().split()[1])
+    assert hidden >= 20
+    visible = "t => [...t.querySelectorAll('tr')].filter(r => r.offsetParent !== null).length"
+    before = modules.evaluate(visible)
+    more.click()
+    expect(more).to_be_hidden()
+    assert modules.evaluate(visible) == before - 1 + hidden
 
     # axis labels take the theme's text colour (set by the figures' theme script)
     text2 = page.evaluate(
