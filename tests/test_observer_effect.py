@@ -281,3 +281,22 @@ def test_recomputed_activations_are_activations() -> None:
     assert len(recomputed) == 2 * len(model.blocks)
     assert set(recomputed["category"]) == {"activation"}
     assert recomputed["bytes"].sum() == per_block * len(model.blocks)
+
+
+def test_stacks_change_nothing_but_stacks() -> None:
+    """With or without the Python tracer, the same allocations, ops, modules and phases."""
+    model, batch = _case("resnet")
+    opt = torch.optim.AdamW(model.parameters())
+    step = train_step(model, opt, batch)
+    step()
+    columns = ["op", "module", "phase", "category", "bytes"]
+    frames = []
+    for stacks in (True, False):
+        with jv.record("cpu", stacks=stacks) as rec:
+            step()
+        df = rec.profile.to_dataframe()
+        frames.append(df[df["alloc_seq"] >= 0][columns].astype(str).reset_index(drop=True))
+    assert len(frames[0]) > 50
+    assert frames[0].equals(frames[1])
+    # the optimizer's own allocations are there, charged to its step
+    assert "AdamW.step" in set(frames[1]["module"])

@@ -384,18 +384,16 @@ def read_events(
             continue
         if tag == op_tag:
             name = event.name
+            extra = event.extra_fields
             if name.startswith(MODULE_RANGE):
                 mid = int(name[len(MODULE_RANGE) :])
                 points.append((event.start_time_ns, _OPEN_MODULE, mid, event.end_time_ns))
                 points.append((event.end_time_ns, _CLOSE_MODULE, mid, 0))
-                continue
-            if name.startswith(_STEP):
+            elif name.startswith(_STEP):
                 opt = modules(f"{name[len(_STEP) :].split('.')[0]}.step")
                 points.append((event.start_time_ns, _OPEN_STEP, opt, 0))
                 points.append((event.end_time_ns, _CLOSE_STEP, opt, 0))
-                continue
-            extra = event.extra_fields
-            if name.startswith(_EVALUATE):
+            elif name.startswith(_EVALUATE):
                 if bseq == -2:
                     points.append((event.start_time_ns, _BACKWARD, 0, event.end_time_ns))
                 bseq = extra.sequence_number
