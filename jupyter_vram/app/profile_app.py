@@ -237,9 +237,11 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         return box
 
     def _allocator(self, profile: Profile) -> w.Widget:
-        text = allocator_html(allocator_state(profile))
-        if not has_segments(profile):
-            text += simulated_html(profile)
+        state = allocator_state(profile)
+        if has_segments(profile):
+            text = allocator_html(state)
+        else:  # what the tracker saw, what a GPU would make of it, then the notes
+            text = simulated_html(profile) + notes_html(state)
         box = w.HTML(text)
         box.add_class("jv-allocator")
         return box
@@ -322,6 +324,11 @@ def allocator_html(state: AllocatorState) -> str:
                 "fragmentation did not add to reserved memory."
             )
         measures += "</p>"
+    return f"<table class='jv-table'>{''.join(rows)}</table>{measures}" + notes_html(state)
+
+
+def notes_html(state: AllocatorState) -> str:
+    """What each gap between levels is, and the advice."""
     gaps = "".join(
         f"<li><b>{html.escape(g.label)}</b>"
         + (f" ({format_bytes(g.bytes)})" if g.bytes else "")
@@ -329,7 +336,7 @@ def allocator_html(state: AllocatorState) -> str:
         for g in state.gaps
     )
     advice = "".join(f"<li>{html.escape(a)}</li>" for a in state.advice)
-    return f"<table class='jv-table'>{''.join(rows)}</table>{measures}<ul>{gaps}</ul>" + (
+    return f"<ul>{gaps}</ul>" + (
         f"<div class='jv-advice'><b>Advice</b><ul>{advice}</ul></div>" if advice else ""
     )
 

@@ -37,9 +37,11 @@ const set = (m, attrs) => {
 const parts = [...fig.left, ...fig.right, ...fig.above, ...fig.below, ...fig.center];
 for (const m of parts) {
   set(m, {axis_label_text_color: fg, major_label_text_color: fg2, axis_line_color: line,
-          major_tick_line_color: line, minor_tick_line_color: line, grid_line_color: grid,
-          label_text_color: fg, title_text_color: fg, background_fill_color: panel,
-          background_fill_alpha: 0.85, border_line_color: line});
+          major_tick_line_color: line, minor_tick_line_color: line, grid_line_color: grid});
+  if (has(m, 'items')) {  // legends: a panel of the theme's colour behind themed labels
+    set(m, {label_text_color: fg, title_text_color: fg, background_fill_color: panel,
+            background_fill_alpha: 0.85, border_line_color: line});
+  }
 }
 if (fig.title != null && has(fig.title, 'text_color')) fig.title.text_color = fg;
 const key = '__jv_theme_observed';
