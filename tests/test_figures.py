@@ -16,7 +16,10 @@ from jupyter_vram.capture.builder import ProfileBuilder
 from jupyter_vram.model import CATEGORIES, CATEGORY_INDEX, Frame, Profile
 from jupyter_vram.render.figures import (
     CATEGORY_COLORS,
+    CHAR_PX,
+    LABEL_PX,
     PATH_SEP,
+    ROOT_COLOR,
     breakdown_figure,
     category_mix,
     flame_figure,
@@ -172,3 +175,60 @@ def test_standalone_report(small: Profile, tmp_path: Path) -> None:
     assert "Flame graphs" in page and "Top sites" in page and "peak allocated" in page
     inline = small.to_html(tmp_path / "offline.html").read_text()
     assert "cdn.bokeh.org" not in inline and len(inline) > 1_000_000  # BokehJS is inside
+
+
+def _deep_profile(meta: dict[str, object] | None = None) -> Profile:
+    """A Sequential of 6 children, each allocating through a long-named op, 5 levels deep."""
+    b = ProfileBuilder()
+    dev = b.devices("cpu")
+    s = b.intern_stack((Frame("/u/a.py", 1, "f"),))
+    act = CATEGORY_INDEX["activation"]
+    for i in range(6):
+        op = b.ops("max_pool2d_with_indices" if i % 2 else "convolution")
+        b.add((6 - i) * 1000, i, i, dev, op, b.modules(f"Net.features.{i}"), s, 1, act)
+    return b.build(device="cpu", source="test", wall_ns=10, meta=meta or {})
+
+
+def test_flame_labels_fit_their_block_at_every_depth() -> None:
+    prof = _deep_profile()
+    d = flame_layout(flame_tree(prof, "module", "peak"), prof.peak_bytes).data
+    for i in range(len(d["name"])):
+        room = (d["right"][i] - d["left"][i]) * LABEL_PX
+        label = d["label"][i]
+        assert len(label) * CHAR_PX + 8 <= room + CHAR_PX, (label, room)  # never runs over
+        if len(d["name"][i]) * CHAR_PX + 8 <= room:
+            assert label == d["name"][i]  # whole when it fits
+        elif room >= 4 * CHAR_PX + 8:
+            assert label.endswith("\u2026") and d["name"][i].startswith(label[:-1])
+    depth = {-int(t) for t, lab in zip(d["top"], d["label"], strict=True) if lab}
+    assert depth == {0, 1, 2, 3, 4}  # labels at every depth, the ops' included
+
+
+def test_flame_tooltips_name_the_full_path_and_the_root_is_no_category() -> None:
+    prof = _deep_profile()
+    d = flame_layout(flame_tree(prof, "module", "peak"), prof.peak_bytes).data
+    leaf = d["path"].index(PATH_SEP.join(["Net", "features", "1", "max_pool2d_with_indices"]))
+    assert d["full"][leaf] == " \u203a ".join(
+        ["all", "Net", "features", "1", "max_pool2d_with_indices"]
+    )
+    assert d["color"][0] == ROOT_COLOR and ROOT_COLOR not in CATEGORY_COLORS.values()
+    assert all(c in CATEGORY_COLORS.values() for c in d["color"][1:])
+
+
+def test_numbered_children_show_their_class_when_the_recording_kept_it() -> None:
+    from jupyter_vram.app.flame_view import FlameView
+
+    types = {f"Net.features.{i}": ("Conv2d" if i % 2 == 0 else "MaxPool2d") for i in range(6)}
+    view = FlameView(_deep_profile({"module_types": types}))
+    names = set(view.source.data["name"])
+    assert {"0: Conv2d", "1: MaxPool2d", "features", "Net"} <= names
+    assert "all \u203a Net \u203a features \u203a 3: MaxPool2d" in view.source.data["full"]
+    plain = FlameView(_deep_profile())  # without types: the attribute name alone
+    assert "0" in plain.source.data["name"]
+
+
+def test_cumulative_shares_say_why_they_pass_100() -> None:
+    prof = _deep_profile()
+    tree = flame_tree(prof, "module", "cumulative")
+    d = flame_layout(tree, prof.peak_bytes // 2, cumulative=True).data
+    assert d["pct_peak"][0].startswith("200.0% (allocated over the run")

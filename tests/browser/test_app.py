@@ -174,6 +174,9 @@ def test_vram_app_in_jupyterlab(lab: Lab, page: Page, page_log: PageLog) -> None
     )
     reset.click()
     expect(app.locator(".jv-crumb-path")).to_have_text("all", timeout=10_000)
+    legend = app.locator(".jv-flame-view .jv-legend").bounding_box()
+    plot = canvas.bounding_box()
+    assert legend and plot and legend["y"] >= plot["y"] + plot["height"] - 1  # not over it
     for button in (".jv-flame-up", ".jv-flame-reset"):  # labels not cut to "..."
         text = app.locator(button).inner_text().strip()
         assert text in ("up", "reset"), text
