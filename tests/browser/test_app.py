@@ -184,6 +184,7 @@ def test_vram_app_in_jupyterlab(lab: Lab, page: Page, page_log: PageLog) -> None
 
     if os.environ.get("JV_SCREENSHOT"):
         DOCS.mkdir(exist_ok=True)
+        page.mouse.move(0, 0)
         app.screenshot(path=str(DOCS / "app-flame.png"))
 
     # Breakdown tab: the stacked bar at the peak draws and the tables name the categories.
@@ -211,7 +212,12 @@ def test_vram_app_in_jupyterlab(lab: Lab, page: Page, page_log: PageLog) -> None
     expect(moment.locator(".jv-when")).to_have_text(picked["when"])
     assert picked["live"] == "live: " + moment.locator(".jv-moment-total").inner_text()
     if os.environ.get("JV_SCREENSHOT"):
+        page.mouse.move(0, 0)
+        page.evaluate("() => document.activeElement && document.activeElement.blur()")
+        page.set_viewport_size({"width": 1024, "height": 1400})
+        page.wait_for_timeout(500)
         app.screenshot(path=str(DOCS / "app-timeline.png"))
+        page.set_viewport_size({"width": 1024, "height": 900})
 
     # Top sites: sizes in binary units, the share of the peak, nothing cut but long names.
     app.locator(".jv-tabs .lm-TabBar-tab", has_text="Top sites").click()
@@ -383,7 +389,9 @@ def test_app_follows_the_dark_theme(lab: Lab, page: Page, page_log: PageLog) -> 
     expect(app.locator(".jv-allocator")).to_be_visible(timeout=20_000)
     check_contrast(app.locator(".jv-allocator"), "Allocator")
     if os.environ.get("JV_SCREENSHOT"):
-        app.locator(".jv-tabs .lm-TabBar-tab", has_text="Timeline").click()
+        app.locator(".jv-tabs .lm-TabBar-tab", has_text="Flame graph").click()
+        page.mouse.move(0, 0)
+        page.wait_for_timeout(500)
         app.screenshot(path=str(DOCS / "app-dark.png"))
 
     assert widget_errors(page) == []
