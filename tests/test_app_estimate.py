@@ -176,3 +176,29 @@ def test_comparison_sign(est: Estimate, estimated: int, sign: str, verdict: str)
     comparison = Comparison(estimated, 100, {"activation": estimated}, {"activation": 100})
     head = ProfileApp(est.profile, comparison=comparison).header.value
     assert f"error <b>{sign}</b> (the estimate is {verdict})" in head
+
+
+def test_an_estimate_app_does_not_keep_its_estimate() -> None:
+    """Like a profile's app: once a newer app exists and the user drops the estimate, it is
+    freed; the old app keeps its text and tables and says why it cannot run more."""
+    import gc
+    import weakref
+
+    from jupyter_vram.capture.builder import ProfileBuilder
+
+    fresh = estimate(nn.Linear(64, 10), "4x64")
+    refs = (weakref.ref(fresh), weakref.ref(fresh.profile))
+    app = ProfileApp(fresh.profile, estimate=fresh)
+    view = app.open_tab(5)
+    assert isinstance(view, EstimateView) and view.estimate is fresh
+    b = ProfileBuilder()
+    b.add(100, 0, 0, b.devices("cpu"), b.ops("mm"), b.modules("m"), -1, 1, 0)
+    newer = ProfileApp(b.build(device="cpu", source="test", wall_ns=1))
+    del fresh
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+    assert app.estimate is None and view.estimate is None and newer.profile is not None
+    assert app.text().startswith("jupyter_vram estimate")
+    assert "fits at batch 4" in view.fit_table.value
+    assert view.find_largest_batches() is None
+    assert "no longer in memory" in view.message.value

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -283,7 +284,9 @@ class EstimateView(w.VBox):  # type: ignore[misc]
     def __init__(
         self, estimate: Estimate, *, gpus: Iterable[str | Gpu] | None = None, data_parallel: int = 8
     ) -> None:
-        self.estimate = estimate
+        # weakly, like the app's profile (see .holder): the latest app keeps it alive
+        self._estimate = weakref.ref(estimate)
+        self.batch_size = estimate.batch_size
         self.gpus = [g if isinstance(g, Gpu) else find_gpu(g) for g in gpus or GPUS]
         self.fit_frame: pd.DataFrame = estimate.gpu_table(self.gpus, search=False)
         self.what_if_frame: pd.DataFrame | None = None
@@ -360,6 +363,20 @@ class EstimateView(w.VBox):  # type: ignore[misc]
         )
         self.add_class("jv-estimate-view")
 
+    @property
+    def estimate(self) -> Estimate | None:
+        """The estimate, while something else (the latest app, the user) still holds it."""
+        return self._estimate()
+
+    def _live(self) -> Estimate:
+        estimate = self.estimate
+        if estimate is None:
+            raise RuntimeError(
+                "this estimate is no longer in memory (a newer one replaced it); run "
+                "jv.show(estimate) on one you kept"
+            )
+        return estimate
+
     # -- actions (the buttons call these) -------------------------------------------------
 
     def find_largest_batches(self) -> pd.DataFrame | None:
@@ -373,7 +390,7 @@ class EstimateView(w.VBox):  # type: ignore[misc]
         frame = self._run(
             self.search_button,
             progress,
-            lambda: self.estimate.gpu_table(self.gpus, search=True, progress=report),
+            lambda: self._live().gpu_table(self.gpus, search=True, progress=report),
         )
         if frame is not None:
             self.fit_frame = frame
@@ -387,11 +404,13 @@ class EstimateView(w.VBox):  # type: ignore[misc]
 
         progress = self.what_if_progress
         gpus = int(self.data_parallel.value)
-        progress.start(len(variants(self.estimate.settings)), "starting the estimator ...")
+        estimate = self.estimate
+        steps = len(variants(estimate.settings)) if estimate is not None else 1
+        progress.start(steps, "starting the estimator ...")
         frame = self._run(
             self.what_if_button,
             progress,
-            lambda: self.estimate.what_ifs(
+            lambda: self._live().what_ifs(
                 gpus=gpus, progress=lambda m: progress.report(m, step=True)
             ),
         )
@@ -424,7 +443,7 @@ class EstimateView(w.VBox):  # type: ignore[misc]
             button.disabled = False
 
     def _fit_html(self) -> str:
-        return gpu_table_html(self.fit_frame, self.gpus, self.estimate.batch_size)
+        return gpu_table_html(self.fit_frame, self.gpus, self.batch_size)
 
     def _chosen_gpu(self) -> Gpu | None:
         return next((g for g in self.gpus if g.name == self.gpu_choice.value), None)

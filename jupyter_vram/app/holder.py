@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ..model import Profile
 
-_latest: list[Profile] = []
+_latest: list[object] = []
 
 GONE = (
     "This profile is no longer in memory (a newer one replaced it), so this view stays as it "
@@ -28,9 +28,10 @@ GONE = (
 class ProfileHandle:
     """A weak reference to a profile; the newest handle also keeps its profile alive."""
 
-    def __init__(self, profile: Profile) -> None:
+    def __init__(self, profile: Profile, *also: object) -> None:
+        """``also``: what else the latest app needs kept (its estimate)."""
         self._ref = weakref.ref(profile)
-        _latest[:] = [profile]
+        _latest[:] = [profile, *also]
 
     def get(self) -> Profile | None:
         """The profile, or None once nothing else holds it."""

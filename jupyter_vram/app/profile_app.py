@@ -4,6 +4,7 @@ a profile sends only what is on screen."""
 from __future__ import annotations
 
 import html
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -104,10 +105,10 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         estimate: Estimate | None = None,
         comparison: Comparison | None = None,
     ) -> None:
-        self._handle = ProfileHandle(profile)
-        self.estimate = estimate
+        self._handle = ProfileHandle(profile, *([estimate] if estimate is not None else []))
+        self._estimate = weakref.ref(estimate) if estimate is not None else None
         self.comparison = comparison
-        self._text = self._summary_text(profile)
+        self._text = self._summary_text(profile, estimate)
         self.header = w.HTML(STYLE + self._header_html(profile))
         self.header.add_class("jv-header-box")
         handle = self._handle
@@ -122,7 +123,11 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         if estimate is not None:
             from .estimate_view import TITLE, EstimateView
 
-            self._builders[len(titles)] = lambda p: EstimateView(estimate)
+            def estimate_tab(p: Profile) -> w.Widget:
+                kept = self.estimate
+                return EstimateView(kept) if kept is not None else w.HTML(f"<p>{GONE}</p>")
+
+            self._builders[len(titles)] = estimate_tab
             titles.append(TITLE)
         self.tabs = w.Tab(children=[_placeholder() for _ in titles])
         for i, title in enumerate(titles):
@@ -132,6 +137,11 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         super().__init__([self.header, self.tabs])
         self.add_class("jv-app")
         self.open_tab(0)
+
+    @property
+    def estimate(self) -> Estimate | None:
+        """The estimate behind an estimate's app, while something else still holds it."""
+        return self._estimate() if self._estimate is not None else None
 
     @property
     def profile(self) -> Profile | None:
@@ -247,7 +257,11 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         return box
 
     @staticmethod
-    def _summary_text(profile: Profile) -> str:
+    def _summary_text(profile: Profile, estimate: Estimate | None) -> str:
+        if estimate is not None:
+            from ..render.estimate_text import estimate_summary
+
+            return estimate_summary(estimate)
         return summary(profile)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
@@ -258,12 +272,7 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
 
     def text(self) -> str:
         """What a frontend without widgets shows: the text summary (and comparison)."""
-        if self.estimate is not None:
-            from ..render.estimate_text import estimate_summary
-
-            text = estimate_summary(self.estimate)
-        else:
-            text = self._text
+        text = self._text
         if self.comparison is not None:
             from ..render.estimate_text import comparison_text
 
