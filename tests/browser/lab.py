@@ -254,6 +254,7 @@ class PageLog:
         self.requests: list[str] = []
         self.failed_requests: list[str] = []
         self.console_errors: list[str] = []
+        self.console_warnings: list[str] = []
 
     def attach(self, page: Page) -> None:
         """Listen on a Playwright page (requests of its workers included via the context)."""
@@ -264,6 +265,10 @@ class PageLog:
         page.on(
             "console",
             lambda m: self.console_errors.append(m.text) if m.type == "error" else None,
+        )
+        page.on(
+            "console",
+            lambda m: self.console_warnings.append(m.text) if m.type == "warning" else None,
         )
         page.on("pageerror", lambda e: self.console_errors.append(f"uncaught: {e}"))
 

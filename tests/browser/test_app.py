@@ -187,10 +187,19 @@ def test_vram_app_in_jupyterlab(lab: Lab, page: Page, page_log: PageLog) -> None
         page.mouse.move(0, 0)
         app.screenshot(path=str(DOCS / "app-flame.png"))
 
-    # Breakdown tab: the stacked bar at the peak draws and the tables name the categories.
+    # Breakdown tab: the stacked bar at the peak draws and the tables name the categories;
+    # each table is as tall as its rows (not stretched to its neighbour's height)
     app.locator(".jv-tabs .lm-TabBar-tab", has_text="Breakdown").click()
     expect(app.locator(".jv-breakdown canvas").first).to_be_visible(timeout=20_000)
     expect(app.locator(".jv-breakdown-view")).to_contain_text("optimizer_state")
+    stretched = app.locator(".jv-breakdown-view").evaluate(
+        """v => [...v.querySelectorAll('table')].filter(t => {
+             const rows = [...t.rows].reduce((h, r) => h + r.getBoundingClientRect().height, 0);
+             const cap = t.caption ? t.caption.getBoundingClientRect().height : 0;
+             return t.getBoundingClientRect().height > rows + cap + 4;
+           }).map(t => t.innerText.slice(0, 30))"""
+    )
+    assert stretched == []
 
     # Timeline tab: a click anywhere inside the chart picks the moment its tooltip names.
     app.locator(".jv-tabs .lm-TabBar-tab", has_text="Timeline").click()
@@ -235,6 +244,7 @@ def test_vram_app_in_jupyterlab(lab: Lab, page: Page, page_log: PageLog) -> None
 
     assert widget_errors(page) == []
     assert page_log.console_errors == []
+    assert [m for m in page_log.console_warnings if "jquery" in m.lower()] == []
     assert_all_local(page_log.requests)
 
     save_notebook(page, name)
