@@ -72,7 +72,7 @@ class FlameLayout:
 
 ROOT_COLOR = "#6b7785"  # the root is all categories at once: a neutral slate, not a category
 CRUMB_SEP = " \u203a "
-LABEL_PX = 860  # plot width labels are fitted to (a 1024 px window; wider ones only gain room)
+LABEL_PX = 560  # plot width labels are fitted to: a 1024 px window with the file browser open
 CHAR_PX = 7.0  # width of one character of a 9pt label
 
 

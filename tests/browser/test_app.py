@@ -185,6 +185,7 @@ def test_vram_app_in_jupyterlab(lab: Lab, page: Page, page_log: PageLog) -> None
     if os.environ.get("JV_SCREENSHOT"):
         DOCS.mkdir(exist_ok=True)
         page.mouse.move(0, 0)
+        page.evaluate("() => document.activeElement && document.activeElement.blur()")
         app.screenshot(path=str(DOCS / "app-flame.png"))
 
     # Breakdown tab: the stacked bar at the peak draws and the tables name the categories;
