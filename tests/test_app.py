@@ -59,6 +59,14 @@ def browser_clicks(plot: BokehModel, x: float, y: float) -> None:
     plot._sync_model(plot, {**content, "msg_data": event}, [])
 
 
+def browser_zooms(plot: BokehModel, x0: float, x1: float, y0: float, y1: float) -> None:
+    """What the page sends after a zoom or pan: bokeh's RangesUpdate event."""
+    values = [["model", {"id": plot._model.id}], ["x0", x0], ["x1", x1], ["y0", y0], ["y1", y1]]
+    event = {"type": "event", "name": "rangesupdate", "values": {"type": "map", "entries": values}}
+    content = {"event": "jsevent", "kind": "MessageSent", "msg_type": "bokeh_event"}
+    plot._sync_model(plot, {**content, "msg_data": event}, [])
+
+
 def centre(data: dict[str, list[float]], row: int) -> tuple[float, float]:
     """A point inside block ``row`` (data coordinates, as drawn)."""
     return (
@@ -132,6 +140,15 @@ def test_timeline_click_anywhere_picks_that_moment(profile: jv.Profile) -> None:
             assert f"<b class='jv-moment-total'>{format_bytes(t.total_at(event))}</b>" in (
                 view.moment.value
             )
+    # zoomed into the middle third: the chart is redrawn for that range, pixel by pixel
+    end = data["x_end"][-1]
+    browser_zooms(view.plot, end / 3, 2 * end / 3, 0.0, 1.0)
+    zoomed = dict(view.source.data)
+    assert zoomed["x"][0] == end / 3 and zoomed["x_end"][-1] == 2 * end / 3
+    k = len(zoomed["x"]) // 2
+    browser_clicks(view.plot, (zoomed["x"][k] + zoomed["x_end"][k]) / 2, 0.0)
+    event = zoomed["index"][k]
+    assert f"{t.time_ns[event] / 1e6:.3f} ms, event {event + 1:,}" in view.moment.value
     view.axis.value = "allocation events"
     assert view.source.data["x_end"][-1] == len(t)
     browser_clicks(view.plot, t.peak_index + 1.5, 0.0)  # the peak's own step, by event number

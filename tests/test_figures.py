@@ -232,3 +232,23 @@ def test_cumulative_shares_say_why_they_pass_100() -> None:
     tree = flame_tree(prof, "module", "cumulative")
     d = flame_layout(tree, prof.peak_bytes // 2, cumulative=True).data
     assert d["pct_peak"][0].startswith("200.0% (allocated over the run")
+
+
+def test_zoomed_timeline_draws_each_pixel_of_the_range() -> None:
+    prof = _spike_profile()
+    t = prof.timeline
+    data = timeline_data(t, buckets=200, start=499.5, end=502.5)  # 3 ms around the spike
+    assert data["x"][0] == 499.5 and data["x_end"][-1] == 502.5
+    xs = [float(v) / 1e6 for v in t.time_ns]
+    _drawn_levels_cover_every_event(prof, data, xs)
+    # the level at the left edge is what held before the range (after the free at 499 ms)
+    before = max(i for i, x in enumerate(xs) if x < 499.5)
+    assert data["index"][0] == before and data["total"][0] * 2**20 == t.total_at(before)
+    assert max(data["total"]) * 2**20 == t.peak_bytes
+    k = data["index"].index(t.peak_index)
+    # 200 slices over 3 ms: the spike's step is one slice (15 us) wide, not a whole pixel of
+    # the full chart
+    assert data["x_end"][k] - data["x"][k] == pytest.approx(3.0 / 200)
+    empty = timeline_data(t, buckets=200, start=600.5, end=600.9)  # nothing happens there
+    assert empty["x"] == [600.5, 600.9] and empty["x_end"][-1] == 600.9
+    assert empty["total"][0] * 2**20 == t.total_at(max(i for i, x in enumerate(xs) if x < 600.5))

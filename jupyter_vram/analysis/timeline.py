@@ -108,47 +108,65 @@ class Timeline:
             out = np.union1d(out, [self.peak_index])
         return out
 
+    def x_values(self, axis: Literal["time", "event"] = "time") -> npt.NDArray[np.float64]:
+        """Each event's x on a chart: ms since the start (never decreasing), or 1..n."""
+        if axis == "time":
+            return np.maximum.accumulate(self.time_ns.astype(np.float64) / 1e6)
+        return np.arange(1, len(self.seq) + 1, dtype=np.float64)
+
     def bucket_peaks(
-        self, buckets: int = 600, *, axis: Literal["time", "event"] = "time"
+        self,
+        buckets: int = 600,
+        *,
+        axis: Literal["time", "event"] = "time",
+        start: float | None = None,
+        end: float | None = None,
     ) -> tuple[npt.NDArray[np.float64], Int64Array]:
         """What a chart ``buckets`` pixels wide should draw so that no maximum is lost.
 
-        The x axis (ms since the start, or event number 1..n) is cut into ``buckets`` equal
-        slices. Each slice that holds events is drawn at the level of its highest event, from
-        the slice's start; a slice followed by empty ones hands over, at the next slice's start,
-        to its last event's level (what holds until the next event). Returns (x, event index)
-        of those steps, starting at x=0 (index -1, the baseline, when the first slice is
-        empty) and ending at the last event's x; the peak event is always one of them.
+        The x axis (ms since the start, or event number 1..n) from ``start`` (default 0) to
+        ``end`` (default: the last event) is cut into ``buckets`` equal slices. Each slice that
+        holds events is drawn at the level of its highest event, from the slice's start; a
+        slice followed by empty ones hands over, at the next slice's start, to its last event's
+        level (what holds until the next event). Returns (x, event index) of those steps,
+        starting at ``start`` (with the level from before it, index -1 being the baseline, when
+        the first slice is empty) and ending at ``end``; the highest event in the range is
+        always one of them.
         """
         n = len(self.seq)
         if n == 0:
             return np.zeros(1), np.full(1, -1, np.int64)
-        if axis == "time":
-            xs = np.maximum.accumulate(self.time_ns.astype(np.float64) / 1e6)
-        else:
-            xs = np.arange(1, n + 1, dtype=np.float64)
-        end = float(xs[-1]) if xs[-1] > 0 else 1.0
-        width = end / buckets
-        slot = np.minimum((xs / width).astype(np.int64), buckets - 1)
-        order = np.lexsort((-self.total, slot))  # by slice, highest first, earliest on ties
+        xs = self.x_values(axis)
+        lo = 0.0 if start is None else max(0.0, float(start))
+        hi = float(xs[-1]) if end is None else min(float(end), float(xs[-1]))
+        if hi <= lo:
+            hi = lo + (1.0 if xs[-1] <= 0 else float(xs[-1]) * 1e-9)
+        first = int(np.searchsorted(xs, lo, side="left"))
+        stop = int(np.searchsorted(xs, hi, side="right"))
+        width = (hi - lo) / buckets
+        if stop <= first:  # no event in the range: the level held across it
+            return np.asarray([lo, hi]), np.asarray([first - 1, first - 1], np.int64)
+        slot = np.minimum(((xs[first:stop] - lo) / width).astype(np.int64), buckets - 1)
+        total = self.total[first:stop]
+        order = np.lexsort((-total, slot))  # by slice, highest first, earliest on ties
         starts = np.flatnonzero(np.r_[True, slot[order][1:] != slot[order][:-1]])
-        highest = order[starts]
-        used = slot[highest]
-        last = np.r_[np.flatnonzero(slot[1:] != slot[:-1]), n - 1]
+        highest = order[starts] + first
+        used = slot[highest - first]
+        last = np.r_[np.flatnonzero(slot[1:] != slot[:-1]), len(slot) - 1] + first
         x: list[float] = []
         index: list[int] = []
         if used[0] > 0:
-            x.append(0.0)
-            index.append(-1)
+            x.append(lo)
+            index.append(first - 1)
         for k, b in enumerate(used.tolist()):
-            x.append(b * width)
+            x.append(lo + b * width)
             index.append(int(highest[k]))
             following = int(used[k + 1]) if k + 1 < len(used) else buckets
             if following > b + 1 or (k + 1 == len(used) and int(last[k]) != int(highest[k])):
-                x.append(min((b + 1) * width, end))
+                x.append(min(lo + (b + 1) * width, hi))
                 index.append(int(last[k]))
-        if x[-1] < end:  # the last level's right edge
-            x.append(end)
+        if x[-1] < hi:  # the last level's right edge
+            x.append(hi)
             index.append(index[-1])
         return np.asarray(x), np.asarray(index, np.int64)
 

@@ -7,6 +7,7 @@ import bisect
 from typing import Any, Literal
 
 import ipywidgets as w
+from bokeh.events import RangesUpdate
 from bokeh.models import ColumnDataSource
 from bokeh.models.annotations import Label, Span
 from jupyter_bokeh import BokehModel
@@ -48,6 +49,7 @@ class TimelineView(w.VBox):  # type: ignore[misc]
         )
         apply_theme(self.figure)
         on_click(self.figure, self._on_click)  # before the figure joins a document
+        self.figure.on_event(RangesUpdate, self._on_range)
         self.plot = BokehModel(self.figure, combine_events=True)
         self.plot.add_class("jv-timeline")
         self.moment = w.HTML()
@@ -59,8 +61,14 @@ class TimelineView(w.VBox):  # type: ignore[misc]
         self.add_class("jv-timeline-view")
         self.show_moment(t.peak_index, "the peak")
 
-    def _data(self, profile: Profile, axis: Literal["time", "event"]) -> dict[str, Any]:
-        data = timeline_data(profile.timeline, axis=axis)
+    def _data(
+        self,
+        profile: Profile,
+        axis: Literal["time", "event"],
+        start: float | None = None,
+        end: float | None = None,
+    ) -> dict[str, Any]:
+        data = timeline_data(profile.timeline, axis=axis, start=start, end=end)
         if self._reserved:
             t = profile.timeline
             _, per = byte_unit(t.peak_bytes)
@@ -83,7 +91,11 @@ class TimelineView(w.VBox):  # type: ignore[misc]
             self.moment.value = f"<span class='jv-gone'>{GONE}</span>"
             return
         axis = AXES[change["new"]]
-        self.source.data = self._data(profile, axis)
+        data = self._data(profile, axis)
+        end = float(data["x_end"][-1]) or 1.0
+        xr = self.figure.x_range
+        xr.update(bounds=(0, end), start=0, end=end, reset_start=0, reset_end=end)
+        self.source.data = data
         peak = self._peak_at(profile, axis)
         for span in self.figure.select({"type": Span}):
             span.location = peak[0] if peak else None
@@ -92,6 +104,14 @@ class TimelineView(w.VBox):  # type: ignore[misc]
         self.figure.xaxis.axis_label = (
             "time since the cell started (ms)" if axis == "time" else "allocation / free event #"
         )
+
+    def _on_range(self, event: Any) -> None:
+        """Zoomed or panned: draw each pixel's highest moment within the new range."""
+        profile = self._handle.get()
+        if profile is None or event.x0 is None or event.x1 is None:
+            return
+        axis = AXES[self.axis.value]
+        self.source.data = self._data(profile, axis, float(event.x0), float(event.x1))
 
     def step_at(self, x: float) -> int:
         """The drawn step at ``x``: the last one starting at or before it."""

@@ -263,14 +263,19 @@ def byte_unit(peak_bytes: int) -> tuple[str, float]:
 
 
 def timeline_data(
-    timeline: Timeline, *, axis: Literal["time", "event"] = "time", buckets: int = 600
+    timeline: Timeline,
+    *,
+    axis: Literal["time", "event"] = "time",
+    buckets: int = 600,
+    start: float | None = None,
+    end: float | None = None,
 ) -> dict[str, Any]:
     """Columns of the timeline chart, one row per drawn step (see ``Timeline.bucket_peaks``):
     x, x_end (the step's right edge), index (the event whose state is drawn), when (that
     event, for tooltips), total and one column per category in the chart's unit, and their
     texts. Each pixel-wide slice is drawn at its highest level, so the chart reaches the peak
     however short it was."""
-    x, idx = timeline.bucket_peaks(buckets, axis=axis)
+    x, idx = timeline.bucket_peaks(buckets, axis=axis, start=start, end=end)
     by_cat = timeline.by_category(idx)
     totals = np.where(idx >= 0, timeline.total[np.maximum(idx, 0)] if len(timeline) else 0,
                       timeline.baseline_bytes)  # fmt: skip
@@ -321,9 +326,13 @@ def timeline_figure(
     shows what was live then). ``peak``: (x of the peak, peak bytes)."""
     unit, per = byte_unit(peak_bytes)
     top = max(peak_bytes / per, 1e-9) * 1.15
+    data = source.data
+    x_end = float(data["x_end"][-1]) if len(data.get("x_end", [])) else 1.0
+    x_end = x_end if x_end > 0 else 1.0
     fig = figure(
         height=300, sizing_mode="stretch_width", tools="xwheel_zoom,xpan,reset",
         toolbar_location="right", y_range=Range1d(start=0, end=top), min_border_left=50,
+        x_range=Range1d(start=0, end=x_end, bounds=(0, x_end)),
         x_axis_label="time since the cell started (ms)" if axis == "time"
         else "allocation / free event #",
         y_axis_label=f"{unit} live",
@@ -346,8 +355,7 @@ def timeline_figure(
     )  # fmt: skip
     if peak is not None:
         x, peak_b = peak
-        end = float(source.data["x_end"][-1]) if len(source.data.get("x_end", [])) else 0.0
-        right = x > 0.6 * end  # label on the side of the line with room
+        right = x > 0.6 * x_end  # label on the side of the line with room
         fig.add_layout(Span(location=x, dimension="height", line_color="#C44E52",
                             line_dash="dotted", line_width=2))  # fmt: skip
         fig.add_layout(

@@ -106,6 +106,25 @@ def flame_blocks(page: Page, canvas: Locator) -> dict[str, tuple[float, float]]:
     return found
 
 
+TIMELINE_DATA = """
+() => {
+  for (const doc of window.Bokeh.documents) {
+    for (const m of doc.all_models) {
+      const d = m.data;
+      if (d !== undefined && d.x_end !== undefined) return [d.x[0], d.x_end[d.x_end.length - 1]];
+    }
+  }
+  return null;
+}
+"""
+# the drawn range [first x, last x_end] lies strictly inside the whole run's (zoomed in)
+TIMELINE_REDRAWN = f"""(full) => {{
+  const d = ({TIMELINE_DATA})();
+  return d !== null && d[0] > full[0] + 1e-6 && d[1] < full[1] - 1e-6;
+}}"""
+TIMELINE_WHOLE = f"() => {{ const d = ({TIMELINE_DATA})(); return d !== null && d[0] < 1e-6; }}"
+
+
 def click(canvas: Locator, at: tuple[float, float]) -> None:
     canvas.click(position={"x": at[0], "y": at[1]}, force=True)
 
@@ -221,9 +240,23 @@ def test_vram_app_in_jupyterlab(lab: Lab, page: Page, page_log: PageLog) -> None
     expect(moment.locator(".jv-moment-title")).to_contain_text("the selected moment")
     expect(moment.locator(".jv-when")).to_have_text(picked["when"])
     assert picked["live"] == "live: " + moment.locator(".jv-moment-total").inner_text()
+    # zooming in (the wheel, once its tool is on) redraws the visible range from the kernel:
+    # the drawn steps start at the new left edge and end at the new right edge
+    full = page.evaluate(TIMELINE_DATA)
+    app.locator(".jv-timeline .bk-tool-icon-wheel-zoom").first.click()
+    box = chart.bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.5)
+    for _ in range(3):
+        page.mouse.wheel(0, -200)
+        page.wait_for_timeout(100)
+    page.wait_for_function(TIMELINE_REDRAWN, arg=full, timeout=10_000)
+
     if os.environ.get("JV_SCREENSHOT"):
         page.mouse.move(0, 0)
         page.evaluate("() => document.activeElement && document.activeElement.blur()")
+        app.locator(".jv-timeline .bk-tool-icon-reset").first.click()  # the whole run again
+        page.wait_for_function(TIMELINE_WHOLE, timeout=10_000)
         page.set_viewport_size({"width": 1024, "height": 1400})
         page.wait_for_timeout(500)
         app.screenshot(path=str(DOCS / "app-timeline.png"))
