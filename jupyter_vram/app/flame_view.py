@@ -52,8 +52,13 @@ def on_click(fig: Any, handler: Callable[[float, float], None]) -> None:
     BokehJS reports a click within 300 ms of the previous one as a double tap instead of a
     tap, so both count (a quick second click still picks what it hits).
     """
+
+    def call(event: Any) -> None:
+        if event.x is not None and event.y is not None:
+            handler(float(event.x), float(event.y))
+
     for kind in (Tap, DoubleTap):
-        fig.on_event(kind, lambda event: handler(float(event.x), float(event.y)))
+        fig.on_event(kind, call)
 
 
 class FlameView(w.VBox):  # type: ignore[misc]
