@@ -69,7 +69,7 @@ vertical-align:baseline}
 .jv-sites-table td.jv-site,.jv-sites-table td.jv-op{white-space:normal;overflow-wrap:anywhere;
 min-width:90px}
 .jv-cut{overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
-.jv-table td{white-space:nowrap}
+.jv-sites-table td{white-space:nowrap}
 .jv-estimate-badge{display:inline-block;margin:2px 0;padding:1px 8px;border-radius:3px;
 font-weight:bold;font-size:13px;background:#fff3cd;color:#6b4e00;border:1px solid #e0c36a}
 .jv-estimate-note{font-size:12px;line-height:1.6;color:var(--jp-ui-font-color2,#666);margin:2px 0}
@@ -79,6 +79,7 @@ border-left:4px solid #4C72B0}
 .jv-fit-no td{color:var(--jp-error-color1,#a00)}
 .jv-up{color:var(--jp-error-color1,#a00)}.jv-down{color:var(--jp-success-color1,#2a7a2a)}
 .jv-whatifs td,.jv-whatifs th{white-space:nowrap}
+.jv-whatifs td:first-child{white-space:normal;min-width:160px}
 .jv-whatifs td.jv-whatif-note{white-space:normal;max-width:480px;
 color:var(--jp-warn-color1,#8a5a00);font-style:italic}
 .jv-note{font-size:12px;line-height:1.5;max-width:900px}

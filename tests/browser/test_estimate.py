@@ -23,6 +23,7 @@ from .lab import (
     widget_errors,
     write_notebook,
 )
+from .test_app import collapse_sidebars
 
 pytestmark = pytest.mark.browser
 
@@ -63,8 +64,10 @@ step()
 
 def test_estimate_app_in_jupyterlab(lab: Lab, page: Page, page_log: PageLog) -> None:
     name = "vram_estimate.ipynb"
+    page.set_viewport_size({"width": 1024, "height": 900})
     write_notebook(lab.root_dir, name, [SETUP, ESTIMATE, MEASURE, RECORD])
     open_notebook(page, lab, name)
+    collapse_sidebars(page)
     assert run_all_cells(page, name, timeout_ms=120_000), "a cell raised"
 
     apps = page.locator(".jv-app")
@@ -105,9 +108,15 @@ def test_estimate_app_in_jupyterlab(lab: Lab, page: Page, page_log: PageLog) -> 
     expect(whatifs).to_contain_text("ZeRO-3 / FSDP full shard on 4 GPUs (per GPU)")
     if os.environ.get("JV_SCREENSHOT"):
         DOCS.mkdir(exist_ok=True)
-        page.set_viewport_size({"width": 1400, "height": 2400})  # the whole app on screen
+        page.set_viewport_size({"width": 1024, "height": 2400})  # the whole app on screen
+        page.mouse.move(0, 0)
         app.scroll_into_view_if_needed()
         app.screenshot(path=str(DOCS / "app-estimate.png"))
+
+    # at 1024 px the tables fit the page
+    for table_css in (".jv-fit-table table", ".jv-whatif-table table"):
+        right = view.locator(table_css).evaluate("t => t.getBoundingClientRect().right")
+        assert right <= 1024, (table_css, right)
 
     # The measured step of the same model is compared with the estimate.
     measured = apps.nth(1)
