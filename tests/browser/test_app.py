@@ -426,6 +426,29 @@ def test_app_follows_the_dark_theme(lab: Lab, page: Page, page_log: PageLog) -> 
     colours = page.evaluate(FIGURE_COLOURS)
     assert colours and all(c == text2 for c in colours), (colours, text2)
 
+    # switching the theme while the app is shown re-colours the figures
+    page.evaluate(
+        "async () => await window.jupyterapp.commands.execute('apputils:change-theme', "
+        "{theme: 'JupyterLab Light'})"
+    )
+    page.wait_for_function("() => document.body.dataset.jpThemeLight === 'true'")
+    page.wait_for_function(
+        f"""() => {{
+          const want = getComputedStyle(document.body).getPropertyValue('--jp-ui-font-color2')
+            .trim();
+          const got = ({FIGURE_COLOURS})();
+          return got.length > 0 && got.every(c => c === want);
+        }}""",
+        timeout=10_000,
+    )
+    assert page.evaluate(FIGURE_COLOURS)[0] != text2
+    check_contrast(app.locator(".jv-breakdown-view"), "Breakdown, light again")
+    page.evaluate(
+        "async () => await window.jupyterapp.commands.execute('apputils:change-theme', "
+        "{theme: 'JupyterLab Dark'})"
+    )
+    page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'")
+
     app.locator(".jv-tabs .lm-TabBar-tab", has_text="Top sites").click()
     expect(app.locator(".jv-sites-table")).to_be_visible(timeout=20_000)
     check_contrast(app.locator(".jv-sites-view"), "Top sites")
