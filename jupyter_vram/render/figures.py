@@ -296,7 +296,7 @@ def timeline_data(
         data[c] = (by_cat[:, i] / per).tolist()
     data["breakdown"] = [
         "".join(
-            f"<div><span style='color:{CATEGORY_COLORS[c]}'>\u25a0</span> {c}: "
+            f"<div class='jv-cat-{c}'><span style='color:{CATEGORY_COLORS[c]}'>\u25a0</span> {c}: "
             f"{format_bytes(int(v))}</div>"
             for c, v in zip(CATEGORIES, row, strict=True)
             if v

@@ -67,6 +67,9 @@ TOOLTIP_ROWS = """
     for (const e of content.querySelectorAll('[class^="jv-tip-"]')) {
       rows[e.className.slice(7)] = e.innerText.trim();
     }
+    for (const e of content.querySelectorAll('[class^="jv-cat-"]')) {
+      rows['category ' + e.className.slice(7)] = e.innerText.split(': ').pop().trim();
+    }
     return rows;
   }
   return null;
@@ -240,6 +243,15 @@ def test_vram_app_in_jupyterlab(lab: Lab, page: Page, page_log: PageLog) -> None
     expect(moment.locator(".jv-moment-title")).to_contain_text("the selected moment")
     expect(moment.locator(".jv-when")).to_have_text(picked["when"])
     assert picked["live"] == "live: " + moment.locator(".jv-moment-total").inner_text()
+    # the hover's categories are the moment's category table, byte for byte
+    hovered = {k[len("category ") :]: v for k, v in picked.items() if k.startswith("category ")}
+    table_rows = moment.locator("table").first.locator("tr").all_inner_texts()
+    listed = {
+        cells[0].strip(): cells[1].strip()
+        for cells in (r.split("\t") for r in table_rows[1:])
+        if cells[0].strip() != "total"
+    }
+    assert hovered and hovered == listed, (hovered, listed)
     # zooming in (the wheel, once its tool is on) redraws the visible range from the kernel:
     # the drawn steps start at the new left edge and end at the new right edge
     full = page.evaluate(TIMELINE_DATA)
