@@ -174,8 +174,11 @@ def test_cuda_lstm_estimate_charges_a_reserve_space() -> None:
     cuda = estimate(TwoLayerLSTM(), "8x64x128", optimizer="sgd")
     rows = cuda.profile.allocations
     ops = [cuda.profile.ops[i] for i in rows.op]
-    reserve = cudnn_lstm_reserve_bytes(64, 8, 256, 4)  # 64 steps x 8 x 256 hidden x 6 x fp32
-    assert reserve == 64 * 8 * 256 * 6 * 4
+    # measured on an H200 (cuDNN 9): this 2-layer LSTM's reserve was 5,767,424 bytes =
+    # (5 x 2 + 1) slabs of 64 steps x 8 x 256 x fp32, + 256; the slab between the layers is
+    # the first layer's output, which the fake run holds as a tensor of its own
+    reserve = cudnn_lstm_reserve_bytes(64, 8, 256, 4)
+    assert 2 * reserve + 64 * 8 * 256 * 4 + 256 == 5_767_424
     workspaces = [
         int(s) for s, op in zip(rows.size, ops, strict=True)
         if op == "mkldnn_rnn_layer" and s >= reserve
@@ -427,7 +430,10 @@ def test_fit_checks_use_the_attention_kernel_of_each_gpu() -> None:
         profile = process.run(on_t4)
     assert "_scaled_dot_product_flash_attention" not in profile.ops
     assert "_scaled_dot_product_efficient_attention" in profile.ops
-    assert est.used_on(t4) == est.run(on_t4).device_used_bytes
+    # on the T4 also its smaller cuBLAS workspaces (8,519,680 bytes instead of 32 MiB each)
+    workspaces = est.cublas_workspace_total // (32 << 20)
+    smaller = workspaces * (4096 * 1024 * 2 + 16 * 1024 * 8 - (32 << 20))
+    assert est.used_on(t4) == est.run(on_t4).device_used_bytes + smaller
     # a card exactly as large as device used fits only when nothing is held back
     used = est.device_used_bytes
     assert est.fits(gpu_from_bytes("exact", used, 9.0))
@@ -574,3 +580,33 @@ def test_a_killed_kernel_takes_its_estimator_process_and_folder_with_it(tmp_path
     finally:
         if kernel.poll() is None:
             kernel.kill()
+
+
+# -- cuBLAS workspaces ----------------------------------------------------------------------
+
+
+def test_cuda_estimates_hold_one_cublas_workspace_per_matmul_thread() -> None:
+    """PyTorch keeps a cuBLAS workspace per thread that runs matmuls (its default
+    CUBLAS_WORKSPACE_CONFIG: 4096 KiB x 8 = 32 MiB on compute capability 9.x and later,
+    4096 KiB x 2 + 16 KiB x 8 before; measured on an H200: 32 MiB for the forward thread and
+    32 MiB for autograd's backward thread)."""
+    from jupyter_vram.estimator.gpus import find_gpu
+    from jupyter_vram.model import CATEGORIES
+
+    train = estimate(TwoLayer(), "32x64", optimizer="sgd")
+    infer = estimate(TwoLayer(), "32x64", inference=True)
+    convs = estimate(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()), "2x3x8x8", optimizer="sgd")
+    cpu = estimate(TwoLayer(), "32x64", optimizer="sgd", device="cpu")
+    mib32 = 4096 * 1024 * 8
+    assert train.cublas_workspace_total == 2 * mib32
+    assert infer.cublas_workspace_total == mib32
+    assert convs.cublas_workspace_total == 0  # convolutions run through cuDNN
+    assert cpu.cublas_workspace_total == 0
+    other = CATEGORIES.index("other")
+    assert int(train.profile.timeline.baseline_by_category()[other]) == 2 * mib32
+    # an older card keeps smaller workspaces: the fit check takes the difference
+    older = 4096 * 1024 * 2 + 16 * 1024 * 8
+    assert find_gpu("A100 80GB").cublas_workspace_bytes == older
+    assert find_gpu("H100").cublas_workspace_bytes == mib32
+    assert train.used_on("A100 80GB") == train.device_used_bytes - 2 * (mib32 - older)
+    assert train.used_on("H100") == train.device_used_bytes

@@ -143,7 +143,25 @@ class Estimate:
         kernel, as CUDA would run it there)."""
         target = _gpu(gpu)
         settings = self.settings_for(target, settings)
-        return self.run(settings, batch_size or self.batch_size).device_used_bytes
+        used = self.run(settings, batch_size or self.batch_size).device_used_bytes
+        return used + self.cublas_adjustment(target)
+
+    @property
+    def cublas_workspace_total(self) -> int:
+        """Bytes of the cuBLAS workspaces the CUDA estimate holds (category other, alive
+        before the step): 32 MiB per thread that runs matmuls, 0 on the CPU."""
+        info = self.profile.meta.get("estimate", {})
+        return int(info.get("cublas_workspaces", 0)) * int(info.get("cublas_workspace_bytes", 0))
+
+    def cublas_adjustment(self, gpu: Gpu) -> int:
+        """Bytes to add on ``gpu`` for its cuBLAS workspace size (the simulation uses the
+        32 MiB of compute capability 9.x+; older cards take 8,519,680 bytes per thread)."""
+        if self.settings.target_type != "cuda":
+            return 0
+        info = self.profile.meta.get("estimate", {})
+        count = int(info.get("cublas_workspaces", 0))
+        simulated = int(info.get("cublas_workspace_bytes", gpu.cublas_workspace_bytes))
+        return count * (gpu.cublas_workspace_bytes - simulated)
 
     def settings_for(self, gpu: Gpu, settings: StepSettings | None = None) -> StepSettings:
         """``settings`` as run on ``gpu``: without flash attention on a pre-Ampere card."""
@@ -188,10 +206,12 @@ class Estimate:
 
                 on_gpu = self.settings_for(gpu, settings)
 
-                def used(batch: int, on_gpu: StepSettings = on_gpu) -> int:
+                extra = self.cublas_adjustment(gpu)
+
+                def used(batch: int, on_gpu: StepSettings = on_gpu, extra: int = extra) -> int:
                     if progress is not None and (on_gpu, batch) not in self._summaries:
                         progress(f"  simulating batch {batch}")
-                    return self.run(on_gpu, batch).device_used_bytes
+                    return self.run(on_gpu, batch).device_used_bytes + extra
 
                 results[gpu.name] = largest_fitting(used, gpu.usable_bytes, start=self.batch_size)
         return results
@@ -356,7 +376,12 @@ class Comparison:
         timeline = measured.timeline
         at_peak = timeline.live_mask(timeline.peak_index)
         left_out = int(a.size[at_peak & ~keep].sum())
-        return cls(estimate.peak_bytes, step.peak_bytes, estimate.peak_breakdown(),
+        # the estimate's cuBLAS workspaces exist before any measured cell (the session's first
+        # matmul made them), so the measurement leaves them out with the other earlier tensors
+        workspaces = estimate.cublas_workspace_total
+        estimated = estimate.peak_breakdown()
+        estimated["other"] = max(estimated.get("other", 0) - workspaces, 0)
+        return cls(estimate.peak_bytes - workspaces, step.peak_bytes, estimated,
                    step.peak_breakdown(), estimate.settings.device, measured.device,
                    left_out)  # fmt: skip
 

@@ -30,6 +30,10 @@ MIB = 1 << 20
 #: for the others ("a few hundred MiB" on most).
 RUNTIME_HIDDEN_BYTES = 819 * MIB
 
+#: PyTorch's default cuBLAS workspace per (handle, stream): Hopper / Blackwell, and older.
+CUBLAS_WORKSPACE_RECENT = 4096 * 1024 * 8
+CUBLAS_WORKSPACE_OLDER = 4096 * 1024 * 2 + 16 * 1024 * 8
+
 
 @dataclass(frozen=True)
 class Gpu:
@@ -57,6 +61,16 @@ class Gpu:
         """What the CUDA runtime offers processes: the NVML total less what the driver keeps.
         A step fits when its device used (reserved + context) is at most this."""
         return self.memory_bytes - self.hidden_bytes
+
+    @property
+    def cublas_workspace_bytes(self) -> int:
+        """PyTorch's cuBLAS workspace on this card, one per thread that runs matmuls (its
+        default ``CUBLAS_WORKSPACE_CONFIG``): 32 MiB on compute capability 9.x, 10.x and
+        12.x, else ``:4096:2:16:8`` = 8,519,680 bytes. Unknown cards: the 32 MiB."""
+        cc = self.compute_capability
+        if cc is None or int(cc) in (9, 10, 12):
+            return CUBLAS_WORKSPACE_RECENT
+        return CUBLAS_WORKSPACE_OLDER
 
     @property
     def flash_attention(self) -> bool:

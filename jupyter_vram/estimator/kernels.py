@@ -23,9 +23,9 @@ from the real kernel in what else it returns:
   workspace of the size oneDNN allocates (:func:`onednn_lstm_workspace_bytes`, checked against
   the real kernel in the tests).
 - **LSTM on CUDA.** cuDNN keeps its own *reserve space* for backward, whose size only cuDNN
-  can compute (``cudnnGetRNNTrainingReserveSize``). A CUDA estimate charges what that reserve
-  must hold, every step's four gate pre-activations and its cell and hidden states
-  (:func:`cudnn_lstm_reserve_bytes`); it is an approximation, not cuDNN's number.
+  computes (``cudnnGetRNNTrainingReserveSize``). A CUDA estimate charges the size measured on
+  an H200 with cuDNN 9 (:func:`cudnn_lstm_reserve_bytes`); cuDNN's temporary workspaces are
+  not modelled.
 - **oneDNN's temporaries.** Inside each LSTM layer call oneDNN reorders the weights into its
   own layout and uses a scratchpad (the gates of every step); backward also reorders the
   weight gradients when their leading dimension is padded. These live only during the call,
@@ -103,9 +103,12 @@ def onednn_lstm_temporaries(
 
 
 def cudnn_lstm_reserve_bytes(steps: int, batch: int, hidden_size: int, itemsize: int) -> int:
-    """An approximation of cuDNN's LSTM reserve space for one layer and direction: the four
-    gate pre-activations and the cell and hidden states of every step."""
-    return steps * batch * hidden_size * 6 * itemsize
+    """cuDNN's LSTM reserve space for one layer and direction: five (steps x batch x hidden)
+    slabs (gates and states of every step). Measured on an H200 (cuDNN 9, float32): the
+    reserve of an L-layer, D-direction LSTM was (5 L D + (L - 1) D) slabs + 256 bytes, the
+    extra slabs being the outputs between layers, which the fake run already holds as tensors.
+    Other cuDNN versions or GPUs may differ."""
+    return 5 * steps * batch * hidden_size * itemsize
 
 
 class RnnWorkspaces(TorchDispatchMode):  # type: ignore[misc,no-untyped-call]
