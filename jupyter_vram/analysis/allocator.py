@@ -109,9 +109,10 @@ def stranded_requests(profile: Profile) -> list[StrandedRequest]:
     reserved_after = seg.baseline + np.cumsum(delta, dtype=np.int64)
     reserved_before = reserved_after - delta
     allocs = np.flatnonzero(t.delta > 0)
+    grows = np.flatnonzero(delta > 0)
+    requests = np.searchsorted(t.seq[allocs], seg_seq[grows], side="left")
     out = []
-    for k in np.flatnonzero(delta > 0):
-        j = int(np.searchsorted(t.seq[allocs], seg_seq[k], side="left"))
+    for k, j in zip(grows.tolist(), requests.tolist(), strict=True):
         if j >= len(allocs):
             continue
         event = int(allocs[j])
