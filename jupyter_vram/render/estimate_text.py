@@ -17,10 +17,12 @@ MODELLED = (
     "so optimizer state exists) at its exact size and lifetime; on CUDA the caching "
     "allocator's 512 B rounding, block splitting and 2/20 MiB segments, Adam's foreach path, "
     "attention through the flash / memory-efficient kernel each GPU runs (no flash before "
-    "compute capability 8.0: T4, V100); LSTM workspaces (oneDNN's exact, cuDNN's approximated)"
+    "compute capability 8.0: T4, V100), PyTorch's cuBLAS workspaces (one per matmul thread); "
+    "LSTM workspaces (oneDNN's exact, cuDNN's reserve as measured on an H200)"
 )
 NOT_MODELLED = (
-    "not modelled: CUDA-only kernels' own workspaces (cuBLAS, cuDNN, flash attention), "
+    "not modelled: CUDA kernels' temporary workspaces (cuDNN, flash attention; the cuBLAS "
+    "workspaces are modelled), "
     "fragmentation after many steps, other processes, NCCL buffers, torch.compile"
 )
 
