@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import sys
-import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
-from .capture import RECORDING_LOCK, Recorder, RecordingError, make_recorder
+from .capture import RECORDING_LOCK, Recorder, RecordingError, interrupts_deferred, make_recorder
 from .model import Profile
 
 
@@ -72,35 +69,6 @@ class Recording:
         finally:
             self._recorder = None
             RECORDING_LOCK.release()
-
-
-@contextlib.contextmanager
-def interrupts_deferred() -> Iterator[None]:
-    """Hold a Ctrl-C (a kernel interrupt) until the block is done, then raise it.
-
-    Starting and stopping a recorder switches process-wide state on and off in several steps;
-    an interrupt between two of them would leave some on, or lose the profile. Only the main
-    thread receives signals; elsewhere this does nothing.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[object] = []
-
-    def hold(signum: int, frame: object) -> None:
-        pending.append(frame)
-
-    try:
-        previous = signal.signal(signal.SIGINT, hold)
-    except (ValueError, OSError):  # not allowed here (an embedded interpreter)
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if pending:
-        raise KeyboardInterrupt
 
 
 def record(

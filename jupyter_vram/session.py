@@ -52,6 +52,12 @@ class CellRun:
     nested: bool = False
 
 
+def mentions_compile(source: str) -> bool:
+    """The cell may run torch.compile (``torch.compile(...)``, ``@torch.compile``, an import
+    of ``compile`` from torch): Python stacks stay off for it (see capture.profiler_events)."""
+    return "compile" in source and ("torch" in source or "@" in source)
+
+
 def split_last_expression(source: str, filename: str) -> tuple[Any, Any]:
     """Compile a cell into (statements, last expression or None), like IPython displays it."""
     tree = ast.parse(source, filename=filename)
@@ -84,7 +90,8 @@ def run_code(
         exec(body, globals_)
         value = eval(last, globals_) if last is not None else None
         return CellRun(value, None, nested=True)
-    rec = record(device, stacks=stacks, namespace=globals_)
+    compiles = stacks and mentions_compile(source)
+    rec = record(device, stacks=stacks and not compiles, namespace=globals_)
     try:
         rec.__enter__()
     except RecordingError as error:
@@ -101,6 +108,12 @@ def run_code(
         rec.__exit__(None, None, None)
     finally:
         profile = rec.profile if rec._profile is not None else None
+        if profile is not None and compiles:
+            from .capture.profiler_events import NO_STACKS_WITH_COMPILE
+
+            warnings = profile.meta.setdefault("warnings", [])
+            if NO_STACKS_WITH_COMPILE not in warnings:
+                warnings.append(NO_STACKS_WITH_COMPILE)
         if profile is not None:
             remember(profile)
             if on_profile is not None:

@@ -74,9 +74,28 @@ _PLUMBING = frozenset(
         "aten::as_strided",
     }
 )
+#: Read the profiler's events at the next top-level module call once a chunk is this old.
+FLUSH_AFTER_NS = 1_000_000_000
 #: A role noted within this many ns of an allocation's start still belongs to it (the two
 #: clocks are aligned at start to about a microsecond).
 _TOLERANCE_NS = 20_000
+
+
+NO_STACKS_WITH_COMPILE = (
+    "no Python stacks: torch.compile is in use, and its code must not run under the "
+    "profiler's Python tracer"
+)
+
+
+def compile_in_use(modules: Sequence[Any] = ()) -> bool:
+    """torch.compile has compiled something in this process, or a compiled module is at hand."""
+    dynamo_utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(dynamo_utils, "counters", None)
+    if counters is not None and counters["frames"].get("total", 0):
+        return True
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    compiled = getattr(eval_frame, "OptimizedModule", None)
+    return compiled is not None and any(isinstance(m, compiled) for m in modules)
 
 
 def profiler_busy() -> bool:
@@ -115,6 +134,13 @@ class ProfilerRecorder:
         self._log_level: _LogLevel | None = None
         self._threads = _ThreadWatch()
         self._warnings: list[str] = []
+        self._builder = ProfileBuilder()
+        self._builder.modules = self._modules
+        self._state = ReadState()
+        self._reader: StackReader | None = None
+        self._reads: list[EventRead] = []
+        self._chunk_start = 0
+        self._flushing = False
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -127,7 +153,7 @@ class ProfilerRecorder:
         globals are the namespace unless ``namespace`` (a notebook's) is given. Tensors that
         namespace reaches are the baseline, with the modules and optimizers that run.
         """
-        from torch.profiler import ProfilerActivity, profile
+        import torch.profiler  # noqa: F401 - imported here, not inside the recorded cell
 
         if profiler_busy():
             from . import RecordingError
@@ -143,20 +169,29 @@ class ProfilerRecorder:
             self._on_role(tensor, OTHER, 0)
         del tensors
         self.tagger.adopt(modules, optimizers)
+        if self._stacks and sys.getprofile() is not None:
+            # the profiler's Python tracer would replace (and at stop, remove) the hook
+            self._stacks = False
+            self._warnings.append(
+                "no Python stacks: another profiler or tracer (sys.setprofile) is active"
+            )
+        if self._stacks and compile_in_use(modules):
+            # torch.compile code run under the profiler's Python tracer can corrupt memory
+            # that a later garbage collection trips on (a crash of the whole kernel)
+            self._stacks = False
+            self._warnings.append(NO_STACKS_WITH_COMPILE)
         del modules, optimizers
+        if self._stacks:
+            self._reader = StackReader(self._builder, self._boundary)
         self._log_level = _LogLevel.quiet()
-        self._profiler = profile(
-            activities=[ProfilerActivity.CPU], profile_memory=True, with_stack=self._stacks
-        )
-        with _quiet_stderr():
-            self._profiler.start()
+        self._start_profiler()
         self._t0 = time.time_ns()
         self._threads.start()
         self.tagger.start()
 
     def stop(self, error: str | None = None) -> Profile:
         """Switch everything off (always), then read the profiler's events into a Profile."""
-        events: list[Any] = []
+        events: Sequence[Any] = ()
         try:
             try:
                 if self._active:
@@ -169,16 +204,12 @@ class ProfilerRecorder:
                         self._ranges.pop().__exit__(None, None, None)
                 self._wall_ns = time.time_ns() - self._t0 if self._t0 else 0
                 self._active = False
-                profiler, self._profiler = self._profiler, None
-                if profiler is not None:
-                    if not profiler_busy():  # a profiler the cell ran ended ours
-                        self._warnings.append(
-                            "a torch.profiler started inside the recording took over the "
-                            "allocator's reports: this profile is incomplete"
-                        )
-                    with _quiet_stderr(), contextlib.suppress(Exception):
-                        profiler.stop()
-                        events = profiler.profiler.kineto_results.experimental_event_tree()
+                if self._profiler is not None and not profiler_busy():
+                    self._warnings.append(  # a profiler the cell ran ended ours
+                        "a torch.profiler started inside the recording took over the "
+                        "allocator's reports: this profile is incomplete"
+                    )
+                events = self._stop_profiler()
         finally:
             if self._log_level is not None:
                 self._log_level.restore()
@@ -186,15 +217,14 @@ class ProfilerRecorder:
             self._watched.clear()  # dropping the weakrefs cancels their callbacks
         freed, self._freed = self._freed, {}
         notes, self._notes = self._notes, []
-        builder = ProfileBuilder()
-        builder.modules = self._modules
-        build_rows(
-            builder,
-            read_events(events, self._device_type, self._modules, self._stack_reader(builder)),
-            notes,
-            freed,
-            t0=self._t0,
-        )
+        self._read(events)
+        del events
+        reads, self._reads = self._reads, []
+        merged = EventRead(ops=self._state.ops.names)
+        for read in reads:
+            merged.events.extend(read.events)
+        builder = self._builder
+        build_rows(builder, merged, notes, freed, t0=self._t0)
         return builder.build(
             device=self.device,
             source=self.source,
@@ -208,12 +238,77 @@ class ProfilerRecorder:
             },
         )
 
-    def _stack_reader(self, builder: ProfileBuilder) -> StackReader | None:
-        return StackReader(builder, self._boundary) if self._stacks else None
+    # -- the profiler, in chunks -------------------------------------------------------------
+
+    def _start_profiler(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        self._profiler = profile(
+            activities=[ProfilerActivity.CPU], profile_memory=True, with_stack=self._stacks
+        )
+        with _quiet_stderr():
+            self._profiler.start()
+        self._chunk_start = time.monotonic_ns()
+
+    def _stop_profiler(self) -> Sequence[Any]:
+        """Stop the profiler and return its event tree (empty if it cannot be read)."""
+        profiler, self._profiler = self._profiler, None
+        if profiler is None:
+            return ()
+        with _quiet_stderr(), contextlib.suppress(Exception):
+            profiler.stop()
+            return profiler.profiler.kineto_results.experimental_event_tree()  # type: ignore[no-any-return]
+        return ()
+
+    def _read(self, events: Sequence[Any]) -> None:
+        self._reads.append(
+            read_events(events, self._device_type, self._modules, self._reader, self._state)
+        )
+        if self._reader is not None:
+            self._reader.forget_events()  # they keep the profiler's whole result alive
+
+    def _flush(self) -> None:
+        """Read what the profiler holds so far and start a fresh one.
+
+        The profiler keeps about 2 KB per event until it stops; a long cell (a training loop)
+        would hold gigabytes. Called between two top-level module calls, where no op runs and
+        no range of ours is open, so nothing is missed; only our compact rows are kept.
+        """
+        from . import interrupts_deferred
+
+        self._flushing = True
+        try:
+            with interrupts_deferred():
+                events = self._stop_profiler()
+                if self._stacks:
+                    # Restarting the profiler's Python tracer inside a call stack makes it
+                    # record each call several times over (each restart more): the first
+                    # chunk keeps its stacks, later ones go without.
+                    self._stacks = False
+                    self._warnings.append(
+                        f"Python stacks cover the first {FLUSH_AFTER_NS / 1e9:g} s of the "
+                        "cell: a long cell is read in chunks, and later chunks have none"
+                    )
+                self._start_profiler()
+            self._read(events)
+            del events
+        except Exception:  # noqa: BLE001 - keep recording what we can
+            self._warnings.append("reading the profiler mid-cell failed: the profile is partial")
+        finally:
+            self._flushing = False
 
     # -- hooks (never raise) -----------------------------------------------------------------
 
     def _enter_module(self, module_id: int) -> None:
+        if (
+            not self._ranges
+            and time.monotonic_ns() - self._chunk_start > FLUSH_AFTER_NS
+            and not self._flushing
+            and self._profiler is not None
+            and not self.tagger.optimizer_depth
+            and torch._C._current_graph_task_id() == -1
+        ):
+            self._flush()
         name = self._range_names.get(module_id)
         if name is None:
             name = self._range_names[module_id] = f"{MODULE_RANGE}{module_id}"
@@ -299,6 +394,7 @@ class StackReader:
         self._ids: dict[tuple[Frame, ...], int] = {(): -1}
         self._tuples: dict[int, tuple[Frame, ...]] = {-1: ()}
         self._interned: dict[int, int] = {-1: -1}
+        self._resolved: dict[int, tuple[Any, tuple[int, bool]]] = {}
 
     def _frame(self, file: str, line: int, function: str) -> Frame | None:
         key = (file, line, function)
@@ -323,6 +419,23 @@ class StackReader:
             out = self._interned[sid] = self._builder.intern_stack(self._tuples[sid])
         return out
 
+    def resolve(self, node: Any) -> int:
+        """The stack id of a chain of Python-call events (``(parent, event, builtin)``
+        tuples), computed only for chains that reach an allocation, once per chain."""
+        path = []
+        while node is not None and id(node) not in self._resolved:
+            path.append(node)
+            node = node[0]
+        stack, placeholder = self._resolved[id(node)][1] if node is not None else (-1, False)
+        for item in reversed(path):
+            with contextlib.suppress(UnicodeDecodeError, ValueError):  # an unnamed frame
+                stack, placeholder = self.call(stack, placeholder, item[1], item[2])
+            self._resolved[id(item)] = (item, (stack, placeholder))  # keeps ``item`` alive
+        return self.intern(stack)
+
+    def forget_events(self) -> None:
+        self._resolved.clear()
+
     def call(self, stack: int, placeholder: bool, event: Any, builtin: bool) -> tuple[int, bool]:
         """The stack inside a Python call event (``builtin``: a C function, no frame)."""
         extra = event.extra_fields
@@ -344,11 +457,21 @@ class StackReader:
         return self._id((*frames, callee)), True
 
 
+@dataclass
+class ReadState:
+    """What reading one chunk of events hands to the next: op names, and the module of each
+    forward op's autograd sequence number (a backward may come chunks after its forward)."""
+
+    ops: Interner = field(default_factory=Interner)
+    seq_module: dict[int, int] = field(default_factory=dict)
+
+
 def read_events(
     roots: Sequence[Any],
     device_type: str,
     modules: Interner,
     stacks: StackReader | None = None,
+    state: ReadState | None = None,
 ) -> EventRead:
     """Give each allocator report in the profiler's event tree its op, module, phase, stack.
 
@@ -365,20 +488,20 @@ def read_events(
     alloc_tag, op_tag, py_call = _EventType.Allocation, _EventType.TorchOp, _EventType.PyCall
     py_tags = (py_call, _EventType.PyCCall)
     backward_scope = torch._C._profiler.RecordScope.BACKWARD_FUNCTION
-    ops = Interner()
+    state = state if state is not None else ReadState()
+    ops = state.ops
     allocs: list[tuple[AllocEvent, int]] = []  # report, forward seq of its backward op / -1
     points: list[tuple[int, int, int, int]] = []  # time, kind, value, end
-    # walk context: op, stack, backward seq (-2: not in backward), placeholder frame
-    todo: list[tuple[Any, tuple[int, int, int, bool]]] = [
-        (r, (0, -1, -2, False)) for r in reversed(roots)
-    ]
+    # walk context: op, chain of Python calls, backward seq (-2: not in backward)
+    todo: list[tuple[Any, tuple[int, Any, int]]] = [(r, (0, None, -2)) for r in reversed(roots)]
     while todo:
         event, ctx = todo.pop()
         tag = event.tag
-        op, stack, bseq, placeholder = ctx
+        op, chain, bseq = ctx
         if tag == alloc_tag:
             extra = event.extra_fields
             if extra.device.type == device_type:
+                stack = stacks.resolve(chain) if stacks is not None else -1
                 t = event.start_time_ns
                 allocs.append((AllocEvent(t, extra.ptr, extra.alloc_size, op, 0, 0, stack), bseq))
             continue
@@ -406,17 +529,13 @@ def read_events(
             elif extra.scope == backward_scope:
                 op = ops(name.rsplit("::", 1)[-1])
         elif stacks is not None and tag in py_tags:
-            with contextlib.suppress(UnicodeDecodeError, ValueError):  # an unnamed frame
-                stack, placeholder = stacks.call(stack, placeholder, event, tag != py_call)
+            chain = (chain, event, tag != py_call)
         children = event.children
         if children:
-            inner = (op, stack, bseq, placeholder)
+            inner = (op, chain, bseq)
             todo.extend((c, inner) for c in reversed(children))
-    if stacks is not None:
-        for ev, _ in allocs:
-            ev.stack = stacks.intern(ev.stack)
     read = EventRead(ops=ops.names)
-    read.events = _sweep(allocs, points, ops.index.get("ones_like", -1))
+    read.events = _sweep(allocs, points, ops.index.get("ones_like", -1), state.seq_module)
     read.events.sort(key=_time_of)
     return read
 
@@ -429,7 +548,10 @@ _OPEN_MODULE, _CLOSE_MODULE, _OPEN_STEP, _CLOSE_STEP, _BACKWARD, _FORWARD_OP, _A
 
 
 def _sweep(
-    allocs: list[tuple[AllocEvent, int]], points: list[tuple[int, int, int, int]], ones_like: int
+    allocs: list[tuple[AllocEvent, int]],
+    points: list[tuple[int, int, int, int]],
+    ones_like: int,
+    seq_module: dict[int, int],
 ) -> list[AllocEvent]:
     """Module, phase and recompute window of each report from the ranges open at its time."""
     timeline: list[tuple[int, int, int, int]] = list(points)
@@ -437,7 +559,6 @@ def _sweep(
     timeline.sort()
     module_stack: list[int] = []
     opt_stack: list[int] = []
-    seq_module: dict[int, int] = {}
     backward_until = 0  # end of the current top-level backward range
     recompute_until = 0  # end of a module call made inside backward (checkpointing)
     sticky = False
