@@ -58,6 +58,7 @@ from .tagging import (
 )
 
 SOURCE = "allocator"
+_RecordFunctionFast = torch._C._profiler._RecordFunctionFast
 MODULE_RANGE = "jv.module:"
 BASELINE_OP = "(before recording)"
 _EVALUATE = "autograd::engine::evaluate_function"
@@ -300,8 +301,9 @@ class ProfilerRecorder:
     # -- hooks (never raise) -----------------------------------------------------------------
 
     def _enter_module(self, module_id: int) -> None:
+        ranges = self._ranges
         if (
-            not self._ranges
+            not ranges
             and time.monotonic_ns() - self._chunk_start > FLUSH_AFTER_NS
             and not self._flushing
             and self._profiler is not None
@@ -312,9 +314,9 @@ class ProfilerRecorder:
         name = self._range_names.get(module_id)
         if name is None:
             name = self._range_names[module_id] = f"{MODULE_RANGE}{module_id}"
-        rf = torch._C._profiler._RecordFunctionFast(name)
+        rf = _RecordFunctionFast(name)
         rf.__enter__()
-        self._ranges.append(rf)
+        ranges.append(rf)
 
     def _exit_module(self) -> None:
         if self._ranges:

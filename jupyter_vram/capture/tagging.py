@@ -193,6 +193,8 @@ class Tagger:
         self._on_role = on_role
         self._modules = modules
         self._names: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
+        # id -> (weakref, name id): the per-call lookup without building a weakref each time
+        self._fast_names: dict[int, tuple[weakref.ref[nn.Module], int]] = {}
         self._params = _WeakTensorMap()  # parameter -> owning module id
         self._optimizers: weakref.WeakSet[Optimizer] = weakref.WeakSet()
         self.module_stack: list[int] = []
@@ -380,8 +382,12 @@ class Tagger:
             self.scan_gradients()
 
     def _module_id(self, module: nn.Module) -> int:
+        cached = self._fast_names.get(id(module))
+        if cached is not None and cached[0]() is module:
+            return cached[1]
         mid = self._names.get(module)
         if mid is not None:
+            self._fast_names[id(module)] = (weakref.ref(module), mid)
             return mid
         if self.module_stack:
             # first seen as a child: a submodule created or attached after its parent was named
@@ -411,16 +417,17 @@ class Tagger:
             if self._on_enter is not None:
                 self._on_enter(mid)
             first = 0
-            # A top-level call inside backward is activation checkpointing recomputing a block:
-            # its arguments are the activations the checkpoint kept, not new inputs.
-            role = INPUT
-            if top_level and torch._C._current_graph_task_id() != -1:
-                role = ACTIVATION
-            for t in iter_tensors(args):
-                if top_level:
-                    self._on_role(t, role, 0)
-                if self._tag_graph_enabled and t.grad_fn is not None:
-                    first = max(first, t.grad_fn._sequence_nr() + 1)
+            if top_level or self._tag_graph_enabled:  # the hot path skips the walk otherwise
+                # A top-level call inside backward is activation checkpointing recomputing a
+                # block: its arguments are the activations the checkpoint kept, not inputs.
+                role = INPUT
+                if top_level and torch._C._current_graph_task_id() != -1:
+                    role = ACTIVATION
+                for t in iter_tensors(args):
+                    if top_level:
+                        self._on_role(t, role, 0)
+                    if self._tag_graph_enabled and t.grad_fn is not None:
+                        first = max(first, t.grad_fn._sequence_nr() + 1)
             self._first_node_seq.append(first)
             if top_level:
                 self.forward_sticky = True
