@@ -159,14 +159,19 @@ def record(name: str, step: Callable[[], None], out: Path, **kwargs: Any) -> Pro
             end_res == torch.cuda.memory_reserved(),
             f"{end_res} vs {torch.cuda.memory_reserved()}",
         )
-        check(
-            name,
-            "block sizes replayed exactly",
-            m.get("sizes_replayed") is True
-            and m.get("estimated_sizes") == 0
-            and m.get("size_mismatches") == 0
-            and m.get("inconsistencies") == 0,
-        )
+        if m.get("expandable_segments"):
+            # expandable segments grow in place: there are no segment-rounding rules to
+            # replay, so block sizes come from the requests (the other checks still hold)
+            print("  (expandable segments: block sizes taken from requests, not replayed)")
+        else:
+            check(
+                name,
+                "block sizes replayed exactly",
+                m.get("sizes_replayed") is True
+                and m.get("estimated_sizes") == 0
+                and m.get("size_mismatches") == 0
+                and m.get("inconsistencies") == 0,
+            )
     check(name, "history switched off afterwards", history_is_off())
     breakdown = prof.peak_breakdown()
     print("  at peak: " + ", ".join(f"{k} {v / MIB:.1f} MiB" for k, v in breakdown.items() if v))
