@@ -202,3 +202,12 @@ def test_checkpointed_block_inputs_are_activations() -> None:
     assert activation.max() >= 3 * block_input
     assert rec.profile.peak_breakdown()["input"] == block_input  # x alone
     assert all("forward" not in vars(b) for b in blocks)  # undo removed the wrappers
+
+
+def test_module_classes_are_kept_for_display() -> None:
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(144, 2))
+    with jv.record("cpu") as rec:
+        model(torch.randn(1, 3, 8, 8)).sum().backward()
+    types = rec.profile.meta["module_types"]
+    assert types["Sequential"] == "Sequential"
+    assert types["Sequential.0"] == "Conv2d" and types["Sequential.3"] == "Linear"

@@ -245,7 +245,13 @@ class CudaSnapshotRecorder:
         return self._convert(snapshot, wall_ns, error)
 
     def _convert(self, snapshot: dict[str, Any] | None, wall_ns: int, error: str | None) -> Profile:
-        meta = {"torch": torch.__version__, "stacks": self._stacks, "ops": self._ops, **self._meta}
+        meta = {
+            "torch": torch.__version__,
+            "stacks": self._stacks,
+            "ops": self._ops,
+            "module_types": dict(self.tagger.module_types),
+            **self._meta,
+        }
         if snapshot is None or self._index is None:
             return ProfileBuilder().build(
                 device=self.device, source=self.source, wall_ns=wall_ns, error=error, meta=meta

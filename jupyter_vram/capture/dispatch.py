@@ -99,7 +99,7 @@ class DispatchRecorder:
             source=self.source,
             wall_ns=self._wall_ns,
             error=error,
-            meta={"torch": torch.__version__},
+            meta={"torch": torch.__version__, "module_types": dict(self.tagger.module_types)},
         )
 
     # -- hot path ----------------------------------------------------------------------------

@@ -234,6 +234,7 @@ class ProfilerRecorder:
             meta={
                 "torch": torch.__version__,
                 "stacks": self._stacks,
+                "module_types": dict(self.tagger.module_types),
                 **({"other_threads": self._threads.names} if self._threads.names else {}),
                 **({"warnings": self._warnings} if self._warnings else {}),
             },

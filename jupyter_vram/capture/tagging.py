@@ -193,6 +193,8 @@ class Tagger:
         self._on_role = on_role
         self._modules = modules
         self._names: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
+        #: module path -> class name (``Sequential.3`` -> ``Conv2d``), for the profile's meta
+        self.module_types: dict[str, str] = {}
         # id -> (weakref, name id): the per-call lookup without building a weakref each time
         self._fast_names: dict[int, tuple[weakref.ref[nn.Module], int]] = {}
         self._params = _WeakTensorMap()  # parameter -> owning module id
@@ -392,11 +394,15 @@ class Tagger:
         if self.module_stack:
             # first seen as a child: a submodule created or attached after its parent was named
             parent = self._modules.names[self.module_stack[-1]]
-            mid = self._names[module] = self._modules(f"{parent}.{type(module).__name__}")
+            path = f"{parent}.{type(module).__name__}"
+            mid = self._names[module] = self._modules(path)
+            self.module_types[path] = type(module).__name__
             with contextlib.suppress(Exception):
                 for sub in module.modules():
                     if sub is not module and sub not in self._names:
-                        self._names[sub] = self._modules(f"{parent}.{type(sub).__name__}")
+                        path = f"{parent}.{type(sub).__name__}"
+                        self._names[sub] = self._modules(path)
+                        self.module_types[path] = type(sub).__name__
                     self._report_module(sub)
             return mid
         self.adopt([module], ())
@@ -407,7 +413,9 @@ class Tagger:
         prefix = type(root).__name__
         for name, sub in root.named_modules():
             if sub not in self._names:
-                self._names[sub] = self._modules(f"{prefix}.{name}" if name else prefix)
+                path = f"{prefix}.{name}" if name else prefix
+                self._names[sub] = self._modules(path)
+                self.module_types[path] = type(sub).__name__
 
     def _pre_forward(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         try:
