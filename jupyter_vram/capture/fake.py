@@ -12,10 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -65,71 +63,3 @@ def is_data_dependent(error: BaseException) -> bool:
 def is_unsupported(error: BaseException) -> bool:
     """An operator without a fake implementation."""
     return isinstance(error, fake_tensor.UnsupportedOperatorException)
-
-
-class _CudaAttention(TorchFunctionMode):
-    """Runs ``scaled_dot_product_attention`` through the kernel CUDA would pick.
-
-    On the CPU, attention with dropout falls back to the math path, which keeps the whole
-    (batch, heads, seq, seq) probability matrix; on CUDA the flash and memory-efficient kernels
-    handle dropout and masks in place and save only the output and a log-sum-exp. Their fake
-    implementations run anywhere, so a CUDA estimate calls them directly. Anything they do not
-    cover (grouped-query heads, odd head sizes) runs as the user wrote it.
-    """
-
-    def __torch_function__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
-            out = _cuda_attention(*args, **kwargs)
-            if out is not None:
-                return out
-        return func(*args, **kwargs)
-
-
-def _cuda_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-) -> torch.Tensor | None:
-    """CUDA's choice between flash and memory-efficient attention, or None for "as written"."""
-    same_heads = key.shape[:-2] == query.shape[:-2] == value.shape[:-2]
-    if enable_gqa or query.dim() != 4 or not same_heads or query.shape[-1] % 8:
-        return None
-    half = query.dtype in (torch.float16, torch.bfloat16)
-    aten = torch.ops.aten
-    if half and attn_mask is None and query.shape[-1] <= 256:
-        result = aten._scaled_dot_product_flash_attention(
-            query, key, value, dropout_p, is_causal, False, scale=scale
-        )
-        return result[0]  # type: ignore[no-any-return]
-    bias = attn_mask
-    if bias is not None and bias.dtype == torch.bool:  # CUDA turns a boolean mask into a bias
-        bias = torch.zeros(bias.shape, dtype=query.dtype, device=bias.device).masked_fill(
-            bias.logical_not(), float("-inf")
-        )
-    if bias is not None and bias.dim() == 4 and bias.shape[-1] % 16:
-        return None  # CUDA pads such a bias first: leave these to the math path
-    needs_grad = query.requires_grad or key.requires_grad or value.requires_grad
-    result = aten._scaled_dot_product_efficient_attention(
-        query, key, value, bias, needs_grad and torch.is_grad_enabled(), dropout_p, is_causal,
-        scale=scale,
-    )  # fmt: skip
-    return result[0]  # type: ignore[no-any-return]
-
-
-@contextlib.contextmanager
-def cuda_attention() -> Iterator[None]:
-    """Within the block, attention runs through CUDA's kernels (see :class:`_CudaAttention`)."""
-    with _CudaAttention():
-        yield
