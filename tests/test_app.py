@@ -120,8 +120,9 @@ def test_timeline_click_anywhere_picks_that_moment(profile: jv.Profile) -> None:
     assert "Live at the peak" in view.moment.value
     data = dict(view.source.data)
     t = profile.timeline
-    widest = max(range(len(data["x"]) - 1), key=lambda k: data["x_end"][k] - data["x"][k])
-    for k in (1, widest, len(data["x"]) // 2):
+    drawn = [k for k in range(len(data["x"]) - 1) if data["index"][k] >= 0]  # holds an event
+    widest = max(drawn, key=lambda k: data["x_end"][k] - data["x"][k])
+    for k in (drawn[1], widest, drawn[len(drawn) // 2]):
         x = (data["x"][k] + data["x_end"][k]) / 2
         for y in (0.0, max(data["total"]) * 1.1):  # inside the area, and above it
             browser_clicks(view.plot, x, y)
