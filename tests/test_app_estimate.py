@@ -15,8 +15,16 @@ from torch import nn
 
 import jupyter_vram as jv
 from jupyter_vram.app import ProfileApp
-from jupyter_vram.app.estimate_view import BADGE, TITLE, EstimateView, what_if_html
+from jupyter_vram.app.estimate_view import (
+    BADGE,
+    TITLE,
+    EstimateView,
+    estimate_facts,
+    what_if_fits,
+    what_if_html,
+)
 from jupyter_vram.estimator import GPUS, Comparison, Estimate, EstimateError, estimate, find_gpu
+from jupyter_vram.estimator.api import Allowance
 from jupyter_vram.render.text import format_bytes
 
 WIDTH = 16384  # wide enough that the smallest GPU's largest batch is a real number
@@ -125,10 +133,12 @@ def test_what_if_row_that_could_not_run() -> None:
              "change": -0.25, "note": ""},
         ]
     )  # fmt: skip
-    table = what_if_html(frame, find_gpu("T4"), 8)
+    table = what_if_html(frame, find_gpu("T4"), 8, [True, None, False])
     assert "could not run: nothing to checkpoint" in table
     assert "2.00 GiB" in table and "+0.0%" in table and "-25.0%" in table
-    assert table.count("<td>yes</td>") == 2 and "<td>-</td>" in table
+    assert table.count("<td>yes</td>") == 1 and table.count("<td>no</td>") == 1
+    assert "<td>-</td>" in table
+    assert "<td>-</td>" in what_if_html(frame, find_gpu("T4"), 8)  # no answers given: none shown
 
 
 @pytest.mark.parametrize("button", ["search_button", "what_if_button"])
@@ -202,3 +212,109 @@ def test_an_estimate_app_does_not_keep_its_estimate() -> None:
     assert "fits at batch 4" in view.fit_table.value
     assert view.find_largest_batches() is None
     assert "no longer in memory" in view.message.value
+
+
+def with_reserved(est: Estimate, reserved: int) -> Estimate:
+    """``est`` with another predicted reserved peak: the same step near a card's limit, no run
+    (its profile used no flash attention, so every card's answer comes from this run)."""
+    meta = dict(est.profile.meta)
+    meta["allocator_model"] = {**meta["allocator_model"], "peak_reserved": reserved}
+    return Estimate(est.profile.replace(meta=meta), est.settings, b"")
+
+
+def near_limits(est: Estimate) -> list[int]:
+    """Reserved peaks just inside and outside each card's limit, and between its usable and
+    its total memory (where comparing against the total would say it fits)."""
+    overhead = est.runtime_overhead.bytes
+    values = set()
+    for gpu in GPUS:
+        base = gpu.usable_bytes - overhead - est.cublas_adjustment(gpu)
+        values |= {base, base + 1, base - 1, gpu.memory_bytes - overhead - 1}
+    return sorted(values)
+
+
+def fits_column(table: str) -> list[str]:
+    """The "fits on" cell of each row of a what-if table."""
+    rows = table.split("<tr class='jv-whatif-")[1:]
+    return [row[row.rindex("<td>") + 4 : row.rindex("</td>")] for row in rows]
+
+
+def test_fit_answers_are_the_estimators(est: Estimate) -> None:
+    """The header's smallest GPU, the GPU table and the what-if table's "fits on" column all
+    say what Estimate.fits says, for every card, also where device used lies between a card's
+    usable and total memory and where its cuBLAS workspaces differ from the simulated ones."""
+    assert est.settings.flash_attention and not any("flash" in op for op in est.profile.ops)
+    checked = 0
+    for reserved in near_limits(est):
+        near = with_reserved(est, reserved)
+        assert near.device_used_bytes == reserved + near.runtime_overhead.bytes
+        fits = {g.name: near.fits(g) for g in GPUS}
+        first = next((g.name for g in GPUS if fits[g.name]), "none listed")
+        assert dict(estimate_facts(near.profile, near))["smallest GPU it fits"] == first
+        assert dict(estimate_facts(near.profile))["smallest GPU it fits"] == first  # alone
+        view = EstimateView(near)
+        assert dict(zip(view.fit_frame["gpu"], view.fit_frame["fits"], strict=True)) == fits
+        frame = pd.DataFrame([
+            {"what_if": "as estimated: " + near.settings.describe(), "kind": "simulated",
+             "peak_bytes": near.peak_bytes, "reserved_bytes": near.reserved_bytes,
+             "device_used_bytes": near.device_used_bytes, "change": 0.0, "note": ""},
+        ])  # fmt: skip
+        view.what_if_frame, view._what_if_gpus = frame, 8
+        view._show_what_ifs()  # for the GPU chosen now; each change of choice shows it again
+        for gpu in GPUS:
+            view.gpu_choice.value = gpu.name
+            assert view.message.value == ""
+            assert view.what_if_fits == [fits[gpu.name]] == what_if_fits(near, frame, gpu)
+            assert fits_column(view.what_if_table.value) == ["yes" if fits[gpu.name] else "no"]
+            checked += 1
+    # the cases are real: some card is refused though device used is within its total memory
+    between = [
+        (g, r)
+        for r in near_limits(est)
+        for g in GPUS
+        if not with_reserved(est, r).fits(g) and with_reserved(est, r).used_on(g) <= g.memory_bytes
+    ]
+    assert between and checked == len(near_limits(est)) * len(GPUS)
+
+
+def test_header_uses_the_apps_estimate(est: Estimate) -> None:
+    """ProfileApp builds its header from the profile; the fit comes from the estimate it
+    holds."""
+    t4 = find_gpu("T4")
+    overhead = est.runtime_overhead.bytes + est.cublas_adjustment(t4)
+    near = with_reserved(est, t4.memory_bytes - overhead - 1)  # within its total, not usable
+    assert not near.fits(t4) and near.used_on(t4) <= t4.memory_bytes
+    first = next(g.name for g in GPUS if near.fits(g))
+    assert first == "V100 16GB"
+    head = ProfileApp(near.profile, estimate=near).header.value
+    assert f"smallest GPU it fits</span> <b>{html.escape(first)}</b>" in head
+
+
+def test_runtime_allowance_is_marked_as_a_guess(
+    est: Estimate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    allowance = est.runtime_overhead
+    assert allowance.guessed
+    mark = "a guess, not measured per GPU"
+    used = f"≈ {format_bytes(est.device_used_bytes)} (includes a {format_bytes(allowance.bytes)}"
+    head = ProfileApp(est.profile, estimate=est).header.value
+    assert html.escape(used) in head and mark in head
+    assert mark in dict(estimate_facts(est.profile))["predicted device used"]  # profile alone
+    intro = EstimateView(est, gpus=[SMALL_GPU]).fit_intro.value
+    assert mark in intro and "jv-guess" in intro and html.escape(allowance.note) in intro
+
+    measured = Allowance(allowance.bytes, guessed=False, note="measured on this card")
+    monkeypatch.setattr(Estimate, "runtime_overhead", property(lambda self: measured))
+    assert mark not in ProfileApp(est.profile, estimate=est).header.value
+    intro = EstimateView(est, gpus=[SMALL_GPU]).fit_intro.value
+    assert mark not in intro and "measured on this card" in intro
+
+
+def test_comparison_banner_left_out_tensors(est: Estimate) -> None:
+    """measured_bytes already leaves out the unrelated tensors: the banner says so, once."""
+    comparison = Comparison(110, 100, {"activation": 110}, {"activation": 100},
+                            left_out_bytes=5 << 20)  # fmt: skip
+    head = ProfileApp(est.profile, comparison=comparison).header.value
+    assert "Left out of the measurement: 5.0 MiB" in head and "error <b>+10.0%</b>" in head
+    banner = head[head.index('<div class="jv-comparison">') :]
+    assert "includes" not in banner and "without them" not in banner

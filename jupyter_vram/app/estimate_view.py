@@ -12,12 +12,12 @@ import html
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import ipywidgets as w
 
-from ..estimator.api import RunSummary
-from ..estimator.gpus import GPUS, Gpu, find_gpu
+from ..estimator.api import RUNTIME_OVERHEAD, Allowance, Estimate, RunSummary
+from ..estimator.gpus import GPUS, RUNTIME_HIDDEN_BYTES, Gpu, find_gpu
 from ..estimator.search import format_batch
 from ..estimator.step import StepSettings
 from ..model import CATEGORIES, Profile
@@ -28,12 +28,19 @@ from ..render.text import format_bytes
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ..estimator.api import Comparison, Estimate
+    from ..estimator.api import Comparison
 
 TITLE = "Fit & what-ifs"
 BADGE = "Estimate · simulated on fake tensors, no GPU used"
 GIB = 1 << 30
 RIGHT = " style='text-align:right'"
+T = TypeVar("T")
+#: How the estimator decides a fit (Estimate.fits), in words for the tables.
+FITS_RULE = (
+    "fits: device used on that card (its cuBLAS workspaces and attention kernel included) "
+    f"within its memory less the {format_bytes(RUNTIME_HIDDEN_BYTES)} the driver keeps "
+    "(Gpu.usable_bytes); headroom is what is left of that"
+)
 
 
 # -- header ------------------------------------------------------------------------------------
@@ -50,8 +57,13 @@ def estimate_settings(profile: Profile) -> StepSettings | None:
         return None
 
 
-def estimate_facts(profile: Profile) -> list[tuple[str, str]]:
-    """(label, value) pairs for an estimate's header; every number comes from the profile."""
+def estimate_facts(profile: Profile, estimate: Estimate | None = None) -> list[tuple[str, str]]:
+    """(label, value) pairs for an estimate's header; every number comes from the profile.
+
+    The GPU fit is the estimator's (:meth:`Estimate.fits`): ``estimate`` when given, else the
+    estimate the app being built holds, else one made from the profile alone (which cannot
+    simulate again: cards that would run another attention kernel are then left out).
+    """
     info = profile.meta.get("estimate", {})
     settings = estimate_settings(profile)
     batch = int(info.get("batch_size", 1))
@@ -74,15 +86,58 @@ def estimate_facts(profile: Profile) -> list[tuple[str, str]]:
     if cuda and profile.meta.get("allocator_model") is not None:
         run = RunSummary.of(profile, batch)
         facts.append(("predicted reserved", format_bytes(run.reserved_bytes)))
-        facts.append(("predicted device used", format_bytes(run.device_used_bytes)))
-        fits = [g for g in GPUS if run.device_used_bytes <= g.memory_bytes]
-        facts.append(("smallest GPU it fits", fits[0].name if fits else "none listed"))
+        held = estimate if estimate is not None else _held_estimate(profile)
+        alone = _profile_estimate(profile, settings) if held is None else None
+        source = held if held is not None else alone
+        allowance = source.runtime_overhead if source is not None else RUNTIME_OVERHEAD
+        used = format_bytes(run.device_used_bytes)
+        facts.append(("predicted device used", f"≈ {used} ({allowance_text(allowance)})"))
+        if held is not None:
+            facts.append(("smallest GPU it fits", smallest_gpu(held, GPUS)))
+        elif alone is not None:
+            facts.append(("smallest GPU it fits", smallest_gpu(alone, GPUS, simulate=False)))
     return facts
 
 
-def estimate_header_html(profile: Profile) -> str:
+def allowance_text(allowance: Allowance) -> str:
+    """What device used adds to reserved memory, marked as a guess while it is one."""
+    size = format_bytes(allowance.bytes)
+    if allowance.guessed:
+        return f"includes a {size} CUDA runtime allowance — a guess, not measured per GPU"
+    return f"includes {size} for the CUDA runtime: {allowance.note}"
+
+
+def smallest_gpu(estimate: Estimate, gpus: Sequence[Gpu], *, simulate: bool = True) -> str:
+    """The first of ``gpus`` (ascending by memory) the step fits, by :meth:`Estimate.fits`.
+
+    ``simulate=False``: only the cards the estimate answers without another run (those
+    running the same attention kernel as the simulated step); the answer says so.
+    """
+    checked = [g for g in gpus if simulate or estimate.settings_for(g) == estimate.settings]
+    first = next((g.name for g in checked if estimate.fits(g)), "none listed")
+    skipped = len(gpus) - len(checked)
+    if skipped:
+        return f"{first} (of the cards it can answer for; {skipped} need the estimate to run)"
+    return first
+
+
+def _held_estimate(profile: Profile) -> Estimate | None:
+    """The estimate of ``profile`` that the latest app keeps (the one being built)."""
+    from . import holder
+
+    return next(
+        (e for e in holder._latest if isinstance(e, Estimate) and e.profile is profile), None
+    )
+
+
+def _profile_estimate(profile: Profile, settings: StepSettings | None) -> Estimate | None:
+    """An estimate made from a saved estimate's profile alone (no job: it cannot run again)."""
+    return Estimate(profile, settings, b"") if settings is not None else None
+
+
+def estimate_header_html(profile: Profile, estimate: Estimate | None = None) -> str:
     """The header of an estimate's app: a clear 'this is an estimate', the facts, the caveats."""
-    items = facts_html(estimate_facts(profile))
+    items = facts_html(estimate_facts(profile, estimate))
     note = (
         '<details class="jv-estimate-note"><summary>What is modelled, what is not</summary>'
         f"<div>{html.escape(MODELLED)}</div><div>{html.escape(NOT_MODELLED)}</div></details>"
@@ -133,9 +188,9 @@ def _unrelated_note(comparison: Comparison) -> str:
     if not comparison.unrelated_bytes:
         return ""
     return (
-        f"<br><i>The measurement includes {format_bytes(comparison.unrelated_bytes)} of tensors "
-        "that existed before the cell and play no role in the step; without them the error is "
-        f"{100 * comparison.step_error:+.1f}%.</i>"
+        f"<br><i>Left out of the measurement: {format_bytes(comparison.unrelated_bytes)} of "
+        "tensors that existed before the cell and play no role in the step (not the model's, "
+        "nor its inputs); the error is on the step alone.</i>"
     )
 
 
@@ -178,16 +233,26 @@ def gpu_table_html(frame: pd.DataFrame, gpus: Sequence[Gpu], batch_size: int) ->
             cells.append(format_batch(int(row["max_batch_size"])))
         tds = "".join(f"<td{RIGHT if i else ''}>{c}</td>" for i, c in enumerate(cells))
         rows.append(f"<tr class='{'jv-fit-yes' if row['fits'] else 'jv-fit-no'}'>{tds}</tr>")
-    foot = (
-        "<tr><td colspan=5 class='jv-label'>≈: the marketing size, not a driver's report</td></tr>"
+    span = 5 if searched else 4
+    foot = f"<tr><td colspan={span} class='jv-label'>{html.escape(FITS_RULE)}</td></tr>" + (
+        f"<tr><td colspan={span} class='jv-label'>≈: the marketing size, not a driver's report"
+        "</td></tr>"
         if approximate
         else ""
     )
     return f"<table class='jv-table jv-gpus'>{head}{''.join(rows)}{foot}</table>"
 
 
-def what_if_html(frame: pd.DataFrame, gpu: Gpu | None, data_parallel: int) -> str:
-    """The what-if table: GiB with 2 decimals, change as a signed %, fits on ``gpu``."""
+def what_if_html(
+    frame: pd.DataFrame,
+    gpu: Gpu | None,
+    data_parallel: int,
+    fits: Sequence[bool | None] | None = None,
+) -> str:
+    """The what-if table: GiB with 2 decimals, change as a signed %, fits on ``gpu``.
+
+    ``fits``: one answer per row for ``gpu`` (see :func:`what_if_fits`; None: "-").
+    """
     fits_head = f"<th>fits on {html.escape(gpu.name)}</th>" if gpu is not None else ""
     head = (
         "<tr><th>what if</th><th>kind</th><th>peak allocated</th><th>reserved</th>"
@@ -218,15 +283,53 @@ def what_if_html(frame: pd.DataFrame, gpu: Gpu | None, data_parallel: int) -> st
                 f"<td{RIGHT} class='{trend}'>{100 * change:+.1f}%</td>",
             ]
             if gpu is not None:
-                cells.append(f"<td>{'yes' if used <= gpu.memory_bytes else 'no'}</td>")
+                fit = fits[i] if fits is not None and i < len(fits) else None
+                cells.append(f"<td>{'-' if fit is None else 'yes' if fit else 'no'}</td>")
         rows.append(f"<tr class='jv-whatif-{row['kind']}'>{''.join(cells)}</tr>")
     return (
         f"<table class='jv-table jv-whatifs'>{head}{''.join(rows)}</table>"
         "<div class='jv-label jv-note'>simulated: the step run again on fake tensors with that "
         "change. arithmetic: computed from this profile, each GPU holding its share of "
         f"parameters, gradients and optimizer state over {data_parallel} GPUs (NCCL buffers not "
-        "counted). change: peak allocated vs the estimate's.</div>"
+        "counted). change: peak allocated vs the estimate's."
+        + (
+            f" fits on {html.escape(gpu.name)}: as the GPU table decides (simulated rows run as "
+            "that card would run them; arithmetic rows add the card's difference for the "
+            "estimated step)"
+            if gpu is not None
+            else ""
+        )
+        + "</div>"
     )
+
+
+def what_if_fits(estimate: Estimate, frame: pd.DataFrame, gpu: Gpu) -> list[bool | None]:
+    """Whether each what-if row fits ``gpu``, by the estimator's rule.
+
+    The estimated step: :meth:`Estimate.fits`. A simulated variant: its device used on that
+    card (:meth:`Estimate.used_on` with its settings: that card's attention kernel and cuBLAS
+    workspaces) within :attr:`Gpu.usable_bytes`. An arithmetic row (sharding), computed from
+    the estimated step: its device used plus what that card adds to the estimated step's.
+    A row that could not run: None.
+    """
+    from ..estimator.whatif import variants
+
+    settings = {f"as estimated: {estimate.settings.describe()}": estimate.settings}
+    settings.update(variants(estimate.settings))
+    card_extra = estimate.used_on(gpu) - estimate.device_used_bytes
+    answers: list[bool | None] = []
+    for row in _records(frame):
+        used = row["device_used_bytes"]
+        chosen = settings.get(str(row["what_if"]))
+        if row.get("note") or used != used:  # could not run (NaN)
+            answers.append(None)
+        elif chosen == estimate.settings:
+            answers.append(estimate.fits(gpu))
+        elif chosen is not None and row["kind"] == "simulated":
+            answers.append(estimate.used_on(gpu, settings=chosen) <= gpu.usable_bytes)
+        else:
+            answers.append(int(used) + card_extra <= gpu.usable_bytes)
+    return answers
 
 
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
@@ -290,16 +393,22 @@ class EstimateView(w.VBox):  # type: ignore[misc]
         self.gpus = [g if isinstance(g, Gpu) else find_gpu(g) for g in gpus or GPUS]
         self.fit_frame: pd.DataFrame = estimate.gpu_table(self.gpus, search=False)
         self.what_if_frame: pd.DataFrame | None = None
+        self.what_if_fits: list[bool | None] | None = None  # for the chosen GPU
         self._what_if_gpus = 0
 
         self.message = w.HTML()
         self.message.add_class("jv-estimate-error")
         used = format_bytes(estimate.device_used_bytes)
         cuda = estimate.settings.target_type == "cuda"
+        allowance = estimate.runtime_overhead
+        guess = (
+            f" <span class='jv-guess' title='{html.escape(allowance.note, quote=True)}'>"
+            f"({html.escape(allowance_text(allowance))})</span>"
+        )
         self.fit_intro = w.HTML(
-            f"<b>Which GPUs it fits</b> at batch {estimate.batch_size:,}: device used {used}"
+            f"<b>Which GPUs it fits</b> at batch {estimate.batch_size:,}: device used ≈ {used}"
             + (
-                " (predicted reserved + 1 GiB for the CUDA context and libraries)"
+                f" = predicted reserved + runtime allowance{guess}"
                 if cuda
                 else ". This estimate targets the CPU, so the GPU fits use its peak without the "
                 "caching allocator or CUDA context; estimate with device='cuda' for GPU fits."
@@ -417,15 +526,13 @@ class EstimateView(w.VBox):  # type: ignore[misc]
         if frame is not None:
             self.what_if_frame = frame
             self._what_if_gpus = gpus
-            self._show_what_ifs()
-            progress.finish(f"{len(frame)} what-ifs")
+            if self._show_what_ifs():
+                progress.finish(f"{len(frame)} what-ifs")
         return frame
 
     # -- internals ------------------------------------------------------------------------
 
-    def _run(
-        self, button: w.Button, progress: RunProgress, job: Callable[[], pd.DataFrame]
-    ) -> pd.DataFrame | None:
+    def _run(self, button: w.Button, progress: RunProgress, job: Callable[[], T]) -> T | None:
         """Run ``job`` with its button disabled; an error is shown here, not raised."""
         self.message.value = ""
         button.disabled = True
@@ -448,11 +555,26 @@ class EstimateView(w.VBox):  # type: ignore[misc]
     def _chosen_gpu(self) -> Gpu | None:
         return next((g for g in self.gpus if g.name == self.gpu_choice.value), None)
 
-    def _show_what_ifs(self) -> None:
-        if self.what_if_frame is not None:
-            self.what_if_table.value = what_if_html(
-                self.what_if_frame, self._chosen_gpu(), self._what_if_gpus
+    def _show_what_ifs(self) -> bool:
+        """Show the what-if table with its fits on the chosen GPU (a card that runs another
+        attention kernel simulates the variants again); False if that failed."""
+        frame = self.what_if_frame
+        if frame is None:
+            return True
+        gpu = self._chosen_gpu()
+        fits: list[bool | None] | None = None
+        if gpu is not None:
+            progress = self.what_if_progress
+            progress.status.value = html.escape(f"checking the fits on {gpu.name} ...")
+            fits = self._run(
+                self.what_if_button, progress, lambda: what_if_fits(self._live(), frame, gpu)
             )
+            if fits is None:
+                return False
+            progress.status.value = html.escape(f"fits on {gpu.name} checked")
+        self.what_if_fits = fits
+        self.what_if_table.value = what_if_html(frame, gpu, self._what_if_gpus, fits)
+        return True
 
     def _on_data_parallel(self, change: dict[str, Any]) -> None:
         if self.what_if_frame is not None and change["new"] != self._what_if_gpus:
