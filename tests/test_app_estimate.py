@@ -277,6 +277,22 @@ def test_fit_answers_are_the_estimators(est: Estimate) -> None:
     assert between and checked == len(near_limits(est)) * len(GPUS)
 
 
+def test_profile_alone_leaves_out_cards_it_cannot_answer(
+    est: Estimate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A saved estimate's profile cannot simulate again: cards that would run another
+    attention kernel than the simulated step's are named as not checked, never guessed."""
+    monkeypatch.setattr("jupyter_vram.estimator.api._uses_flash", lambda profile: True)
+    near = with_reserved(est, find_gpu("A10").usable_bytes // 2)
+    answer = dict(estimate_facts(near.profile))["smallest GPU it fits"]
+    no_flash = [g.name for g in GPUS if not g.flash_attention]
+    first = next(g.name for g in GPUS if g.flash_attention and near.fits(g))
+    assert (
+        answer
+        == f"{first} (not checked: {', '.join(no_flash)}, which run another attention kernel)"
+    )
+
+
 def test_header_uses_the_apps_estimate(est: Estimate) -> None:
     """ProfileApp builds its header from the profile; the fit comes from the estimate it
     holds."""

@@ -115,9 +115,9 @@ def smallest_gpu(estimate: Estimate, gpus: Sequence[Gpu], *, simulate: bool = Tr
     """
     checked = [g for g in gpus if simulate or estimate.settings_for(g) == estimate.settings]
     first = next((g.name for g in checked if estimate.fits(g)), "none listed")
-    skipped = len(gpus) - len(checked)
+    skipped = [g.name for g in gpus if g not in checked]
     if skipped:
-        return f"{first} (of the cards it can answer for; {skipped} need the estimate to run)"
+        return f"{first} (not checked: {', '.join(skipped)}, which run another attention kernel)"
     return first
 
 
