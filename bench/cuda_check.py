@@ -177,6 +177,13 @@ def record(name: str, step: Callable[[], None], out: Path, **kwargs: Any) -> Pro
     print("  at peak: " + ", ".join(f"{k} {v / MIB:.1f} MiB" for k, v in breakdown.items() if v))
     phases = {int(p) for p in prof.allocations.phase}
     print(f"  phases seen: {sorted(phases)}; modules: {len(prof.modules)}; ops: {len(prof.ops)}")
+    if m.get("labels") == "profiler" and "step" in name:
+        check(
+            name,
+            "profiler labels name forward, backward and optimizer allocations",
+            {1, 2, 3} <= phases and m.get("profiler_labels", 0) > 0 and len(prof.ops) > 3,
+            f"phases {sorted(phases)}, labelled {m.get('profiler_labels')}, ops {len(prof.ops)}",
+        )
     results[name].update(
         peak=prof.peak_bytes,
         max_memory_allocated=max_alloc,
@@ -369,6 +376,7 @@ def main() -> None:
     record("mlp_step1", step, out)  # creates Adam's state
     record("mlp_step2", step, out)
     record("mlp_no_stacks_no_ops", step, out, stacks=False, ops=False)
+    record("mlp_mode_labels", step, out, labels="mode")
     record("mlp_truncated", step, out, max_entries=150)
     overhead("mlp", step)
 

@@ -62,9 +62,9 @@ def main() -> None:
         with Passthrough():
             step()
 
-    def recorded(ops: bool) -> object:
+    def recorded(labels: str) -> object:
         def run() -> None:
-            rec = CudaSnapshotRecorder(dev, ops=ops)
+            rec = CudaSnapshotRecorder(dev, labels=labels)
             rec.start(sys._getframe())
             try:
                 step()
@@ -80,8 +80,9 @@ def main() -> None:
     rows = {
         "unrecorded": plain,
         "pass-through dispatch mode": peak(under_mode),
-        "CUDA recorder, op labels (dispatch mode)": peak(recorded(True)),
-        "CUDA recorder, no op labels": peak(recorded(False)),
+        "CUDA recorder, labels from a dispatch mode": peak(recorded("mode")),
+        "CUDA recorder, labels from the profiler": peak(recorded("profiler")),
+        "CUDA recorder, no labels": peak(recorded("none")),
     }
     for label, value in rows.items():
         print(f"  {label:<42} {value / 2**20:9.2f} MiB  {100 * (value - plain) / plain:+6.1f} %")

@@ -454,7 +454,7 @@ class FakeApi:
 
 
 def fake_recorder(api: FakeApi) -> CudaSnapshotRecorder:
-    rec = CudaSnapshotRecorder("cuda:0", max_entries=1234)
+    rec = CudaSnapshotRecorder("cuda:0", max_entries=1234, labels="mode")
     rec._api = api  # type: ignore[assignment]
     return rec
 
@@ -558,3 +558,34 @@ def test_real_error_switches_history_off() -> None:
     assert rec.profile.error == "ValueError: boom"
     assert rec.profile.peak_bytes >= 4 << 20
     assert history_is_off()
+
+
+def test_profiler_labels_go_to_the_same_block_occurrence() -> None:
+    """History entries get the label of the profiler's report for the same address and the
+    same occurrence of it; markers keep theirs; frees are left alone."""
+    from jupyter_vram.capture.cuda_convert import MARKER_PREFIX
+    from jupyter_vram.capture.cuda_snapshot import label_from_profiler
+    from jupyter_vram.capture.profiler_events import AllocEvent
+
+    ops = ["(unknown)", "addmm", "mm", "empty"]
+    events = [
+        AllocEvent(10, 0xA00, 512, op=1, module=3, phase=1),
+        AllocEvent(11, 0xB00, 1024, op=3, module=0, phase=0),  # the marker's own report
+        AllocEvent(12, 0xA00, -512),
+        AllocEvent(13, 0xA00, 2048, op=2, module=4, phase=2),
+    ]
+    entries = [
+        {"action": "alloc", "addr": 0xA00, "size": 512},
+        {"action": "alloc", "addr": 0xB00, "size": 512, "user_metadata": f"{MARKER_PREFIX}1"},
+        {"action": "free_requested", "addr": 0xA00, "size": 512},
+        {"action": "alloc", "addr": 0xA00, "size": 2048},
+        {"action": "alloc", "addr": 0xC00, "size": 512},  # never reported: no label
+    ]
+    assert label_from_profiler(entries, events, ops) == 2
+    assert [e.get("user_metadata") for e in entries] == [
+        "1|3|addmm",
+        f"{MARKER_PREFIX}1",
+        None,
+        "2|4|mm",
+        None,
+    ]

@@ -4,8 +4,12 @@ The allocator logs every block it hands out and takes back, with Python stacks, 
 event and without touching user code, so this is the exact record of device memory. Two things
 are added on top of it, both cheap:
 
-* a lean dispatch mode sets the allocator's per-thread *user metadata* to
-  ``"phase|module|op"`` before each aten op, so every allocation names its phase, module and op;
+* every allocation is labelled ``"phase|module|op"`` (the history's *user metadata* field).
+  By default the labels come from the torch profiler's reports of the same allocations
+  (matched by address and order) and the module ranges our global hooks open: no Python runs
+  per op, and autograd runs as it would unrecorded (measured on an H200: a dispatch mode
+  around every op raised a three-headed model's true peak by 18.6 %, these labels by 0.0 %).
+  ``labels="mode"`` sets the metadata from a dispatch mode before each op instead;
 * the :class:`~.tagging.Tagger` reports roles (parameter, gradient, activation, ...) of live
   tensors; a role is a storage address, placed in the event order by a *marker*: a 1-byte
   allocation labelled ``"jv-marker|k"`` (filtered out of the profile).
@@ -18,9 +22,10 @@ At the end the final snapshot, the baseline snapshot taken at the start and the 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import FrameType
 from typing import Any
 
@@ -31,6 +36,7 @@ from . import RecordingError
 from .builder import Interner, ProfileBuilder
 from .cuda_convert import MARKER_PREFIX, SOURCE, Role, profile_from_snapshot
 from .modes import ObservingMode
+from .profiler_events import AllocEvent, ProfilerSession, profiler_busy, read_events
 from .tagging import Tagger, live_objects
 
 __all__ = ["CudaSnapshotRecorder"]
@@ -127,8 +133,10 @@ def _frame_chain(frame: FrameType | None) -> list[tuple[str, int, str]]:
 class CudaSnapshotRecorder:
     """Records one CUDA device through the caching allocator's history (see the module doc).
 
-    ``stacks``: keep Python stacks of allocations. ``ops``: label allocations with their op,
-    module and phase through a dispatch mode (a few us per op). ``max_entries``: size of the
+    ``stacks``: keep Python stacks of allocations. ``labels``: where each allocation's op,
+    module and phase come from: ``"profiler"`` (default), ``"mode"`` (a dispatch mode, a few us
+    per op, and it changes how autograd accumulates gradients) or ``"none"``; ``ops`` is the
+    older switch (True: ``"mode"``, False: ``"none"``). ``max_entries``: size of the
     allocator's ring buffer; longer runs keep the end and say ``meta["truncated"]``.
     ``keep_raw``: keep the raw snapshots and roles in ``.raw`` (for fixtures and debugging).
     """
@@ -140,7 +148,8 @@ class CudaSnapshotRecorder:
         device: torch.device | str = "cuda",
         *,
         stacks: bool = True,
-        ops: bool = True,
+        ops: bool | None = None,
+        labels: str = "profiler",
         max_entries: int = 250_000,
         keep_raw: bool = False,
     ) -> None:
@@ -150,13 +159,26 @@ class CudaSnapshotRecorder:
         self._index = dev.index
         self.device = f"cuda:{dev.index}" if dev.index is not None else "cuda"
         self._stacks = stacks
-        self._ops = ops
+        if ops is not None:  # the older switch: True = the labelling mode, False = no labels
+            labels = "mode" if ops else "none"
+        if labels not in ("profiler", "mode", "none"):
+            raise ValueError(f"labels must be 'profiler', 'mode' or 'none', not {labels!r}")
+        self._labels_from = labels
+        self._ops = labels == "mode"
+        self._session = ProfilerSession()
         self._max_entries = max_entries
         self._keep_raw = keep_raw
         self.raw: dict[str, Any] | None = None
         self._api = _CudaApi()
         self._modules = Interner("")
-        self.tagger = Tagger(self._on_role, self._modules)
+        by_profiler = labels == "profiler"
+        self.tagger = Tagger(
+            self._on_role,
+            self._modules,
+            on_enter=self._session.enter if by_profiler else None,
+            on_exit=self._session.exit if by_profiler else None,
+            tag_graph=self._ops,
+        )
         self._mode = ObservingMode(before=self._label)
         self._labels: dict[tuple[int, int, Any], str] = {}
         self._roles: list[Role] = []
@@ -208,6 +230,12 @@ class CudaSnapshotRecorder:
         self._baseline = self._api.snapshot()
         if any(self._baseline.get("device_traces") or ()):
             self._meta["history_was_on"] = True  # the user's own history is switched off at stop
+        if self._labels_from == "profiler":
+            if profiler_busy():  # the user's own profiler: record without op labels
+                self._labels_from = "none"
+                self._meta["labels_note"] = "a torch profiler was running: no op labels"
+            else:
+                self._session.start(stacks=False)
         self._t0 = time.perf_counter_ns()
         self._history_on = True  # set first: stop() switches it off even if this call fails
         self._api.start_history(
@@ -221,6 +249,7 @@ class CudaSnapshotRecorder:
     def stop(self, error: str | None = None) -> Profile:
         """Switch everything off (always, in this order), then convert the final snapshot."""
         snapshot: dict[str, Any] | None = None
+        events: Sequence[Any] = ()
         wall_ns = 0
         try:
             if self._mode_entered:
@@ -242,13 +271,24 @@ class CudaSnapshotRecorder:
                         self._api.stop_history()
                         if self._metadata_ok:
                             self._api.set_metadata(self._prev_metadata)
+                events = self._session.stop()
+        if snapshot is not None and events and self._index is not None:
+            read = read_events(events, "cuda", self._modules)
+            del events
+            with contextlib.suppress(Exception):  # labels are a nicety; never lose the profile
+                traces = snapshot.get("device_traces") or []
+                if self._index < len(traces):
+                    self._meta["profiler_labels"] = label_from_profiler(
+                        traces[self._index], read.events, read.ops
+                    )
         return self._convert(snapshot, wall_ns, error)
 
     def _convert(self, snapshot: dict[str, Any] | None, wall_ns: int, error: str | None) -> Profile:
         meta = {
             "torch": torch.__version__,
             "stacks": self._stacks,
-            "ops": self._ops,
+            "ops": self._labels_from != "none",
+            "labels": self._labels_from,
             "module_types": dict(self.tagger.module_types),
             **self._meta,
         }
@@ -339,3 +379,34 @@ class CudaSnapshotRecorder:
             self._dirty = False
         finally:
             self._in_marker = False
+
+
+def label_from_profiler(
+    entries: list[dict[str, Any]], events: Sequence[AllocEvent], ops: Sequence[str]
+) -> int:
+    """Give each ``alloc`` entry of the allocator history the ``"phase|module|op"`` label of the
+    report the profiler saw for the same block: the same address, the same occurrence of it
+    (both see every allocation of the run, in order). Markers keep their own labels. Returns
+    how many entries were labelled.
+    """
+    by_ptr: dict[int, list[AllocEvent]] = {}
+    for ev in events:
+        if ev.size > 0:
+            by_ptr.setdefault(ev.ptr, []).append(ev)
+    seen: dict[int, int] = {}
+    labelled = 0
+    for entry in entries:
+        if entry.get("action") != "alloc":
+            continue
+        addr = int(entry.get("addr", 0))
+        k = seen.get(addr, 0)
+        seen[addr] = k + 1
+        if str(entry.get("user_metadata") or "").startswith(MARKER_PREFIX):
+            continue
+        found = by_ptr.get(addr)
+        if found is None or k >= len(found):
+            continue
+        ev = found[k]
+        entry["user_metadata"] = f"{ev.phase}|{ev.module}|{ops[ev.op]}"
+        labelled += 1
+    return labelled

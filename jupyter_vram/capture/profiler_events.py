@@ -104,6 +104,60 @@ def profiler_busy() -> bool:
     return bool(torch.autograd.profiler._is_profiler_enabled)
 
 
+class ProfilerSession:
+    """One torch profiler recording allocator reports, plus the module ranges our hooks open.
+
+    Shared by the CPU recorder (which reads everything from it) and the CUDA recorder (which
+    takes only op / module / phase labels from it: the allocator history is its truth).
+    """
+
+    def __init__(self) -> None:
+        self.profiler: Any = None
+        self.ranges: list[Any] = []
+        self.started_ns = 0
+        self._names: dict[int, str] = {}
+
+    def start(self, *, stacks: bool) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        self.profiler = profile(
+            activities=[ProfilerActivity.CPU], profile_memory=True, with_stack=stacks
+        )
+        with _quiet_stderr():
+            self.profiler.start()
+        self.started_ns = time.monotonic_ns()
+
+    def stop(self) -> Sequence[Any]:
+        """Stop the profiler and return its event tree (empty if it cannot be read)."""
+        self.close_ranges()
+        profiler, self.profiler = self.profiler, None
+        if profiler is None:
+            return ()
+        with _quiet_stderr(), contextlib.suppress(Exception):
+            profiler.stop()
+            return profiler.profiler.kineto_results.experimental_event_tree()  # type: ignore[no-any-return]
+        return ()
+
+    def enter(self, module_id: int) -> None:
+        """Open the range of a module call (about 1 us: a C++ record function)."""
+        name = self._names.get(module_id)
+        if name is None:
+            name = self._names[module_id] = f"{MODULE_RANGE}{module_id}"
+        rf = _RecordFunctionFast(name)
+        rf.__enter__()
+        self.ranges.append(rf)
+
+    def exit(self) -> None:
+        if self.ranges:
+            self.ranges.pop().__exit__(None, None, None)
+
+    def close_ranges(self) -> None:
+        """Module calls an interrupt left open."""
+        while self.ranges:
+            with contextlib.suppress(Exception):
+                self.ranges.pop().__exit__(None, None, None)
+
+
 class ProfilerRecorder:
     """Records every CPU allocation and free through the allocator's profiler reports."""
 
@@ -122,12 +176,10 @@ class ProfilerRecorder:
             on_exit=self._exit_module,
             tag_graph=False,
         )
-        self._range_names: dict[int, str] = {}
-        self._ranges: list[Any] = []
         self._notes: list[tuple[int, int, int, int, int, int]] = []  # t, ptr, size, cat, mod, key
         self._watched: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         self._freed: dict[int, int] = {}  # storage key -> time its memory was released
-        self._profiler: Any = None
+        self._session = ProfilerSession()
         self._boundary: tuple[str, str] | None = None
         self._active = False
         self._t0 = 0
@@ -140,7 +192,6 @@ class ProfilerRecorder:
         self._state = ReadState()
         self._reader: StackReader | None = None
         self._reads: list[EventRead] = []
-        self._chunk_start = 0
         self._flushing = False
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -200,12 +251,9 @@ class ProfilerRecorder:
             finally:
                 self.tagger.stop()
                 self._threads.stop()
-                while self._ranges:  # module calls an interrupt left open
-                    with contextlib.suppress(Exception):
-                        self._ranges.pop().__exit__(None, None, None)
                 self._wall_ns = time.time_ns() - self._t0 if self._t0 else 0
                 self._active = False
-                if self._profiler is not None and not profiler_busy():
+                if self._session.profiler is not None and not profiler_busy():
                     self._warnings.append(  # a profiler the cell ran ended ours
                         "a torch.profiler started inside the recording took over the "
                         "allocator's reports: this profile is incomplete"
@@ -243,24 +291,10 @@ class ProfilerRecorder:
     # -- the profiler, in chunks -------------------------------------------------------------
 
     def _start_profiler(self) -> None:
-        from torch.profiler import ProfilerActivity, profile
-
-        self._profiler = profile(
-            activities=[ProfilerActivity.CPU], profile_memory=True, with_stack=self._stacks
-        )
-        with _quiet_stderr():
-            self._profiler.start()
-        self._chunk_start = time.monotonic_ns()
+        self._session.start(stacks=self._stacks)
 
     def _stop_profiler(self) -> Sequence[Any]:
-        """Stop the profiler and return its event tree (empty if it cannot be read)."""
-        profiler, self._profiler = self._profiler, None
-        if profiler is None:
-            return ()
-        with _quiet_stderr(), contextlib.suppress(Exception):
-            profiler.stop()
-            return profiler.profiler.kineto_results.experimental_event_tree()  # type: ignore[no-any-return]
-        return ()
+        return self._session.stop()
 
     def _read(self, events: Sequence[Any]) -> None:
         self._reads.append(
@@ -302,26 +336,20 @@ class ProfilerRecorder:
     # -- hooks (never raise) -----------------------------------------------------------------
 
     def _enter_module(self, module_id: int) -> None:
-        ranges = self._ranges
+        session = self._session
         if (
-            not ranges
-            and time.monotonic_ns() - self._chunk_start > FLUSH_AFTER_NS
+            not session.ranges
+            and time.monotonic_ns() - session.started_ns > FLUSH_AFTER_NS
             and not self._flushing
-            and self._profiler is not None
+            and session.profiler is not None
             and not self.tagger.optimizer_depth
             and torch._C._current_graph_task_id() == -1
         ):
             self._flush()
-        name = self._range_names.get(module_id)
-        if name is None:
-            name = self._range_names[module_id] = f"{MODULE_RANGE}{module_id}"
-        rf = _RecordFunctionFast(name)
-        rf.__enter__()
-        ranges.append(rf)
+        session.enter(module_id)
 
     def _exit_module(self) -> None:
-        if self._ranges:
-            self._ranges.pop().__exit__(None, None, None)
+        self._session.exit()
 
     def _on_role(self, tensor: torch.Tensor, category: int, module: int) -> None:
         if not self._active:
