@@ -122,3 +122,37 @@ def test_bf16_parameters_take_two_bytes() -> None:
     # AdamW state follows the parameters' dtype; the step counters stay fp32
     assert peak["optimizer_state"] == 2 * 2 * numel + 4 * tensors
     assert _most(estimate.profile, "gradient") == 2 * numel
+
+
+def test_channels_last_depthwise_backward_workspace_is_estimated() -> None:
+    """oneDNN's depthwise backward on channels_last input makes a C x k x k x 256 x 4 byte
+    buffer inside the op (the recorder sees it: tests/test_observer_effect.py); the estimate
+    must hold it too, and agree with the measured step."""
+    import torch
+    from torch import nn
+
+    import jupyter_vram as jv
+
+    c, k = 128, 7
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(c, c, k, padding=k // 2, groups=c), nn.GELU(), nn.Conv2d(c, c, 1)
+    ).to(memory_format=torch.channels_last)
+    x = torch.randn(4, c, 14, 14).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step() -> None:
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    with jv.record("cpu") as rec:
+        step()
+    est = jv.estimate(model, x, optimizer="sgd", device="cpu", loss_fn=lambda out, batch: out.sum())
+    rows = est.profile.to_dataframe()
+    workspace = c * k * k * 256 * 4
+    inside = rows[(rows["bytes"] == workspace) & (rows["phase"] == "backward")]
+    assert len(inside) == 1 and set(inside["category"]) == {"temporary"}
+    measured = rec.profile.peak_bytes
+    assert abs(est.peak_bytes - measured) <= 0.01 * measured

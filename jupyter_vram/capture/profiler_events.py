@@ -14,7 +14,8 @@ Attribution is read back from the profiler's event tree at the end:
   autograd sequence number the profiler records on both;
 * the phase is forward inside a module (and until backward starts), backward inside the
   autograd engine's ranges, optimizer inside ``Optimizer.step``;
-* Python stacks come from the profiler's Python tracer (``stacks=True``);
+* Python stacks come from the profiler's Python tracer (``stacks=True``; off where
+  torch.compile runs, and after the first chunk of a long cell);
 * roles (parameter, gradient, optimizer state, activation, input) are noted by the
   :class:`~.tagging.Tagger` as (address, time) pairs and placed on the allocation that held that
   address at that time. Storages that existed before recording become baseline rows.
@@ -77,8 +78,9 @@ _PLUMBING = frozenset(
 )
 #: Read the profiler's events at the next top-level module call once a chunk is this old.
 FLUSH_AFTER_NS = 1_000_000_000
-#: A role noted within this many ns of an allocation's start still belongs to it (the two
-#: clocks are aligned at start to about a microsecond).
+#: A role noted within this many ns of an allocation's start still belongs to it: notes are
+#: stamped with time.time_ns(), reports with the profiler's clock converted to the same
+#: system time, and the two differ by a conversion error of about a microsecond.
 _TOLERANCE_NS = 20_000
 
 

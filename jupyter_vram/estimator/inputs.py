@@ -49,6 +49,7 @@ class TensorInput:
     shape: tuple[int, ...]
     dtype: torch.dtype | None = None
     high: int = 2  # exclusive upper bound of integer values (vocabulary size, classes)
+    channels_last: bool = False  # an image batch in channels_last layout (oneDNN kernels differ)
 
     @property
     def is_index(self) -> bool:
@@ -117,6 +118,11 @@ class BatchSpec:
                 if t.dtype == torch.bool:
                     return torch.ones(t.shape, dtype=torch.bool, device=device)
                 return torch.randint(0, max(t.high, 1), t.shape, dtype=t.dtype, device=device)
+            if t.channels_last:
+                layout = torch.channels_last
+                made = torch.empty(t.shape, dtype=t.dtype or float_dtype, device=device,
+                                   memory_format=layout)  # fmt: skip
+                return made.normal_()
             return torch.randn(t.shape, dtype=t.dtype or float_dtype, device=device)
 
         return tuple(make(t) for t in self.args), {n: make(t) for n, t in self.kwargs.items()}
@@ -218,7 +224,12 @@ def _from_tensor(model: nn.Module, name: str | None, tensor: torch.Tensor) -> Te
     model's float dtype, so ``dtype=`` casts it as training code would), never token ids;
     if the model cannot take it, the run fails as the real model would."""
     if tensor.dtype.is_floating_point:
-        return TensorInput(tuple(tensor.shape), None)
+        channels_last = (
+            tensor.dim() == 4
+            and not tensor.is_contiguous()
+            and tensor.is_contiguous(memory_format=torch.channels_last)
+        )
+        return TensorInput(tuple(tensor.shape), None, channels_last=channels_last)
     return _tensor_input(model, name, tuple(tensor.shape), tensor.dtype)
 
 

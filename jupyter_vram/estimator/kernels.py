@@ -26,6 +26,10 @@ from the real kernel in what else it returns:
   computes (``cudnnGetRNNTrainingReserveSize``). A CUDA estimate charges the size measured on
   an H200 with cuDNN 9 (:func:`cudnn_lstm_reserve_bytes`); cuDNN's temporary workspaces are
   not modelled.
+- **Depthwise convolutions on the CPU.** The backward of a float32 depthwise convolution on a
+  channels_last input makes a buffer of channels x k x k x 256 x 4 bytes inside oneDNN and
+  frees it before returning (:func:`depthwise_backward_workspace`); :class:`OneDnnScratch`
+  allocates and frees one of that size around each such fake call.
 - **oneDNN's temporaries.** Inside each LSTM layer call oneDNN reorders the weights into its
   own layout and uses a scratchpad (the gates of every step); backward also reorders the
   weight gradients when their leading dimension is padded. These live only during the call,
@@ -157,6 +161,26 @@ def rnn_workspaces(target_type: str) -> Iterator[None]:
         yield
 
 
+def depthwise_backward_workspace(input: torch.Tensor, weight: torch.Tensor, groups: int) -> int:
+    """Bytes oneDNN allocates and frees inside the backward of a float32 depthwise 2-D
+    convolution whose input is channels_last: channels x kernel height x kernel width x 256 x
+    4, whatever the batch (measured against the CPU allocator's reports: 24.5 MiB at 512
+    channels and a 7 x 7 kernel; tests/test_observer_effect.py checks the real kernel)."""
+    if (
+        input.dtype != torch.float32
+        or input.dim() != 4
+        or weight.dim() != 4
+        or groups != input.shape[1]
+        or weight.shape[1] != 1
+        or input.shape[1] == 1
+        or not input.is_contiguous(memory_format=torch.channels_last)
+        or input.is_contiguous()
+    ):
+        return 0
+    channels, kh, kw = int(weight.shape[0]), int(weight.shape[2]), int(weight.shape[3])
+    return channels * kh * kw * 256 * 4
+
+
 class OneDnnScratch(TorchDispatchMode):  # type: ignore[misc,no-untyped-call]
     """Allocates and frees oneDNN's in-call temporaries around fake LSTM layer calls (see the
     module docstring). Enter it above the recorder, so the recorder sees these buffers."""
@@ -170,7 +194,14 @@ class OneDnnScratch(TorchDispatchMode):  # type: ignore[misc,no-untyped-call]
     ) -> Any:
         out = func(*args, **(kwargs or {}))
         aten = torch.ops.aten
-        if func is aten.mkldnn_rnn_layer.default or func is aten.mkldnn_rnn_layer_backward.default:
+        if func is aten.convolution_backward.default:
+            workspace = depthwise_backward_workspace(args[1], args[2], args[9])
+            if workspace:
+                held = torch.empty(workspace, dtype=torch.uint8, device=args[1].device)
+                del held
+        elif (
+            func is aten.mkldnn_rnn_layer.default or func is aten.mkldnn_rnn_layer_backward.default
+        ):
             x, w_layer = args[0], args[1]
             if x.dtype == torch.float32 and x.dim() == 3:
                 sizes = onednn_lstm_temporaries(
