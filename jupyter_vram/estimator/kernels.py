@@ -197,8 +197,8 @@ class OneDnnScratch(TorchDispatchMode):  # type: ignore[misc,no-untyped-call]
         if func is aten.convolution_backward.default:
             workspace = depthwise_backward_workspace(args[1], args[2], args[9])
             if workspace:
-                held = torch.empty(workspace, dtype=torch.uint8, device=args[1].device)
-                del held
+                buffer = torch.empty(workspace, dtype=torch.uint8, device=args[1].device)
+                del buffer
         elif (
             func is aten.mkldnn_rnn_layer.default or func is aten.mkldnn_rnn_layer_backward.default
         ):
