@@ -96,7 +96,7 @@ def reachable_objects(
     todo: list[tuple[Any, int]] = []
     with contextlib.suppress(Exception):
         todo.extend((v, 0) for v in list(namespace.values()))
-    kinds: dict[type, int] = {}
+    kind_of = _KindCache()
     budget = max_objects
     while todo and budget > 0:
         obj, depth = todo.pop()
@@ -105,9 +105,7 @@ def reachable_objects(
         seen.add(id(obj))
         budget -= 1
         cls = type(obj)
-        kind = kinds.get(cls)
-        if kind is None:
-            kind = kinds[cls] = _kind_of(cls)
+        kind = kind_of(cls)
         if kind >= 0:
             found[kind].append(obj)
             continue
@@ -137,15 +135,25 @@ def live_objects() -> tuple[list[torch.Tensor], list[nn.Module], list[Optimizer]
     objects, and a plain isinstance() on each costs several times more.
     """
     found: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
-    kinds: dict[type, int] = {}
+    kind_of = _KindCache()
     for obj in gc.get_objects():
-        cls = type(obj)
-        kind = kinds.get(cls)
-        if kind is None:
-            kind = kinds[cls] = _kind_of(cls)
+        kind = kind_of(type(obj))
         if kind >= 0:
             found[kind].append(obj)
     return found
+
+
+class _KindCache:
+    """0 tensor, 1 module, 2 optimizer, -1 anything else; decided once per type."""
+
+    def __init__(self) -> None:
+        self._kinds: dict[type, int] = {}
+
+    def __call__(self, cls: type) -> int:
+        kind = self._kinds.get(cls)
+        if kind is None:
+            kind = self._kinds[cls] = _kind_of(cls)
+        return kind
 
 
 def _kind_of(cls: type) -> int:
