@@ -54,9 +54,11 @@ def show(profile: Profile | Estimate) -> Any:
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:
     """`%load_ext jupyter_vram`: register `%%vram`, `%vram` and `%vram_estimate`."""
+    from .async_cells import install
     from .magics import VramMagics
 
     ipython.register_magics(VramMagics)
+    install(ipython)
 
 
 def _jupyter_labextension_paths() -> list[dict[str, Any]]:

@@ -65,20 +65,7 @@ class VramMagics(Magics):
         filename = shell.compile.cache(source, current_cell_number(shell))
 
         def show(profile: Profile) -> None:
-            shell.user_ns["_vram"] = profile
-            if args.quiet:
-                return
-            if args.text:
-                print(summary(profile))
-                return
-            from IPython.display import display
-
-            from .app import ProfileApp
-            from .session import matching_estimate
-
-            estimate = matching_estimate(profile)
-            comparison = estimate.compare(profile) if estimate is not None else None
-            display(ProfileApp(profile, comparison=comparison))
+            self._show(profile, args)
 
         try:
             run = run_code(
@@ -95,6 +82,65 @@ class VramMagics(Magics):
         if run.nested:
             print("%%vram: already recording; this nested cell ran without its own recording")
         return run.value
+
+    def _show(self, profile: Profile, args: Any) -> None:
+        """Bind ``_vram`` and display the profile as the options ask."""
+        shell = self.shell
+        assert shell is not None
+        shell.user_ns["_vram"] = profile
+        if args.quiet:
+            return
+        if args.text:
+            print(summary(profile))
+            return
+        from IPython.display import display
+
+        from .app import ProfileApp
+        from .session import matching_estimate
+
+        estimate = matching_estimate(profile)
+        comparison = estimate.compare(profile) if estimate is not None else None
+        display(ProfileApp(profile, comparison=comparison))
+
+    # -- cells with top-level await (see async_cells): IPython runs the body itself ----------
+
+    def _async_begin(self, line: str) -> None:
+        """Start recording for an async %%vram cell (a message, and no recording, on error)."""
+        from .capture import RECORDING_LOCK
+        from .recording import record
+
+        self._async = None
+        args = parse_argstring(self.vram, line)
+        try:
+            parse_device(args.device)
+        except RecordingError as error:
+            print(f"%%vram: {error}; the cell runs unrecorded", file=sys.stderr)
+            return
+        if RECORDING_LOCK.locked():
+            print("%%vram: already recording; this nested cell runs without its own recording")
+            return
+        assert self.shell is not None
+        rec = record(args.device, stacks=not args.no_stacks, namespace=self.shell.user_ns)
+        try:
+            rec.__enter__()
+        except RecordingError as error:
+            print(f"%%vram: {error}; the cell runs unrecorded", file=sys.stderr)
+            return
+        self._async = (rec, args)
+
+    def _async_end(self, error: BaseException | None) -> None:
+        state, self._async = getattr(self, "_async", None), None
+        if state is None:
+            return
+        rec, args = state
+        if error is None:
+            rec.__exit__(None, None, None)
+        else:
+            rec.__exit__(type(error), error, error.__traceback__)
+        from .session import remember
+
+        remember(rec.profile)
+        self._show(rec.profile, args)
 
     @magic_arguments()
     @argument("model", help="the model: a name or expression in the notebook (nn.Module)")

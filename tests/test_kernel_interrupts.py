@@ -107,3 +107,16 @@ def test_random_interrupts_leave_the_kernel_clean(kernel: Any) -> None:
         assert check["status"] == "ok", (rounds, check.get("evalue"))
     assert rounds >= 5
     assert interrupted >= 3, "the interrupts never landed inside a cell"
+
+
+@pytest.mark.slow
+def test_top_level_await_in_a_real_kernel(kernel: Any) -> None:
+    """In ipykernel the event loop is busy running the cell, so only IPython can await it."""
+    _, client = kernel
+    assert execute(client, "%load_ext jupyter_vram\nimport torch, asyncio")["status"] == "ok"
+    cell = "%%vram -q\nfirst = torch.ones(1024)\nawait asyncio.sleep(0.01)\nsecond = first * 2"
+    reply = execute(client, cell)
+    assert reply["status"] == "ok", reply
+    check = execute(client, "assert {4096} <= set(_vram.to_dataframe()['bytes']), _vram")
+    assert check["status"] == "ok", check
+    assert execute(client, PROBE)["status"] == "ok"

@@ -330,3 +330,38 @@ def test_a_profiler_started_in_the_cell_is_reported(shell: InteractiveShell) -> 
 
     assert "this profile is incomplete" in summary(prof)
     still_works(shell)
+
+
+def test_top_level_await_runs_as_ipython_runs_it(shell: InteractiveShell) -> None:
+    """A %%vram cell that awaits is compiled and awaited by IPython itself: recorded, its last
+    value displayed, its errors raised with the notebook's own line numbers."""
+    run(shell, "import asyncio")
+    cell = (
+        "%%vram -q\n"
+        "first = torch.ones(1024)\n"
+        "await asyncio.sleep(0.01)\n"
+        "second = torch.ones(2048)\n"
+        "first.sum() + second.sum()\n"
+    )
+    assert float(run(shell, cell)) == 3072.0  # type: ignore[arg-type]
+    prof = shell.user_ns["_vram"]
+    assert prof.error is None
+    assert {4096, 8192} <= set(prof.to_dataframe()["bytes"])
+    assert recording_state() == CLEAN
+    result = shell.run_cell("%%vram -q\nlate = torch.ones(8)\nawait asyncio.sleep(0)\n1 / 0")
+    assert isinstance(result.error_in_exec, ZeroDivisionError)
+    assert shell.user_ns["_vram"].error == "ZeroDivisionError: division by zero"
+    assert recording_state() == CLEAN
+    still_works(shell)
+
+
+def test_async_rewrite_leaves_other_cells_alone() -> None:
+    from jupyter_vram.async_cells import has_top_level_await, rewrite_lines
+
+    plain = ["%%vram -q\n", "x = 1\n"]
+    assert rewrite_lines(plain) == plain
+    assert rewrite_lines(["%%vramish\n", "await f()\n"]) == ["%%vramish\n", "await f()\n"]
+    assert not has_top_level_await("async def f():\n    await g()\n")  # await inside a def
+    assert has_top_level_await("async for x in agen():\n    pass\n")
+    rewritten = rewrite_lines(["%%vram --text\n", "await g()\n"])
+    assert rewritten[1:] == ["await g()\n"] and "'--text'" in rewritten[0]
