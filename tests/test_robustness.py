@@ -365,3 +365,23 @@ def test_async_rewrite_leaves_other_cells_alone() -> None:
     assert has_top_level_await("async for x in agen():\n    pass\n")
     rewritten = rewrite_lines(["%%vram --text\n", "await g()\n"])
     assert rewritten[1:] == ["await g()\n"] and "'--text'" in rewritten[0]
+
+
+def test_memory_held_before_the_cell_is_named(shell: InteractiveShell) -> None:
+    """The variables holding the most memory before the cell, by hand: 4 x numel each."""
+    fresh_namespace(shell)
+    run(
+        shell,
+        "kept_logits = torch.ones(256, 1024)\nnet = nn.Linear(512, 256)\nsmall = torch.ones(4)",
+    )
+    run(shell, "%%vram -q\nout = net(torch.randn(8, 512))")
+    held = dict(shell.user_ns["_vram"].meta["held_before"])
+    assert held["kept_logits"] == 4 * 256 * 1024
+    assert held["net"] == 4 * (512 * 256 + 256)
+    assert next(iter(held)) == "kept_logits"  # largest first
+
+
+def test_cell_numbers_in_stacks_are_the_cells_own(shell: InteractiveShell) -> None:
+    result = shell.run_cell("%%vram -q\nnumbered = torch.ones(333)", store_history=True)
+    sites = set(shell.user_ns["_vram"].to_dataframe()["site"].dropna().astype(str))
+    assert any(f"In[{result.execution_count}]" in site for site in sites), sites

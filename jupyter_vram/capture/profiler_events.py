@@ -101,6 +101,46 @@ def compile_in_use(modules: Sequence[Any] = ()) -> bool:
     return compiled is not None and any(isinstance(m, compiled) for m in modules)
 
 
+def held_by_variable(
+    tensors: Sequence[torch.Tensor],
+    modules: Sequence[Any],
+    optimizers: Sequence[Any],
+    names: Mapping[int, str],
+    top: int = 8,
+) -> list[tuple[str, int]]:
+    """The variables holding the most memory before recording: (name, bytes), largest first.
+
+    A variable's bytes are the distinct storages it reaches: tensors, and the parameters,
+    buffers, gradients or optimizer state of the modules and optimizers it holds.
+    """
+    per_name: dict[str, dict[int, int]] = {}
+
+    def add(name: str, tensor: Any) -> None:
+        if isinstance(tensor, torch.Tensor):
+            for storage in storages_of(tensor):
+                per_name.setdefault(name, {})[storage._cdata] = storage.nbytes()
+
+    for tensor in tensors:
+        add(names.get(id(tensor), "?"), tensor)
+    for module in modules:
+        with contextlib.suppress(Exception):
+            name = names.get(id(module), "?")
+            for p in module.parameters():
+                add(name, p)
+                add(name, p.grad)
+            for b in module.buffers():
+                add(name, b)
+    for opt in optimizers:
+        with contextlib.suppress(Exception):
+            name = names.get(id(opt), "?")
+            for state in opt.state.values():
+                for value in state.values():
+                    add(name, value)
+    totals = [(name, sum(sizes.values())) for name, sizes in per_name.items()]
+    totals = [t for t in totals if t[1] > 0 and not t[0].startswith("_")]
+    return sorted(totals, key=lambda t: -t[1])[:top]
+
+
 def profiler_busy() -> bool:
     """True when a torch profiler is already running in this process (the user's own)."""
     return bool(torch.autograd.profiler._is_profiler_enabled)
@@ -189,6 +229,7 @@ class ProfilerRecorder:
         self._log_level: _LogLevel | None = None
         self._threads = _ThreadWatch()
         self._warnings: list[str] = []
+        self._held_before: list[tuple[str, int]] = []
         self._builder = ProfileBuilder()
         self._builder.modules = self._modules
         self._state = ReadState()
@@ -218,9 +259,11 @@ class ProfilerRecorder:
         self._active = True
         if namespace is None and entry_frame is not None:
             namespace = entry_frame.f_globals
-        tensors, modules, optimizers = reachable_objects(namespace)
+        names: dict[int, str] = {}
+        tensors, modules, optimizers = reachable_objects(namespace, names=names)
         for tensor in tensors:
             self._on_role(tensor, OTHER, 0)
+        self._held_before = held_by_variable(tensors, modules, optimizers, names)
         del tensors
         self.tagger.adopt(modules, optimizers)
         if self._stacks and sys.getprofile() is not None:
@@ -285,6 +328,7 @@ class ProfilerRecorder:
                 "torch": torch.__version__,
                 "stacks": self._stacks,
                 "module_types": dict(self.tagger.module_types),
+                "held_before": [list(item) for item in self._held_before],
                 **({"other_threads": self._threads.names} if self._threads.names else {}),
                 **({"warnings": self._warnings} if self._warnings else {}),
             },

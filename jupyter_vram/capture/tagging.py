@@ -79,7 +79,11 @@ def storages_of(tensor: torch.Tensor) -> list[torch.UntypedStorage]:
 
 
 def reachable_objects(
-    namespace: Mapping[str, Any] | None, *, max_depth: int = 3, max_objects: int = 200_000
+    namespace: Mapping[str, Any] | None,
+    *,
+    max_depth: int = 3,
+    max_objects: int = 200_000,
+    names: dict[int, str] | None = None,
 ) -> tuple[list[torch.Tensor], list[nn.Module], list[Optimizer]]:
     """Tensors, modules and optimizers reachable from a namespace's variables (a notebook's,
     or a module's globals), through containers and plain objects.
@@ -87,19 +91,20 @@ def reachable_objects(
     Cost is proportional to what the code can name, not to the kernel's object count (a gc
     scan of a kernel with transformers imported costs ~70 ms). A function's locals are not
     read: ``frame.f_locals`` would pin them in a cached dict after they are deleted. Anything
-    that cannot be inspected is skipped; nothing here raises.
+    that cannot be inspected is skipped; nothing here raises. ``names``, if given, receives
+    ``id(object) -> the variable it was reached from`` for what is found.
     """
     found: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
     if namespace is None:
         return found
     seen: set[int] = set()
-    todo: list[tuple[Any, int]] = []
+    todo: list[tuple[Any, int, str]] = []
     with contextlib.suppress(Exception):
-        todo.extend((v, 0) for v in list(namespace.values()))
+        todo.extend((v, 0, str(k)) for k, v in list(namespace.items()))
     kind_of = _KindCache()
     budget = max_objects
     while todo and budget > 0:
-        obj, depth = todo.pop()
+        obj, depth, root = todo.pop()
         if id(obj) in seen:
             continue
         seen.add(id(obj))
@@ -108,18 +113,20 @@ def reachable_objects(
         kind = kind_of(cls)
         if kind >= 0:
             found[kind].append(obj)
+            if names is not None:
+                names[id(obj)] = root
             continue
         if depth >= max_depth:
             continue
         try:
             if cls in (list, tuple, set, frozenset):
-                todo.extend((v, depth + 1) for v in obj)
+                todo.extend((v, depth + 1, root) for v in obj)
             elif cls is dict:
-                todo.extend((v, depth + 1) for v in list(obj.values()))
+                todo.extend((v, depth + 1, root) for v in list(obj.values()))
             elif not isinstance(obj, _OPAQUE):
                 attrs = getattr(obj, "__dict__", None)
                 if type(attrs) is dict:
-                    todo.extend((v, depth + 1) for v in list(attrs.values()))
+                    todo.extend((v, depth + 1, root) for v in list(attrs.values()))
         except Exception:  # noqa: BLE001 - exotic containers: skip
             continue
     return found
