@@ -177,7 +177,18 @@ def main() -> None:
             f"--readme` with torch {torch.__version__}, Python {sys.version.split()[0]}, on "
             f"{torch.get_num_threads()} CPU threads. Median of {repeats} interleaved runs."
         )
-        write_section("## Recording overhead", header + "\n\n" + text)
+        reading = (
+            "How to read it: jupyter_vram pays its cost when the profile is made, not per op: "
+            "the CPU allocator's reports and the op and module ranges are collected in C++ "
+            "(the profiler alone is the floor), and the profiler's post-processing plus our "
+            "reading of its event tree come at the end. With Python stacks the profiler also "
+            "traces every Python call, which dominates on Python-heavy models (many small "
+            "modules): `--no-stacks` is the cheap mode there. The dispatch tracker was cheaper "
+            "end to end but changed the program it measured (out-of-place gradient "
+            "accumulation) and missed memory made inside ops; it remains for fake-tensor "
+            "estimates. MemTracker is PyTorch's dispatch-mode memory tracker."
+        )
+        write_section("## Recording overhead", header + "\n\n" + text + "\n\n" + reading)
 
 
 if __name__ == "__main__":
