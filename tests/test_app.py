@@ -238,3 +238,48 @@ def test_cpu_allocator_tab_shows_the_tracker_and_a_gpu_model(profile: jv.Profile
     sim = simulate(profile)
     assert sim.peak_reserved >= sim.peak_allocated >= profile.peak_bytes
     assert f"On a GPU this run would reserve <b>{format_bytes(sim.peak_reserved)}</b>" in text
+
+
+def _fact(head: str, label: str) -> str:
+    """The value the header shows for ``label`` (escaped HTML, as in the page)."""
+    found = re.findall(rf'<span class="jv-label">{label}</span> <b>(.*?)</b>', head)
+    assert len(found) == 1, (label, found)
+    return found[0]
+
+
+def test_header_splits_the_peak_into_before_and_added_by_the_cell() -> None:
+    """Memory alive before the cell is inside the peak: the header says how much, which
+    variables hold it (largest first, three at most), and what the cell added."""
+    kept_logits = torch.ones(512, 1024)  # 4 x 524,288 = 2,097,152 B = 2.0 MiB
+    net = torch.nn.Linear(256, 128)  # 4 x (256 x 128 + 128) = 131,584 B = 128.5 KiB
+    small = torch.ones(4)  # 16 B
+    tiny = torch.ones(1)  # 4 B: the fourth, not named
+    namespace = {"kept_logits": kept_logits, "net": net, "small": small, "tiny": tiny}
+    with torch.no_grad(), jv.record("cpu", namespace=namespace) as rec:
+        out = net(torch.randn(64, 256))  # 64 x 256 x 4 = 65,536 B in, 64 x 128 x 4 = 32,768 out
+    del out
+    prof = rec.profile
+    before = 2_097_152 + 131_584 + 16 + 4  # 2,228,756 B = 2.1 MiB
+    assert prof.timeline.baseline_bytes == before
+    assert prof.peak_bytes == before + 65_536 + 32_768
+    head = ProfileApp(prof).header.value
+    assert _fact(head, "peak allocated") == "2.2 MiB"  # 2,327,060 / 2^20 = 2.219
+    assert (
+        _fact(head, "before the cell") == "2.1 MiB (kept_logits 2.0 MiB, net 128.5 KiB, small 16 B)"
+    )
+    assert _fact(head, "added by the cell") == "96.0 KiB"
+
+    # a profile without the names (older, or CUDA): the bytes alone
+    meta = {k: v for k, v in prof.meta.items() if k != "held_before"}
+    head = ProfileApp(prof.replace(meta=meta)).header.value
+    assert _fact(head, "before the cell") == "2.1 MiB"
+    assert _fact(head, "added by the cell") == "96.0 KiB"
+
+
+def test_header_with_nothing_before_the_cell() -> None:
+    with torch.no_grad(), jv.record("cpu", namespace={}) as rec:
+        torch.ones(256, 64)  # 65,536 B, freed at once
+    head = ProfileApp(rec.profile).header.value
+    assert rec.profile.timeline.baseline_bytes == 0
+    assert _fact(head, "before the cell") == "0 B"
+    assert _fact(head, "added by the cell") == _fact(head, "peak allocated") == "64.0 KiB"

@@ -21,7 +21,11 @@ def header_facts(profile: Profile) -> list[tuple[str, str]]:
     """(label, value) pairs for the summary line; every number comes from the profile."""
     t = profile.timeline
     info = profile.device_info
-    facts = [("peak allocated", format_bytes(profile.peak_bytes))]
+    facts = [
+        ("peak allocated", format_bytes(profile.peak_bytes)),
+        ("before the cell", before_the_cell(profile)),
+        ("added by the cell", format_bytes(max(profile.peak_bytes - t.baseline_bytes, 0))),
+    ]
     if t.peak_index >= 0:
         facts.append(("peak in", t.peak_phase))
     if has_segments(profile):
@@ -36,6 +40,32 @@ def header_facts(profile: Profile) -> list[tuple[str, str]]:
         ("events", f"{profile.event_count:,}"),
     ]
     return facts
+
+
+#: How many of the variables holding memory before the cell the header names.
+HELD_NAMES = 3
+
+
+def before_the_cell(profile: Profile) -> str:
+    """Bytes alive when the cell started (inside the peak), and the variables holding the
+    most of them: '1.2 GiB (kept_logits 1.0 GiB, model 180.0 MiB)'.
+
+    The names come from ``meta["held_before"]`` (``[name, bytes]``, largest first), which
+    older and CUDA profiles lack: then only the bytes are shown.
+    """
+    baseline = profile.timeline.baseline_bytes
+    text = format_bytes(baseline)
+    held = profile.meta.get("held_before")
+    if not baseline or not isinstance(held, list):
+        return text
+    pairs = [
+        (str(item[0]), int(item[1]))
+        for item in held
+        if isinstance(item, (list, tuple)) and len(item) == 2
+        and isinstance(item[1], (int, float)) and item[1] > 0
+    ]  # fmt: skip
+    names = [f"{name} {format_bytes(size)}" for name, size in pairs[:HELD_NAMES]]
+    return f"{text} ({', '.join(names)})" if names else text
 
 
 def facts_html(facts: list[tuple[str, str]]) -> str:
