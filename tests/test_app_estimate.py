@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import html
 import logging
+import re
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
 import pytest
 import torch
+from bokeh.models.annotations import Span
 from torch import nn
 
 import jupyter_vram as jv
@@ -23,8 +26,10 @@ from jupyter_vram.app.estimate_view import (
     what_if_fits,
     what_if_html,
 )
+from jupyter_vram.app.timeline_view import TimelineView
 from jupyter_vram.estimator import GPUS, Comparison, Estimate, EstimateError, estimate, find_gpu
 from jupyter_vram.estimator.api import Allowance
+from jupyter_vram.render.estimate_text import model_weights, settings_text
 from jupyter_vram.render.text import format_bytes
 
 WIDTH = 16384  # wide enough that the smallest GPU's largest batch is a real number
@@ -51,7 +56,7 @@ def test_header_says_estimate_and_tabs_work(est: Estimate) -> None:
     assert format_bytes(est.peak_bytes) in head
     assert format_bytes(est.reserved_bytes) in head  # CUDA target: predicted reserved ...
     assert format_bytes(est.device_used_bytes) in head  # ... and device used
-    assert est.settings.describe() in head
+    assert "weights fp32 (the model&#x27;s), no autocast, optimizer adamw" in head
     assert "32x64" in head and "What is modelled" in head and "not modelled" in head
     assert app.tabs.get_title(5) == TITLE
     for i in range(5):  # flame graph, breakdown, timeline, top sites, allocator
@@ -334,3 +339,146 @@ def test_comparison_banner_left_out_tensors(est: Estimate) -> None:
     assert "Left out of the measurement: 5.0 MiB" in head and "error <b>+10.0%</b>" in head
     banner = head[head.index('<div class="jv-comparison">') :]
     assert "includes" not in banner and "without them" not in banner
+
+
+# -- the GPU asked about, the settings in words, the event axis ---------------------------------
+
+
+def answer_line(head: str) -> str:
+    found = re.findall(r"<div class='jv-gpu-answer jv-gpu-(?:yes|no)'>(.*?)</div>", head)
+    assert len(found) == 1, found
+    return html.unescape(found[0])
+
+
+def test_the_gpu_asked_about_is_answered_first(est: Estimate) -> None:
+    """--gpu: the app's first line answers it, by the estimator's rule checked by hand: device
+    used at batch b (reserved + runtime allowance + the card's cuBLAS difference) within the
+    card's usable memory, for b = 32 and the largest batch, and not for one more."""
+    gpu = find_gpu(SMALL_GPU)
+    extra = est.runtime_overhead.bytes + est.cublas_adjustment(gpu)
+
+    def fits_at(batch: int) -> bool:
+        return est.run(est.settings, batch).reserved_bytes + extra <= gpu.usable_bytes
+
+    largest = est.max_batch_size(gpu)
+    assert 32 < largest < 1 << 16 and fits_at(largest) and not fits_at(largest + 1)
+    assert fits_at(32)
+    app = ProfileApp(est.profile, estimate=est, gpu=SMALL_GPU)  # the app runs the search
+    head = app.header.value
+    assert answer_line(head) == f"{SMALL_GPU}: batch 32 fits; largest batch that fits: {largest:,}"
+    assert head.index("jv-gpu-answer") < head.index(html.escape(BADGE))  # first, above all
+    assert app.text().splitlines()[0] == answer_line(head)  # also without widgets
+
+
+def test_the_answer_takes_the_callers_search(
+    est: Estimate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search result handed in (the magic has one) is shown as it is, with no new search;
+    a step that does not fit says so."""
+    monkeypatch.setattr(est, "max_batch_size", lambda *a, **k: pytest.fail("searched again"))
+    head = ProfileApp(est.profile, estimate=est, gpu="T4", largest_batch=78).header.value
+    assert answer_line(head) == "T4: batch 32 fits; largest batch that fits: 78"
+    too_big = with_reserved(est, find_gpu("H200").memory_bytes)  # more than any card holds
+    assert not any(too_big.fits(g) for g in GPUS)
+    head = ProfileApp(too_big.profile, estimate=too_big, gpu="T4", largest_batch=0).header.value
+    assert answer_line(head) == (
+        "T4: batch 32 does NOT fit; largest batch that fits: none (batch 1 does not fit)"
+    )
+    assert "jv-gpu-no" in head
+
+
+def test_the_gpu_asked_about_is_highlighted_and_chosen(est: Estimate) -> None:
+    app = ProfileApp(est.profile, estimate=est, gpu="T4", largest_batch=78)
+    view = app.open_tab(5)
+    assert isinstance(view, EstimateView)
+    rows = re.findall(r"<tr class='jv-fit-[^']*'[^>]*>.*?</tr>", view.fit_table.value)
+    chosen = [r for r in rows if "jv-chosen" in r]
+    assert len(rows) == len(GPUS) and len(chosen) == 1
+    assert chosen[0].startswith("<tr class='jv-fit-yes jv-chosen' title='the GPU asked about'>")
+    assert _cells(chosen[0])[0] == "T4"
+    assert view.gpu_choice.value == "T4"
+    # without one: no row highlighted, "fits on" starts on the smallest card the step fits
+    plain = EstimateView(est)
+    assert "jv-chosen" not in plain.fit_table.value
+    assert plain.gpu_choice.value == next(g.name for g in GPUS if est.fits(g))
+    assert plain.gpu_choice.value != "T4"
+    # a card outside a restricted table joins it
+    view = EstimateView(est, gpus=[SMALL_GPU], gpu="T4")
+    assert [g.name for g in view.gpus] == [SMALL_GPU, "T4"] and view.gpu_choice.value == "T4"
+
+
+def _cells(row: str) -> list[str]:
+    return [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+
+
+def test_magic_puts_the_gpu_answer_in_the_app(monkeypatch: pytest.MonkeyPatch) -> None:
+    """%vram_estimate --gpu: the answer is in the app's first line, not printed below it."""
+    from IPython.core.magic_arguments import parse_argstring
+
+    from jupyter_vram.estimator.magic import run_estimate_magic
+    from jupyter_vram.magics import VramMagics
+
+    shown: list[Any] = []
+    printed: list[str] = []
+    monkeypatch.setattr("IPython.display.display", lambda obj, **k: shown.append(obj))
+    monkeypatch.setattr("builtins.print", lambda *a, **k: printed.append(" ".join(map(str, a))))
+    args = parse_argstring(VramMagics.vram_estimate, f"m --input 32x64 --gpu '{SMALL_GPU}'")
+    result = run_estimate_magic(args, {"m": make_model()})
+    assert result is not None
+    app = next(s for s in shown if isinstance(s, ProfileApp))
+    prefix = f"{SMALL_GPU}: batch 32 fits; largest batch that fits: "
+    assert app.gpu_answer.startswith(prefix)
+    largest = int(app.gpu_answer[len(prefix) :].replace(",", ""))
+    gpu = find_gpu(SMALL_GPU)
+    extra = result.runtime_overhead.bytes + result.cublas_adjustment(gpu)
+    used = [result.run(result.settings, b).reserved_bytes + extra for b in (largest, largest + 1)]
+    assert used[0] <= gpu.usable_bytes < used[1]  # by hand, from the search's own runs
+    assert answer_line(app.header.value) == app.gpu_answer
+    # printed: the progress lines only (no widget frontend here), not the answer
+    assert printed and not any(p.startswith(f"{SMALL_GPU}: batch") for p in printed)
+
+
+def test_settings_say_what_they_are(est: Estimate) -> None:
+    """The header's settings in words; the model's weights dtype from the step: its four
+    parameters alive before it, at 4 bytes each, rounded up to 512 B blocks (CUDA target):
+    64 x 16384, 16384, 16384 x 10 and 10 elements: 4,194,304 + 65,536 + 655,360 + 512 B."""
+    count = 64 * WIDTH + WIDTH + WIDTH * 10 + 10
+    assert est.parameters == count
+    assert est.profile.timeline.breakdown_at(-1)["parameter"] == 4_915_712
+    assert model_weights(est.profile) == "fp32"
+    head = ProfileApp(est.profile, estimate=est).header.value
+    settings = re.findall(r'<span class="jv-label">settings</span> <b>(.*?)</b>', head)
+    assert settings == [html.escape("weights fp32 (the model's), no autocast, optimizer adamw")]
+    assert "model dtype" not in head
+    # a parameter count that is no dtype's size: the dtype is not guessed
+    meta = dict(est.profile.meta)
+    meta["estimate"] = {**meta["estimate"], "parameters": 3 * count}  # about 4/3 bytes each
+    assert model_weights(est.profile.replace(meta=meta)) is None
+    s = est.settings
+    assert settings_text(s) == "weights in the model's dtype, no autocast, optimizer adamw"
+    assert settings_text(replace(s, dtype="bf16", amp="bf16", checkpoint=True), "fp32") == (
+        "weights cast to bf16, autocast bf16, activation checkpointing, optimizer adamw"
+    )
+    assert settings_text(replace(s, inference=True, flash_attention=False), "16-bit") == (
+        "weights 16-bit (the model's), no autocast, no optimizer (inference), "
+        "no flash attention (pre-Ampere GPU)"
+    )
+    assert settings_text(replace(s, device="cpu", flash_attention=False), "fp32") == (
+        "weights fp32 (the model's), no autocast, optimizer adamw"
+    )
+
+
+def test_estimate_timeline_counts_events_not_time(est: Estimate) -> None:
+    """The fake run's wall time is no prediction: an estimate's timeline starts on the
+    allocation-event axis (the peak at its event number); a measured one on wall time."""
+    t = est.profile.timeline
+    view = ProfileApp(est.profile, estimate=est).open_tab(2)
+    assert isinstance(view, TimelineView)
+    assert view.axis.value == "allocation events"
+    assert view.source.data["x_end"][-1] == len(t)
+    assert view.figure.xaxis[0].axis_label == "allocation / free event #"
+    assert [s.location for s in view.figure.select({"type": Span})] == [t.peak_index + 1]
+    with jv.record("cpu", namespace={}) as rec:
+        torch.ones(8)
+    measured = ProfileApp(rec.profile).open_tab(2)
+    assert isinstance(measured, TimelineView) and measured.axis.value == "wall time"

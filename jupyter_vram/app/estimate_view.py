@@ -21,7 +21,13 @@ from ..estimator.gpus import GPUS, RUNTIME_HIDDEN_BYTES, Gpu, find_gpu
 from ..estimator.search import format_batch
 from ..estimator.step import StepSettings
 from ..model import CATEGORIES, Profile
-from ..render.estimate_text import MODELLED, NOT_MODELLED, format_count
+from ..render.estimate_text import (
+    MODELLED,
+    NOT_MODELLED,
+    format_count,
+    model_weights,
+    settings_text,
+)
 from ..render.html import facts_html
 from ..render.text import format_bytes
 
@@ -78,7 +84,7 @@ def estimate_facts(profile: Profile, estimate: Estimate | None = None) -> list[t
     if settings is not None:
         step = "inference" if settings.inference else "training step"
         facts.append(("predicted", f"{step} on {settings.device}"))
-        facts.append(("settings", settings.describe()))
+        facts.append(("settings", settings_text(settings, model_weights(profile))))
     facts.append(("peak allocated", format_bytes(profile.peak_bytes)))
     t = profile.timeline
     if t.peak_index >= 0:
@@ -154,6 +160,33 @@ def estimate_header_html(profile: Profile, estimate: Estimate | None = None) -> 
     )
 
 
+def gpu_answer(estimate: Estimate, gpu: str | Gpu, largest: int | None = None) -> str:
+    """The answer to ``--gpu``: 'T4: batch 8 fits; largest batch that fits: 78', by
+    :meth:`Estimate.fits` and :meth:`Estimate.max_batch_size` (``largest``: its result, when
+    the caller already has it)."""
+    card = gpu if isinstance(gpu, Gpu) else find_gpu(gpu)
+    fits = "fits" if estimate.fits(card) else "does NOT fit"
+    if largest is None:
+        try:
+            largest = estimate.max_batch_size(card)
+        except Exception as error:  # noqa: BLE001 - the app shows the rest; the answer says why
+            return (
+                f"{card.name}: batch {estimate.batch_size:,} {fits}; largest batch not found "
+                f"({type(error).__name__}: {error})"
+            )
+    return (
+        f"{card.name}: batch {estimate.batch_size:,} {fits}; "
+        f"largest batch that fits: {format_batch(largest)}"
+    )
+
+
+def gpu_answer_html(answer: str, fits: bool) -> str:
+    """The ``--gpu`` answer as the first line of the estimate's app."""
+    return (
+        f"<div class='jv-gpu-answer jv-gpu-{'yes' if fits else 'no'}'>{html.escape(answer)}</div>"
+    )
+
+
 def comparison_html(comparison: Comparison) -> str:
     """Banner 'estimated X vs measured Y: error +z.z%' and the per-category table."""
     error = comparison.error
@@ -210,8 +243,11 @@ def _signed(n: int) -> str:
 # -- tables ------------------------------------------------------------------------------------
 
 
-def gpu_table_html(frame: pd.DataFrame, gpus: Sequence[Gpu], batch_size: int) -> str:
-    """The GPU table: memory, fits at this batch, headroom, and the largest batch if searched."""
+def gpu_table_html(
+    frame: pd.DataFrame, gpus: Sequence[Gpu], batch_size: int, chosen: str | None = None
+) -> str:
+    """The GPU table: memory, fits at this batch, headroom, and the largest batch if searched.
+    The row of ``chosen`` (the GPU asked about) is highlighted."""
     approximate = {g.name for g in gpus if g.approximate}
     searched = "max_batch_size" in frame.columns
     head = (
@@ -232,7 +268,11 @@ def gpu_table_html(frame: pd.DataFrame, gpus: Sequence[Gpu], batch_size: int) ->
         if searched:
             cells.append(format_batch(int(row["max_batch_size"])))
         tds = "".join(f"<td{RIGHT if i else ''}>{c}</td>" for i, c in enumerate(cells))
-        rows.append(f"<tr class='{'jv-fit-yes' if row['fits'] else 'jv-fit-no'}'>{tds}</tr>")
+        css = "jv-fit-yes" if row["fits"] else "jv-fit-no"
+        tip = ""
+        if name == chosen:
+            css, tip = css + " jv-chosen", " title='the GPU asked about'"
+        rows.append(f"<tr class='{css}'{tip}>{tds}</tr>")
     span = 5 if searched else 4
     foot = f"<tr><td colspan={span} class='jv-label'>{html.escape(FITS_RULE)}</td></tr>" + (
         f"<tr><td colspan={span} class='jv-label'>≈: the marketing size, not a driver's report"
@@ -382,15 +422,25 @@ class EstimateView(w.VBox):  # type: ignore[misc]
     """Which GPUs the estimated step fits, the largest batch on each, and the what-ifs.
 
     ``gpus`` restricts the GPU table (names or :class:`Gpu`); default: every GPU in GPUS.
+    ``gpu``: the GPU asked about (``%vram_estimate --gpu``): its row is highlighted and the
+    what-ifs' "fits on" starts on it (else on the smallest GPU the step fits).
     """
 
     def __init__(
-        self, estimate: Estimate, *, gpus: Iterable[str | Gpu] | None = None, data_parallel: int = 8
+        self,
+        estimate: Estimate,
+        *,
+        gpus: Iterable[str | Gpu] | None = None,
+        data_parallel: int = 8,
+        gpu: str | Gpu | None = None,
     ) -> None:
         # weakly, like the app's profile (see .holder): the latest app keeps it alive
         self._estimate = weakref.ref(estimate)
         self.batch_size = estimate.batch_size
         self.gpus = [g if isinstance(g, Gpu) else find_gpu(g) for g in gpus or GPUS]
+        self.chosen = gpu if isinstance(gpu, Gpu) or gpu is None else find_gpu(gpu)
+        if self.chosen is not None and self.chosen.name not in {g.name for g in self.gpus}:
+            self.gpus.append(self.chosen)
         self.fit_frame: pd.DataFrame = estimate.gpu_table(self.gpus, search=False)
         self.what_if_frame: pd.DataFrame | None = None
         self.what_if_fits: list[bool | None] | None = None  # for the chosen GPU
@@ -437,9 +487,13 @@ class EstimateView(w.VBox):  # type: ignore[misc]
         self.data_parallel.add_class("jv-whatif-gpus")
         names = [g.name for g in self.gpus]
         fitting = [g.name for g in self.gpus if estimate.fits(g)]
+        if self.chosen is not None:
+            first = self.chosen.name
+        else:
+            first = fitting[0] if fitting else names[-1]
         self.gpu_choice = w.Dropdown(
             options=names,
-            value=fitting[0] if fitting else names[-1],
+            value=first,
             description="fits on",
             layout=w.Layout(width="250px"),
         )
@@ -550,7 +604,8 @@ class EstimateView(w.VBox):  # type: ignore[misc]
             button.disabled = False
 
     def _fit_html(self) -> str:
-        return gpu_table_html(self.fit_frame, self.gpus, self.batch_size)
+        chosen = self.chosen.name if self.chosen is not None else None
+        return gpu_table_html(self.fit_frame, self.gpus, self.batch_size, chosen)
 
     def _chosen_gpu(self) -> Gpu | None:
         return next((g for g in self.gpus if g.name == self.gpu_choice.value), None)

@@ -30,13 +30,16 @@ from ..render.text import format_bytes, summary
 from ..render.theme import apply_theme
 from .flame_view import FlameView
 from .holder import GONE, ProfileHandle
-from .timeline_view import TimelineView
+from .timeline_view import AXES, TimelineView
 
 CUDA_CONTEXT = 1 << 30  # what the CUDA context and libraries take on a device, about
 
 if TYPE_CHECKING:
     from ..estimator.api import Comparison, Estimate
+    from ..estimator.gpus import Gpu
 
+#: The timeline's allocation-event axis (an estimate's default).
+EVENT_AXIS = next(name for name, axis in AXES.items() if axis == "event")
 TABS = ("Flame graph", "Breakdown", "Timeline", "Top sites", "Allocator")
 # Colours come from JupyterLab's theme variables (light and dark); the fallbacks are light.
 STYLE = """<style>
@@ -77,6 +80,10 @@ font-weight:bold;font-size:13px;background:#fff3cd;color:#6b4e00;border:1px soli
 .jv-comparison{font-size:13px;line-height:1.6;margin:4px 0;padding:2px 8px;
 border-left:4px solid #4C72B0}
 .jv-fit-no td{color:var(--jp-error-color1,#a00)}
+.jv-gpus tr.jv-chosen td{font-weight:bold;background:var(--jp-layout-color2,#eef3fb)}
+.jv-gpu-answer{font-size:15px;font-weight:bold;margin:2px 0 4px;padding:2px 8px;
+border-left:4px solid var(--jp-success-color1,#2a7a2a)}
+.jv-gpu-answer.jv-gpu-no{border-left-color:var(--jp-error-color1,#a00)}
 .jv-up{color:var(--jp-error-color1,#a00)}.jv-down{color:var(--jp-success-color1,#2a7a2a)}
 .jv-whatifs td,.jv-whatifs th{white-space:nowrap}
 .jv-whatifs td:first-child{white-space:normal;min-width:160px}
@@ -94,6 +101,11 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
     An estimate's profile (``source == "estimate"``) gets a header that says so. With
     ``estimate`` (the :class:`Estimate` behind it) a "Fit & what-ifs" tab is added; with
     ``comparison`` (a measured profile against an earlier estimate) the header shows the error.
+    With ``gpu`` (``%vram_estimate --gpu``) an estimate's app answers first whether the step
+    fits that GPU and its largest batch there (``largest_batch``: the search's result when the
+    caller has it, else searched here), highlights its row and picks it for the what-ifs.
+    An estimate's timeline starts on the allocation-event axis: the fake run's wall time is
+    not a prediction of GPU time.
 
     The app holds its profile weakly (see :mod:`.holder`): what it shows is computed when a
     tab opens and kept; a tab opened after the profile is gone says so.
@@ -105,18 +117,27 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         *,
         estimate: Estimate | None = None,
         comparison: Comparison | None = None,
+        gpu: str | Gpu | None = None,
+        largest_batch: int | None = None,
     ) -> None:
         self._handle = ProfileHandle(profile, *([estimate] if estimate is not None else []))
         self._estimate = weakref.ref(estimate) if estimate is not None else None
         self.comparison = comparison
+        self.gpu_answer = ""
+        answer = ""
+        if estimate is not None and gpu is not None:
+            from .estimate_view import gpu_answer, gpu_answer_html
+
+            self.gpu_answer = gpu_answer(estimate, gpu, largest_batch)
+            answer = gpu_answer_html(self.gpu_answer, estimate.fits(gpu))
         self._text = self._summary_text(profile, estimate)
-        self.header = w.HTML(STYLE + self._header_html(profile))
+        self.header = w.HTML(STYLE + answer + self._header_html(profile))
         self.header.add_class("jv-header-box")
         handle = self._handle
         self._builders: dict[int, Callable[[Profile], w.Widget]] = {
             0: lambda p: FlameView(handle),
             1: self._breakdown,
-            2: lambda p: TimelineView(handle),
+            2: self._timeline,
             3: self._sites,
             4: self._allocator,
         }
@@ -126,7 +147,9 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
 
             def estimate_tab(p: Profile) -> w.Widget:
                 kept = self.estimate
-                return EstimateView(kept) if kept is not None else w.HTML(f"<p>{GONE}</p>")
+                if kept is None:
+                    return w.HTML(f"<p>{GONE}</p>")
+                return EstimateView(kept, gpu=gpu)
 
             self._builders[len(titles)] = estimate_tab
             titles.append(TITLE)
@@ -181,6 +204,12 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
 
             text += comparison_html(self.comparison)
         return text
+
+    def _timeline(self, profile: Profile) -> w.Widget:
+        view = TimelineView(self._handle)
+        if profile.source == "estimate":  # event numbers: the fake run's time is no GPU time
+            view.axis.value = EVENT_AXIS
+        return view
 
     def _breakdown(self, profile: Profile) -> w.Widget:
         breakdown = profile.peak_breakdown()
@@ -272,8 +301,9 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         return bundle
 
     def text(self) -> str:
-        """What a frontend without widgets shows: the text summary (and comparison)."""
-        text = self._text
+        """What a frontend without widgets shows: the text summary (and comparison); an
+        estimate's answer for the GPU asked about first."""
+        text = f"{self.gpu_answer}\n{self._text}" if self.gpu_answer else self._text
         if self.comparison is not None:
             from ..render.estimate_text import comparison_text
 

@@ -89,20 +89,22 @@ def run_estimate_magic(args: Namespace, namespace: dict[str, Any]) -> Estimate |
         print(estimate_summary(result))
         if what_ifs is not None:
             print(what_if_text(what_ifs))
+        if gpu is not None and largest is not None:
+            fits = "fits" if result.fits(gpu) else "does NOT fit"
+            print(
+                f"{gpu.name}: batch {result.batch_size} {fits}; "
+                f"largest batch that fits: {format_batch(largest)}"
+            )
     else:
         from ..app import ProfileApp
 
-        display(ProfileApp(result.profile, estimate=result))  # type: ignore[no-untyped-call]
+        # the answer to --gpu is the app's first line (and its row is highlighted)
+        app = ProfileApp(result.profile, estimate=result, gpu=gpu, largest_batch=largest)
+        display(app)  # type: ignore[no-untyped-call]
         if what_ifs is not None:
             from ..render.estimate_text import what_if_text
 
             print(what_if_text(what_ifs))
-    if gpu is not None and largest is not None:
-        fits = "fits" if result.fits(gpu) else "does NOT fit"
-        print(
-            f"{gpu.name}: batch {result.batch_size} {fits}; "
-            f"largest batch that fits: {format_batch(largest)}"
-        )
     return result
 
 

@@ -10,6 +10,12 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from ..estimator.api import Comparison, Estimate
+    from ..estimator.step import StepSettings
+    from ..model import Profile
+
+#: Bytes per parameter -> the weights' dtype, for a model estimated in its own dtype.
+ITEMSIZE_NAMES = {8: "fp64", 4: "fp32", 2: "16-bit", 1: "8-bit"}
+BLOCK = 512  # the CUDA caching allocator rounds requests up to this
 
 #: What the simulation models and what it does not; shown with every estimate.
 MODELLED = (
@@ -35,7 +41,8 @@ def estimate_summary(estimate: Estimate) -> str:
     params = f"{format_count(estimate.parameters)} parameters"
     lines = [
         f"jupyter_vram estimate · {estimate.model_name} ({params}) · input {estimate.input}",
-        f"{'inference' if s.inference else 'training step'} on {s.device}: {s.describe()}",
+        f"{'inference' if s.inference else 'training step'} on {s.device}: "
+        + settings_text(s, model_weights(estimate.profile)),
         f"peak allocated {format_bytes(estimate.peak_bytes)}"
         + (
             f", reserved {format_bytes(estimate.reserved_bytes)}, device used "
@@ -67,6 +74,43 @@ def estimate_summary(estimate: Estimate) -> str:
         lines.append("a CPU estimate: use device='cuda' (--device cuda) for the GPUs it fits")
     lines += [MODELLED, NOT_MODELLED]
     return "\n".join(lines)
+
+
+def model_weights(profile: Profile) -> str | None:
+    """The dtype an estimated model's weights had, from the simulated step itself: the one
+    element size that makes the parameters alive before the step as large as they are (each
+    rounded up to the CUDA allocator's 512 B blocks on a CUDA target). None if no size or
+    more than one does, e.g. a model mixing dtypes."""
+    from ..model import CATEGORIES
+
+    count = int(profile.meta.get("estimate", {}).get("parameters", 0))
+    t = profile.timeline
+    rows = t.live_mask(-1) & (profile.allocations.category == CATEGORIES.index("parameter"))
+    nbytes = int(profile.allocations.size[rows].sum())
+    if count <= 0 or not nbytes:
+        return None
+    slack = BLOCK * int(rows.sum())  # at most 511 B of rounding per allocation
+    names = [name for size, name in ITEMSIZE_NAMES.items() if 0 <= nbytes - size * count < slack]
+    return names[0] if len(names) == 1 else None
+
+
+def settings_text(settings: StepSettings, weights: str | None = None) -> str:
+    """The simulated step's settings in words: 'weights fp32 (the model's), no autocast,
+    optimizer adamw'. ``weights``: the model's own dtype (see :func:`model_weights`), used
+    when the estimate kept it (no ``dtype`` given)."""
+    if settings.dtype:
+        parts = [f"weights cast to {settings.dtype}"]
+    else:
+        parts = [f"weights {weights} (the model's)" if weights else "weights in the model's dtype"]
+    parts.append(f"autocast {settings.amp}" if settings.amp else "no autocast")
+    if settings.checkpoint:
+        parts.append("activation checkpointing")
+    parts.append(
+        "no optimizer (inference)" if settings.inference else f"optimizer {settings.optimizer}"
+    )
+    if settings.target_type == "cuda" and not settings.flash_attention:
+        parts.append("no flash attention (pre-Ampere GPU)")
+    return ", ".join(parts)
 
 
 def format_count(n: int) -> str:
