@@ -106,6 +106,7 @@ def held_by_variable(
     modules: Sequence[Any],
     optimizers: Sequence[Any],
     names: Mapping[int, str],
+    device_type: str = "cpu",
     top: int = 8,
 ) -> list[tuple[str, int]]:
     """The variables holding the most memory before recording: (name, bytes), largest first.
@@ -118,7 +119,8 @@ def held_by_variable(
     def add(name: str, tensor: Any) -> None:
         if isinstance(tensor, torch.Tensor):
             for storage in storages_of(tensor):
-                per_name.setdefault(name, {})[storage._cdata] = storage.nbytes()
+                if storage.device.type == device_type:  # the recorded device's memory only
+                    per_name.setdefault(name, {})[storage._cdata] = storage.nbytes()
 
     for tensor in tensors:
         add(names.get(id(tensor), "?"), tensor)
@@ -263,7 +265,7 @@ class ProfilerRecorder:
         tensors, modules, optimizers = reachable_objects(namespace, names=names)
         for tensor in tensors:
             self._on_role(tensor, OTHER, 0)
-        self._held_before = held_by_variable(tensors, modules, optimizers, names)
+        self._held_before = held_by_variable(tensors, modules, optimizers, names, self._device_type)
         del tensors
         self.tagger.adopt(modules, optimizers)
         if self._stacks and sys.getprofile() is not None:
