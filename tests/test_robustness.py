@@ -232,6 +232,7 @@ def test_other_threads_are_named_not_misfiled(shell: InteractiveShell) -> None:
         "with ThreadPoolExecutor(2, thread_name_prefix='loader') as pool:\n"
         "    batches = list(pool.map(lambda i: torch.randn(256, 256), range(4)))\n"
         "mine = torch.ones(1024)\n"
+        "fed = nn.Linear(256, 2)(batches[0])\n"
     )
     run(shell, cell)
     prof = shell.user_ns["_vram"]
@@ -241,6 +242,10 @@ def test_other_threads_are_named_not_misfiled(shell: InteractiveShell) -> None:
 
     assert "other threads ran meanwhile" in summary(prof)
     assert prof.timeline.baseline_bytes < 256 * 256 * 4  # the workers' batches are not baseline
+    df = prof.to_dataframe()
+    made_there = df[df["op"] == "(another thread)"]
+    assert list(made_there["bytes"]) == [256 * 256 * 4]  # the batch the cell fed to a module
+    assert set(made_there["category"]) == {"input"} and (made_there["alloc_seq"] >= 0).all()
 
 
 def test_torch_compile_runs_compiled(shell: InteractiveShell) -> None:

@@ -62,6 +62,7 @@ SOURCE = "allocator"
 _RecordFunctionFast = torch._C._profiler._RecordFunctionFast
 MODULE_RANGE = "jv.module:"
 BASELINE_OP = "(before recording)"
+ELSEWHERE_OP = "(another thread)"
 _EVALUATE = "autograd::engine::evaluate_function"
 _STEP = "Optimizer.step#"
 #: Ops that only obtain memory for the op around them: the allocation is charged to that op.
@@ -320,7 +321,9 @@ class ProfilerRecorder:
         for read in reads:
             merged.events.extend(read.events)
         builder = self._builder
-        build_rows(builder, merged, notes, freed, t0=self._t0)
+        build_rows(
+            builder, merged, notes, freed, t0=self._t0, other_threads=bool(self._threads.names)
+        )
         return builder.build(
             device=self.device,
             source=self.source,
@@ -700,8 +703,13 @@ def build_rows(
     freed: dict[int, int],
     *,
     t0: int,
+    other_threads: bool = False,
 ) -> None:
     """Turn allocator reports, role notes and release times into allocation rows.
+
+    ``other_threads``: other threads ran meanwhile, so memory first seen during the run that
+    no report covers was made there (the allocator reports only on the recording thread): it
+    starts when first seen, as ``(another thread)``, not as memory held before recording.
 
     Each report pairs with the live allocation at its address. Each note (time, address, size,
     category, module, storage key) goes to the allocation holding that address at that time,
@@ -749,6 +757,14 @@ def build_rows(
             known = baseline.get(key)
             if known is not None:
                 row = known
+            elif other_threads and t > t0:
+                row = builder.add(size, 0, t - t0, cpu, builder.ops(ELSEWHERE_OP), 0, -1, 0, OTHER)
+                baseline[key] = row
+                timeline.append((t, 0, row))
+                released = _baseline_release(key, ptr, t, freed, orphan_frees)
+                if released is not None:
+                    timeline.append((released, 1, row))
+                    free_time[row] = released
             else:
                 row = builder.add(size, -1, 0, cpu, builder.ops(BASELINE_OP), 0, -1, 0, OTHER)
                 baseline[key] = row
@@ -756,7 +772,7 @@ def build_rows(
                 if released is not None:
                     timeline.append((released, 1, row))
                     free_time[row] = released
-            if category == ACTIVATION:
+            if category == ACTIVATION and builder.alloc_seq[row] < 0:
                 category = INPUT  # data that existed before the run, which autograd also saved
         builder.promote(row, category)
         if module and not builder.module[row]:
