@@ -156,3 +156,35 @@ def test_channels_last_depthwise_backward_workspace_is_estimated() -> None:
     assert len(inside) == 1 and set(inside["category"]) == {"temporary"}
     measured = rec.profile.peak_bytes
     assert abs(est.peak_bytes - measured) <= 0.01 * measured
+
+
+def test_optimizer_state_is_charged_alike_in_estimate_and_measurement() -> None:
+    """AdamW's state, per module, the same in the estimate and in the recorded step; by hand:
+    two fp32 moments per parameter plus one 4-byte step counter per tensor on the CPU."""
+    import torch
+    from torch import nn
+
+    import jupyter_vram as jv
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    x = torch.randn(8, 64)
+    opt = torch.optim.AdamW(model.parameters())
+
+    def step() -> None:
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    with jv.record("cpu") as rec:
+        step()
+    est = jv.estimate(model, x, optimizer="adamw", device="cpu", loss_fn=lambda o, b: o.sum())
+    by_hand = {
+        "Sequential.0": 2 * 4 * (64 * 128 + 128) + 2 * 4,
+        "Sequential.2": 2 * 4 * (128 * 10 + 10) + 2 * 4,
+    }
+    for prof in (rec.profile, est.profile):
+        df = prof.to_dataframe()
+        state = df[df["category"] == "optimizer_state"]
+        assert state.groupby("module", observed=True)["bytes"].sum().to_dict() == by_hand
