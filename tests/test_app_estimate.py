@@ -478,6 +478,8 @@ def test_estimate_timeline_counts_events_not_time(est: Estimate) -> None:
     assert view.source.data["x_end"][-1] == len(t)
     assert view.figure.xaxis[0].axis_label == "allocation / free event #"
     assert [s.location for s in view.figure.select({"type": Span})] == [t.peak_index + 1]
+    # the moment shown says which event, not how many ms into the fake run
+    assert f"(<span class='jv-when'>event {t.peak_index + 1:,}</span>)" in view.moment.value
     with jv.record("cpu", namespace={}) as rec:
         torch.ones(8)
     measured = ProfileApp(rec.profile).open_tab(2)

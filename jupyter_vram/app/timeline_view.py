@@ -134,11 +134,12 @@ class TimelineView(w.VBox):  # type: ignore[misc]
         t = profile.timeline
         mask = t.live_mask(index)
         total = t.total_at(index)
-        when = (
-            f"{t.time_ns[index] / 1e6:.3f} ms, event {index + 1:,}"
-            if index >= 0
-            else ("before the first event")
-        )
+        if index < 0:
+            when = "before the first event"
+        elif profile.source == "estimate":  # a fake run's time says nothing about a GPU's
+            when = f"event {index + 1:,}"
+        else:
+            when = f"{t.time_ns[index] / 1e6:.3f} ms, event {index + 1:,}"
         self.moment.value = (
             f"<div class='jv-moment-title'>Live at {label} (<span class='jv-when'>{when}</span>):"
             f" <b class='jv-moment-total'>{format_bytes(total)}</b></div>"
