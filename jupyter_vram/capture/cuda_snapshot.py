@@ -338,7 +338,7 @@ class CudaSnapshotRecorder:
             if label is None:
                 label = self._labels[key] = f"{phase}|{module}|{func._overloadpacket.__name__}"
             self._api.set_metadata(label)  # per thread: backward runs on its own thread
-        except Exception:  # noqa: BLE001 - never raise from bookkeeping (FACTS.md)
+        except Exception:  # noqa: BLE001 - never raise from bookkeeping
             pass
 
     # -- roles -------------------------------------------------------------------------------

@@ -128,7 +128,7 @@ class DispatchRecorder:
                 for item in out:
                     if isinstance(item, torch.Tensor):
                         self._record(item, op, kind)
-        except Exception:  # noqa: BLE001 - never raise from bookkeeping (FACTS.md)
+        except Exception:  # noqa: BLE001 - never raise from bookkeeping
             pass
 
     def _record(self, tensor: torch.Tensor, op: int, kind: int) -> None:

@@ -1,7 +1,7 @@
 """Fake tensors (torch's FakeTensorMode): a training step's shapes and memory, no data.
 
 The estimator's only contact with torch's private fake-tensor machinery. A dispatch mode
-stacked on FakeTensorMode that raises can abort the process (FACTS.md), so fake runs happen in
+stacked on FakeTensorMode that raises can abort the process, so fake runs happen in
 the estimator process, and our recorder's hooks never raise.
 """
 

@@ -1,4 +1,4 @@
-"""The one dispatch mode both recorders use: hooks around every aten op."""
+"""The dispatch mode of the fake-tensor tracker and of the CUDA recorder's optional op labels.
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ class ObservingMode(TorchDispatchMode):  # type: ignore[misc]
     """Calls ``before(func)`` ahead of each aten op and ``after(func, out)`` once it returns.
 
     Hooks must never raise (an exception inside a dispatch mode can abort the process when it
-    is stacked on a FakeTensorMode, FACTS.md): callers wrap their bodies accordingly.
+    is stacked on a FakeTensorMode): callers wrap their bodies accordingly.
     """
 
     def __init__(

@@ -1,7 +1,7 @@
 """The estimator process: runs training steps on fake tensors and writes their profiles.
 
 Started by :mod:`jupyter_vram.estimator.runner` as ``python -m jupyter_vram.estimator.worker
-JOB``. Fake-tensor runs can abort a process (FACTS.md), so they never run in the kernel. The
+JOB``. Fake-tensor runs can abort a process, so they never run in the kernel. The
 protocol is one JSON line per message on the process's original stdout (the model's own prints
 are sent to stderr): a ``ready`` line once the job is loaded, then one reply per request read
 from stdin (``{"settings": {...}, "batch_size": N, "out": PATH}``; ``{"quit": true}`` ends).
