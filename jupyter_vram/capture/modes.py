@@ -1,4 +1,4 @@
-"""The dispatch mode of the fake-tensor tracker and of the CUDA recorder's optional op labels.
+"""The dispatch mode of the fake-tensor tracker and of the CUDA recorder's optional labels."""
 
 from __future__ import annotations
 
