@@ -340,6 +340,20 @@ def test_a_profiler_started_in_the_cell_is_reported(shell: InteractiveShell) -> 
 def test_top_level_await_runs_as_ipython_runs_it(shell: InteractiveShell) -> None:
     """A %%vram cell that awaits is compiled and awaited by IPython itself: recorded, its last
     value displayed, its errors raised with the notebook's own line numbers."""
+    import asyncio
+
+    # IPython's terminal shell awaits with its own loop; an earlier test's library (the
+    # browser tests' Playwright) can leave this thread marked as running one. A kernel has no
+    # such leftover: tests/test_kernel_interrupts.py runs the same cell in a real one.
+    leftover = asyncio.events._get_running_loop()
+    asyncio.events._set_running_loop(None)
+    try:
+        _await_cells(shell)
+    finally:
+        asyncio.events._set_running_loop(leftover)
+
+
+def _await_cells(shell: InteractiveShell) -> None:
     run(shell, "import asyncio")
     cell = (
         "%%vram -q\n"
