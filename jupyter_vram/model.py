@@ -380,6 +380,31 @@ class Profile:
         except ValueError as exc:  # anything the constructor's own checks still catch
             raise ProfileFileError(str(exc)) from exc
 
+    @classmethod
+    def from_snapshot(
+        cls, source: str | Path | Mapping[str, Any], *, device: int | str | None = None
+    ) -> Profile:
+        """A PyTorch allocator snapshot (a ``torch.cuda.memory._dump_snapshot`` pickle, or a
+        ``_snapshot()`` dict) as the Profile of one device. Nothing in the file is run: a
+        pickle that names any class or function is refused (:class:`ProfileFileError`).
+
+        ``device`` (an index or ``"cuda:N"``) picks one device of a multi-device snapshot;
+        ``None`` takes the only device that holds memory. Phases, modules and categories are
+        recovered from the snapshot's frames, annotations and user metadata where it has them
+        (``meta["categories_inferred"]``).
+        """
+        from .capture.snapshot_file import profile_from_snapshot_source
+
+        return profile_from_snapshot_source(source, device=device)
+
+    def to_snapshot(self, path: str | Path) -> Path:
+        """Write a pickle in ``_dump_snapshot``'s format that PyTorch's memory viewer and
+        ``torch.cuda._memory_viz`` read, and :meth:`from_snapshot` reads back to the same
+        peak and categories (addresses are synthesized: see ``capture/snapshot_file.py``)."""
+        from .capture.snapshot_file import write_snapshot
+
+        return write_snapshot(self, path)
+
     def save(self, path: str | Path) -> Path:
         """Write JSON; a path ending in ``.gz`` is gzip-compressed. Missing folders are made."""
         path = Path(path)

@@ -1,0 +1,204 @@
+"""PyTorch allocator snapshots in and out: safe reading, round trips through
+``torch.cuda._memory_viz``, devices kept apart, labels recovered from unlabelled snapshots."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import pickle
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.cuda import _memory_viz
+
+import jupyter_vram as jv
+from jupyter_vram.capture.snapshot_file import profiles_from_snapshot
+from jupyter_vram.model import CATEGORY_INDEX, ProfileFileError
+
+H200 = Path(__file__).parent / "fixtures" / "h200"
+
+
+def raw(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(
+        gzip.decompress((H200 / f"{name}.snapshot.json.gz").read_bytes())
+    )
+    return data
+
+
+class RunsCode:
+    """Unpickling this runs a shell command that creates a file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+class WritesFile:
+    """Unpickling this calls open(marker, "w") (no shell involved)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return (open, (str(self.marker), "w"))
+
+
+@pytest.mark.parametrize("payload", [RunsCode, WritesFile])
+def test_a_malicious_pickle_runs_nothing_and_says_why(tmp_path: Path, payload: type) -> None:
+    marker = tmp_path / "pwned"
+    evil = raw("mlp_step1")["snapshot"]
+    evil["device_traces"][0][3]["user_metadata"] = payload(marker)  # hidden inside an entry
+    path = tmp_path / "evil.pickle"
+    path.write_bytes(pickle.dumps(evil))
+    with pytest.raises(ProfileFileError, match="plain data only") as info:
+        jv.Profile.from_snapshot(path)
+    assert str(path) in str(info.value)
+    assert "system" in str(info.value) or "open" in str(info.value)
+    assert not marker.exists()
+    # the same bytes through plain pickle do run (so the test above can fail)
+    pickle.loads(path.read_bytes())
+    assert marker.exists()
+
+
+def test_dump_snapshot_pickle_and_dict_give_the_same_profile(tmp_path: Path) -> None:
+    snapshot = raw("gpt2_step1")["snapshot"]
+    path = tmp_path / "snap.pickle"
+    path.write_bytes(pickle.dumps(snapshot))  # what torch.cuda.memory._dump_snapshot writes
+    from_file = jv.Profile.from_snapshot(path)
+    from_dict = jv.Profile.from_snapshot(snapshot)
+    assert from_file.peak_bytes == from_dict.peak_bytes > 0
+    assert from_file.peak_breakdown() == from_dict.peak_breakdown()
+    gz = tmp_path / "snap.pickle.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    assert jv.Profile.from_snapshot(gz).peak_bytes == from_file.peak_bytes
+
+
+@pytest.mark.parametrize(
+    "content", [pickle.dumps([1, 2, 3]), pickle.dumps({"a": 1}), b"\x80\x04garbage", b""]
+)
+def test_what_is_not_a_snapshot_is_one_clear_error(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "x.pickle"
+    path.write_bytes(content)
+    with pytest.raises(ProfileFileError, match="not a memory snapshot"):
+        jv.Profile.from_snapshot(path)
+
+
+def live_blocks_in_flamegraph(lines: str) -> int:
+    """Bytes of active blocks in _memory_viz's flame graph input ('stack... bytes' lines)."""
+    total = 0
+    for line in lines.splitlines():
+        stack, _, size = line.rpartition(" ")
+        if ";active_allocated;" in stack and not stack.endswith("<gaps>"):
+            total += int(size)
+    return total
+
+
+def check_memory_viz_accepts(path: Path, live_end: int) -> None:
+    with path.open("rb") as fh:
+        data = pickle.load(fh)
+    text = _memory_viz.segsum(data)  # asserts allocated + free == reserved per segment
+    assert "total_allocated" in text
+    assert "TOTAL MEM" in _memory_viz.trace(data)
+    lines = _memory_viz.memory(data, format_flamegraph=lambda s: s)
+    assert live_blocks_in_flamegraph(lines) == live_end
+    html = _memory_viz.trace_plot(data)
+    assert "snapshot.pickle" in html and "add_local_files" in html
+    assert "snapshot.pickle" in _memory_viz.segment_plot(data)
+
+
+def test_cuda_profile_round_trip_through_memory_viz(tmp_path: Path) -> None:
+    original = jv.Profile.from_snapshot(raw("gpt2_step2"))  # with the recorder's roles
+    a = original.allocations
+    live_end = int(a.size[a.free_seq < 0].sum())
+    path = original.to_snapshot(tmp_path / "out.pickle")
+    check_memory_viz_accepts(path, live_end)
+    again = jv.Profile.from_snapshot(path)
+    assert again.peak_bytes == original.peak_bytes
+    assert again.peak_breakdown() == original.peak_breakdown()
+    assert len(again.allocations) == len(original.allocations)
+    assert sorted(again.ops) == sorted(original.ops)
+    df0, df1 = original.to_dataframe(), again.to_dataframe()
+    cols = ["op", "module", "phase", "category", "bytes"]
+    assert Counter(map(tuple, df0[cols].astype(str).values)) == Counter(
+        map(tuple, df1[cols].astype(str).values)
+    )
+    # reserved memory: segment events and the reserved baseline survive
+    assert again.segments.baseline == original.segments.baseline
+    assert again.segments.delta.tolist() == original.segments.delta.tolist()
+
+
+def test_cpu_profile_round_trip(tmp_path: Path) -> None:
+    with jv.record("cpu") as rec:
+        x = torch.ones(1000)  # 4,000 bytes (not a multiple of 512: sizes must stay exact)
+        y = torch.ones(300, 10)  # 12,000 bytes
+        z = x.sum() + y.sum()
+        del y
+    prof = rec.profile
+    path = prof.to_snapshot(tmp_path / "cpu.pickle")
+    a = prof.allocations
+    check_memory_viz_accepts(path, int(a.size[a.free_seq < 0].sum()))
+    again = jv.Profile.from_snapshot(path)
+    assert again.device == "cpu"
+    assert again.peak_bytes == prof.peak_bytes >= 16_000
+    assert again.peak_breakdown() == prof.peak_breakdown()
+    assert again.segments.seq.size == 0  # a CPU run reserves nothing beyond what it holds
+    del x, z
+
+
+def test_devices_are_kept_apart() -> None:
+    one = raw("mlp_step1")["snapshot"]
+    two = raw("gpt2_step1")["snapshot"]
+    merged = {
+        "segments": one["segments"] + [{**s, "device": 1} for s in two["segments"]],
+        "device_traces": [one["device_traces"][0], two["device_traces"][0]],
+    }
+    with pytest.raises(ProfileFileError, match=r"cuda:0, cuda:1"):
+        jv.Profile.from_snapshot(merged)
+    first = jv.Profile.from_snapshot(merged, device=0)
+    second = jv.Profile.from_snapshot(merged, device="cuda:1")
+    assert first.peak_bytes == jv.Profile.from_snapshot(one).peak_bytes
+    assert second.peak_bytes == jv.Profile.from_snapshot(two).peak_bytes
+    assert second.device == "cuda:1"
+    assert set(profiles_from_snapshot(merged)) == {"cuda:0", "cuda:1"}
+    with pytest.raises(ProfileFileError, match="no cuda:2"):
+        jv.Profile.from_snapshot(merged, device=2)
+
+
+def test_unlabelled_snapshot_categories_agree_with_the_recorders_roles() -> None:
+    """A real H200 GPT-2 step dumped without jupyter_vram's labels (no user metadata, no
+    markers): phases come from frames and annotations, categories from phase and lifetime.
+    The truth is the recorder's own roles (saved-tensor hooks, grads, optimizer state)."""
+    data = raw("gpt2_step1")
+    truth = jv.Profile.from_snapshot(data)
+    snapshot = data["snapshot"]
+    trace = [
+        {**e, "user_metadata": ""}
+        for e in snapshot["device_traces"][0]
+        if not str(e.get("user_metadata", "")).startswith("jv-marker")
+    ]
+    guessed = jv.Profile.from_snapshot({**snapshot, "device_traces": [trace]})
+    assert guessed.meta["categories_inferred"]
+    made_t, made_g = truth.allocations.alloc_seq >= 0, guessed.allocations.alloc_seq >= 0
+    pairs = Counter(
+        zip(
+            truth.allocations.category[made_t].tolist(),
+            guessed.allocations.category[made_g].tolist(),
+            strict=True,
+        )
+    )
+    for name in ("gradient", "optimizer_state", "activation"):
+        c = CATEGORY_INDEX[name]
+        assert sum(n for (t, g), n in pairs.items() if t == c) > 0
+        assert all(g == c for (t, g), n in pairs.items() if t == c), (name, pairs)
+    agree = sum(n for (t, g), n in pairs.items() if t == g)
+    assert agree / sum(pairs.values()) > 0.95
+    # phases: optimizer allocations are the ones the recorder labelled optimizer
+    phase_t = truth.allocations.phase[made_t].tolist()
+    phase_g = guessed.allocations.phase[made_g].tolist()
+    assert [p == 3 for p in phase_t] == [p == 3 for p in phase_g]
