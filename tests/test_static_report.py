@@ -37,7 +37,8 @@ def profile() -> Profile:
     tmp = b.add(500, 3, 4_000_000, dev, mm, dec, s2, FWD, T)
     b.free(tmp, 4, 5_000_000)
     b.free(act, 5, 6_000_000)
-    return b.build(device="cpu", source="dispatch", wall_ns=7_000_000)
+    types = {"net": "Net", "net.encoder": "Encoder", "net.decoder": "Decoder"}
+    return b.build(device="cpu", source="dispatch", wall_ns=7_000_000, meta={"module_types": types})
 
 
 def test_payload_header_and_breakdown(profile: Profile) -> None:
@@ -71,6 +72,7 @@ def test_flame_is_the_module_tree_live_at_the_peak_pruned_at_a_thousandth(
     assert [CATEGORIES[c] for c in f["category"][2:5]] == ["parameter", "parameter", "activation"]
     assert f["mix"][2] == [[P, 6000], [A, 3000]]
     assert f["mix"][5] == [[A, 1000], [T, 505]]
+    assert f["type"] == ["", "Net", "Encoder", "", "", "Decoder", ""]
 
 
 def test_flame_node_cap_keeps_the_largest_and_a_tree(profile: Profile) -> None:

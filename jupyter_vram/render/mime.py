@@ -40,7 +40,8 @@ Bytes are integers; ``categories`` fixes the order of every per-category array::
         "bytes": [int, ...],        #   before its children; bytes include the children's
         "count": [int, ...],        # allocations under the node
         "category": [int, ...],     # index of the category holding most of the node's bytes
-        "mix": [[[int, int], ...], ...]  # per node: (category index, bytes), largest first, <= 3
+        "mix": [[[int, int], ...], ...], # per node: (category index, bytes), largest first, <= 3
+        "type": [str, ...]          # a module node's class name ("Linear"), else ""
       },
       "timeline": {                 # live bytes over the run, each bucket at its highest moment
         "axis": "time" | "event",   # ms since the cell started, or event number (estimates)
@@ -145,7 +146,9 @@ def profile_payload(profile: Profile, estimate: Estimate | None = None) -> dict[
         "categories": list(CATEGORIES),
         "colors": [CATEGORY_COLORS[c] for c in CATEGORIES],
         "breakdown": [int(breakdown[c]) for c in CATEGORIES],
-        "flame": flame_payload(flame_tree(profile, "module", "peak"), profile.peak_bytes),
+        "flame": flame_payload(
+            flame_tree(profile, "module", "peak"), profile.peak_bytes, module_types(profile)
+        ),
         "timeline": timeline_payload(profile, axis),
         "top_modules": [
             {
@@ -162,12 +165,23 @@ def profile_payload(profile: Profile, estimate: Estimate | None = None) -> dict[
     }
 
 
+def module_types(profile: Profile) -> dict[str, str]:
+    """Module path -> class name, where the recording kept them (``meta["module_types"]``)."""
+    types = profile.meta.get("module_types")
+    return {str(k): str(v) for k, v in types.items()} if isinstance(types, dict) else {}
+
+
 def flame_payload(
-    root: FlameNode, peak_bytes: int, *, min_share: float = MIN_SHARE, max_nodes: int = MAX_NODES
+    root: FlameNode,
+    peak_bytes: int,
+    types: dict[str, str] | None = None,
+    *,
+    min_share: float = MIN_SHARE,
+    max_nodes: int = MAX_NODES,
 ) -> dict[str, Any]:
     """The tree as columns, keeping nodes of at least ``min_share`` of the peak, at most
     ``max_nodes`` of them (the largest: a parent is never smaller than its child, so what is
-    kept stays a tree)."""
+    kept stays a tree). ``types``: module path -> class name, for the ``type`` column."""
     min_bytes = max(1, int(np.ceil(min_share * max(peak_bytes, root.bytes))))
     kept: set[int] = {id(root)}
     heap: list[tuple[int, int, FlameNode]] = []
@@ -184,8 +198,11 @@ def flame_payload(
     cols: dict[str, list[Any]] = {k: [] for k in ("name", "parent", "bytes", "count")}
     category: list[int] = []
     mix: list[list[list[int]]] = []
+    kinds: list[str] = []
+    paths: list[tuple[str, ...]] = []  # module path parts of each written node
     stack: list[tuple[FlameNode, int]] = [(root, -1)]
     total_nodes = 0
+    types = types or {}
     while stack:
         node, parent = stack.pop()
         total_nodes += 1
@@ -193,6 +210,9 @@ def flame_payload(
             stack.extend((c, -1) for c in node.children.values())
             continue
         index = len(cols["name"])
+        path = () if parent < 0 else (*paths[parent], node.name)
+        paths.append(tuple(p for p in path if not p.startswith("[")))  # no [backward] prefix
+        kinds.append(types.get(".".join(paths[-1]), "") if paths[-1] else "")
         cols["name"].append(node.name)
         cols["parent"].append(parent)
         cols["bytes"].append(node.bytes)
@@ -210,6 +230,7 @@ def flame_payload(
         **cols,
         "category": category,
         "mix": mix,
+        "type": kinds,
     }
 
 
