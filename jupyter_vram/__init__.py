@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from .model import CATEGORIES, Frame, Profile, ProfileFileError
 from .recording import Recording, record
+from .rerun import RerunError, Variant, rerun, rerun_unavailable
 from .session import last_profile
 
 __all__ = [
@@ -15,16 +16,22 @@ __all__ = [
     "Profile",
     "ProfileFileError",
     "Recording",
+    "RerunError",
+    "Variant",
     "estimate",
     "last_profile",
     "record",
+    "rerun",
+    "rerun_unavailable",
     "show",
+    "verdict",
 ]
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
+    from .analysis.compare import verdict
     from .estimator import Estimate, estimate
 else:
 
@@ -34,6 +41,10 @@ else:
             from . import estimator
 
             return getattr(estimator, name)
+        if name == "verdict":
+            from .analysis.compare import verdict
+
+            return verdict
         raise AttributeError(f"module 'jupyter_vram' has no attribute {name!r}")
 
 

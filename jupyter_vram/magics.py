@@ -62,7 +62,8 @@ class VramMagics(Magics):
         if not source.strip():
             print("%%vram: the cell is empty; nothing to record")
             return None
-        filename = shell.compile.cache(source, current_cell_number(shell))
+        number = current_cell_number(shell)
+        filename = shell.compile.cache(source, number)
 
         def show(profile: Profile) -> None:
             self._show(profile, args)
@@ -75,6 +76,7 @@ class VramMagics(Magics):
                 device=args.device,
                 stacks=not args.no_stacks,
                 on_profile=show,
+                cell=f"In [{number}]",
             )
         except RecordingNotStarted as error:
             print(f"%%vram: {error}; the cell did not run", file=sys.stderr)

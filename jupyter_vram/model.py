@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from .analysis.timeline import Timeline
+    from .rerun import Variant
 
 SCHEMA_VERSION = 1
 
@@ -271,6 +272,27 @@ class Profile:
         from .render.html import write_report
 
         return write_report(self, path, resources=resources)
+
+    @property
+    def variant(self) -> Variant | None:
+        """What a rerun changed (AMP dtype, checkpointed modules, offload, notes); None for a
+        plain run. Saved with the profile (``meta["variant"]``)."""
+        info = self.meta.get("variant")
+        if not isinstance(info, Mapping):
+            return None
+        from .rerun import Variant
+
+        return Variant.from_dict(info)
+
+    def compare(
+        self, other: Profile, by: Literal["category", "module", "op"] = "category"
+    ) -> pd.DataFrame:
+        """This profile (the baseline) against ``other`` (a variant): bytes held at most per
+        category and the peak (``by="category"``), or the modules / ops that moved most;
+        columns baseline_bytes, variant_bytes, change_bytes, change_pct."""
+        from .analysis.compare import compare
+
+        return compare(self, other, by)
 
     def stack_of(self, stack_id: int) -> tuple[Frame, ...]:
         if stack_id < 0:

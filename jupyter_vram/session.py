@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import contextlib
+import weakref
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -21,6 +23,42 @@ _KEPT_ESTIMATES = 8
 
 def remember(profile: Profile) -> None:
     _history[:] = [profile]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """What a rerun needs to run a `%%vram` cell again: its code, where it ran, and the random
+    streams as they were when it started (kept in this kernel's memory only, never saved)."""
+
+    source: str
+    filename: str
+    namespace: MutableMapping[str, Any]
+    device: str | None
+    stacks: bool
+    label: str | None
+    rng_at_start: Any  # transforms.state.RandomState, taken just before the cell ran
+
+
+#: Profile -> its cell. Weak on the profile, so forgetting a profile forgets its cell.
+_cells: weakref.WeakKeyDictionary[Profile, Cell] = weakref.WeakKeyDictionary()
+
+
+def cell_of(profile: Profile) -> Cell | None:
+    """The cell a `%%vram` profile of this kernel recorded (None for a loaded, `jv.record`
+    or estimated profile)."""
+    return _cells.get(profile)
+
+
+def _random_state() -> Any:
+    """The random streams now, if torch is loaded (a cell that never imported torch has
+    none of ours to protect)."""
+    import sys
+
+    if "torch" not in sys.modules:
+        return None
+    from .transforms.state import RandomState
+
+    return RandomState.take()
 
 
 def remember_estimate(estimate: Estimate) -> None:
@@ -76,12 +114,18 @@ def run_code(
     device: str | None = None,
     stacks: bool = True,
     on_profile: Callable[[Profile], None] | None = None,
+    cell: str | None = None,
+    around: Callable[[], Any] | None = None,
+    keep: bool = True,
 ) -> CellRun:
     """Run ``source`` in ``namespace`` under recording and return its last value and profile.
 
     A SyntaxError is raised before anything is recorded. If the code raises (KeyboardInterrupt
     included), recording is switched off, ``on_profile`` still receives the partial profile and
     the exception propagates unchanged. Nested use runs the code unrecorded.
+    ``cell``: a label for the cell (``In [5]``); ``around``: a context manager factory the
+    code runs inside, under the recorder (a rerun's autocast / offload); ``keep=False``: do not
+    make this the kernel's latest profile nor remember its cell (reruns).
     """
     __tracebackhide__ = True  # IPython hides this frame in the user's traceback
     body, last = split_last_expression(source, filename)
@@ -91,6 +135,7 @@ def run_code(
         value = eval(last, globals_) if last is not None else None
         return CellRun(value, None, nested=True)
     compiles = stacks and mentions_compile(source)
+    rng_at_start = _random_state() if keep else None
     rec = record(device, stacks=stacks and not compiles, namespace=globals_)
     try:
         rec.__enter__()
@@ -99,9 +144,10 @@ def run_code(
     value = None
     try:
         try:
-            exec(body, globals_)
-            if last is not None:
-                value = eval(last, globals_)
+            with around() if around is not None else contextlib.nullcontext():
+                exec(body, globals_)
+                if last is not None:
+                    value = eval(last, globals_)
         except BaseException as error:
             rec.__exit__(type(error), error, error.__traceback__)
             raise
@@ -114,8 +160,9 @@ def run_code(
             warnings = profile.meta.setdefault("warnings", [])
             if NO_STACKS_WITH_COMPILE not in warnings:
                 warnings.append(NO_STACKS_WITH_COMPILE)
-        if profile is not None:
+        if profile is not None and keep:
             remember(profile)
-            if on_profile is not None:
-                on_profile(profile)
+            _cells[profile] = Cell(source, filename, namespace, device, stacks, cell, rng_at_start)
+        if profile is not None and on_profile is not None:
+            on_profile(profile)
     return CellRun(value, profile)

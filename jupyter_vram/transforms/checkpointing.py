@@ -12,6 +12,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -62,8 +63,51 @@ def _wrap(block: nn.Module) -> None:
 
     @functools.wraps(original)
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
-        if not block.training:
+        if not block.training or not torch.is_grad_enabled():
             return original(*args, **kwargs)
         return checkpoint(original, *args, use_reentrant=False, **kwargs)
 
     block.forward = checkpointed  # type: ignore[method-assign]
+
+
+# -- reruns: checkpoint the blocks a profile names -------------------------------------------
+
+
+def block_lists(roots: dict[str, nn.Module]) -> list[tuple[str, list[tuple[str, nn.Module]]]]:
+    """Every list of repeated blocks under ``roots`` (name -> top-level module): the path of
+    each ``nn.ModuleList`` / ``nn.Sequential`` of two or more same-typed modules, with its
+    blocks' paths (``GPT2LMHeadModel.transformer.h`` -> ``[("...h.0", block), ...]``)."""
+    found: list[tuple[str, list[tuple[str, nn.Module]]]] = []
+    for root_name, root in roots.items():
+        for name, container in root.named_modules():
+            if not isinstance(container, (nn.ModuleList, nn.Sequential)):
+                continue
+            blocks = list(container.named_children())
+            if len(blocks) < 2 or len({type(b) for _, b in blocks}) != 1:
+                continue
+            path = f"{root_name}.{name}" if name else root_name
+            found.append((path, [(f"{path}.{child}", block) for child, block in blocks]))
+    return found
+
+
+def uses_own_switch(block: nn.Module) -> bool:
+    """A transformers layer with its own checkpointing switch (``GradientCheckpointingLayer``:
+    it drops the KV cache under checkpointing, which a plain wrapper would update twice)."""
+    return any(
+        cls.__name__ == "GradientCheckpointingLayer" for cls in type(block).__mro__[1:]
+    ) and hasattr(block, "gradient_checkpointing")
+
+
+def checkpoint_blocks(blocks: list[nn.Module]) -> None:
+    """Checkpoint each block (non-reentrant) from its next call on, through transformers' own
+    per-layer switch where the block has one, else by wrapping its ``forward`` on the
+    instance. Undo by putting back the instance attributes ``forward``,
+    ``gradient_checkpointing`` and ``_gradient_checkpointing_func`` (transforms.state does)."""
+    for block in blocks:
+        if uses_own_switch(block):
+            block.__dict__["gradient_checkpointing"] = True
+            block.__dict__["_gradient_checkpointing_func"] = functools.partial(
+                checkpoint, use_reentrant=False
+            )
+        else:
+            _wrap(block)
