@@ -3,13 +3,22 @@ numbers are known by arithmetic."""
 
 from __future__ import annotations
 
+import html
 import json
+import re
+from html.parser import HTMLParser
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from jupyter_vram.capture.builder import ProfileBuilder
 from jupyter_vram.model import CATEGORIES, CATEGORY_INDEX, PHASE_INDEX, Frame, Profile
+from jupyter_vram.render.figures import CRUMB_SEP
 from jupyter_vram.render.mime import PROFILE_MIME, flame_payload, profile_payload
+from jupyter_vram.render.static_report import report_html, static_report_html
+
+if TYPE_CHECKING:
+    from jupyter_vram.estimator.api import Estimate
 
 P, A, T = (CATEGORY_INDEX[c] for c in ("parameter", "activation", "temporary"))
 FWD = PHASE_INDEX["forward"]
@@ -111,3 +120,155 @@ def test_top_modules_and_sites(profile: Profile) -> None:
     ]
     assert d["top_sites"][1]["largest_bytes"] == 1000
     assert d["top_sites"][0]["stack"] == "<module> (train.py:10) > forward (model.py:5)"
+
+
+# -- the static report ----------------------------------------------------------------------
+
+
+class Blocks(HTMLParser):
+    """The flame SVG's blocks: (x %, width %, title) of each nested <svg class='jvs-block'>."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks: list[dict[str, Any]] = []
+        self._in_title = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "svg" and a.get("class") == "jvs-block":
+            self.blocks.append({"x": a["x"], "y": a["y"], "width": a["width"], "title": ""})
+        self._in_title = tag == "title" and bool(self.blocks)
+
+    def handle_endtag(self, tag: str) -> None:
+        self._in_title = False
+
+    def handle_data(self, data: str) -> None:
+        if self._in_title and not self.blocks[-1]["title"]:
+            self.blocks[-1]["title"] = data
+
+
+def flame_blocks(page: str) -> list[dict[str, Any]]:
+    start = page.index("<svg class='jvs-flame'")
+    parser = Blocks()
+    parser.feed(page[start:])
+    return parser.blocks
+
+
+def percent(value: str) -> float:
+    assert value.endswith("%"), value
+    return float(value[:-1]) / 100
+
+
+def test_report_has_no_javascript(profile: Profile) -> None:
+    page = static_report_html(profile)
+    low = page.lower()
+    assert "<script" not in low and "javascript:" not in low
+    assert not re.search(r"\son[a-z]+\s*=", low)  # no event handler attributes
+
+
+def test_flame_svg_widths_are_bytes_and_titles_name_the_path(profile: Profile) -> None:
+    blocks = flame_blocks(static_report_html(profile))
+    # 0.3 % of 10505 B is 31.5 B: the 5-byte net.decoder.tiny is not drawn
+    paths = [
+        ("all",), ("all", "net"), ("all", "net", "encoder"),
+        ("all", "net", "encoder", "(before recording)"), ("all", "net", "encoder", "relu"),
+        ("all", "net", "decoder"), ("all", "net", "decoder", "mm"),
+    ]  # fmt: skip
+    assert [b["title"].split("\n")[0] for b in blocks] == [CRUMB_SEP.join(p) for p in paths]
+    by_title = {tuple(b["title"].split("\n")[0].split(CRUMB_SEP)): b for b in blocks}
+    root = by_title[("all",)]
+    assert percent(root["width"]) == 1.0 and root["y"] == "0"
+    encoder = by_title[("all", "net", "encoder")]
+    assert percent(encoder["width"]) == pytest.approx(9000 / 10505, abs=1e-5)
+    assert "8.8 KiB (9,000 B)" in encoder["title"] and "85.7% of the peak" in encoder["title"]
+    assert "parameter 67% · activation 33%" in encoder["title"]
+    decoder = by_title[("all", "net", "decoder")]
+    assert percent(decoder["x"]) == pytest.approx(9000 / 10505, abs=1e-5)  # right of encoder
+    assert percent(decoder["width"]) == pytest.approx(1505 / 10505, abs=1e-5)
+    relu = by_title[("all", "net", "encoder", "relu")]
+    assert percent(relu["x"]) == pytest.approx(6000 / 10505, abs=1e-5)
+    assert {b["y"] for b in blocks} == {"0", "20", "40", "60"}  # four levels, 20 px each
+
+
+def test_report_breakdown_tables_and_header(profile: Profile) -> None:
+    page = static_report_html(profile)
+    assert "At the peak: 10.3 KiB" in page
+    # the category bar: parameter 6000 / 10505 of the width, first
+    bar = page[page.index("<svg class='jvs-bar'") :]
+    first = re.search(r"<svg class='jvs-part' x='0%' y='0' width='([\d.]+%)'", bar)
+    assert first is not None
+    assert percent(first.group(1)) == pytest.approx(6000 / 10505, abs=1e-5)
+    assert "parameter: 5.9 KiB (6,000 B, 57.1% of the peak)" in bar
+    modules = page[page.index("jvs-modules") :]
+    assert re.search(r"<td>net\.encoder</td><td class='jvs-num'>8\.8 KiB</td>", modules)
+    # sites read file:line first; the whole stack is the tooltip
+    assert ">model.py:5 forward</td><td>relu</td><td class='jvs-num'>2.9 KiB</td>" in page
+    assert "title='&lt;module&gt; (train.py:10)\nforward (model.py:5)'>" in page
+    assert "jupyter_vram · cpu (tensor tracker)" in page
+    assert "Estimate" not in page
+
+
+def test_app_bundle_carries_the_report_and_the_saved_profile(profile: Profile) -> None:
+    from jupyter_vram.app import ProfileApp
+
+    bundle = ProfileApp(profile)._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert bundle["text/plain"].startswith("jupyter_vram · cpu")
+    assert bundle[PROFILE_MIME] == profile_payload(profile)
+    assert bundle["text/html"] == report_html(profile_payload(profile))
+    json.dumps(bundle[PROFILE_MIME])  # the display protocol sends it as JSON
+
+
+def test_bundle_is_bounded_and_not_kept_by_the_app() -> None:
+    """A 300k-event profile: both static views well under 150 KB, and displaying the app again
+    and again keeps nothing (ipywidgets keeps displayed apps for the kernel's life)."""
+    import gc
+    import sys
+    import tracemalloc
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from synthetic import synthetic_profile
+
+    from jupyter_vram.app import ProfileApp
+
+    big = synthetic_profile(300_000)
+    app = ProfileApp(big)
+    bundle = app._repr_mimebundle_()
+    assert len(bundle["text/html"].encode()) < 150_000
+    assert len(json.dumps(bundle[PROFILE_MIME], separators=(",", ":"))) < 150_000
+    del bundle
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(3):
+            app._repr_mimebundle_()
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 200_000, kept
+
+
+@pytest.fixture(scope="module")
+def est() -> Estimate:
+    from torch import nn
+
+    from jupyter_vram.estimator.api import estimate
+
+    return estimate(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)), "8x64")
+
+
+@pytest.mark.slow  # an estimate runs in a subprocess (~10 s here)
+def test_estimate_report_carries_its_summary(est: Estimate) -> None:
+    from jupyter_vram.render.estimate_text import estimate_summary
+
+    d = profile_payload(est.profile, est)
+    assert d["kind"] == "estimate" and d["estimate"]["summary"] == estimate_summary(est)
+    assert d["timeline"]["axis"] == "event"
+    assert d["reserved_bytes"] == est.reserved_bytes
+    page = static_report_html(est.profile, est)
+    assert "Estimate · simulated on fake tensors, no GPU used" in page
+    assert html.escape(estimate_summary(est)) in page
+    assert "fits at this batch size" in page

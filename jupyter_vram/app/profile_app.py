@@ -295,9 +295,30 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         return summary(profile)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        """The widget, and what frontends without a live kernel show: the static report
+        (``text/html``, no JavaScript), the saved profile (``PROFILE_MIME``, the lab
+        extension's renderer) and the text summary. Made when displayed, never kept here.
+        JupyterLab and Notebook 7 rank the widget view (-10) before text/html (50), so a
+        live kernel still shows the app."""
         bundle = super()._repr_mimebundle_(**kwargs)
         if isinstance(bundle, dict):
             bundle["text/plain"] = self.text()
+            profile = self._handle.get()
+            if profile is not None:
+                from ..render.mime import PROFILE_MIME, profile_payload
+                from ..render.static_report import report_html
+
+                notes = [self.gpu_answer] if self.gpu_answer else []
+                if self.comparison is not None:
+                    from ..render.estimate_text import comparison_text
+
+                    notes.append(comparison_text(self.comparison))
+                try:
+                    payload = profile_payload(profile, self.estimate)
+                    bundle[PROFILE_MIME] = payload
+                    bundle["text/html"] = report_html(payload, notes=notes)
+                except Exception as exc:  # noqa: BLE001 (the widget and the text still show)
+                    bundle["text/plain"] += f"\n(the static report failed: {exc!r})"
         return bundle
 
     def text(self) -> str:
