@@ -37,6 +37,20 @@ class VramMagics(Magics):
     @argument("--no-stacks", action="store_true", help="skip Python stacks (lower overhead)")
     @argument("--quiet", "-q", action="store_true", help="record only; show nothing")
     @argument("--text", action="store_true", help="print the text summary instead of the app")
+    @argument("--amp", default=None, help="record with autocast: bf16 or fp16")
+    @argument(
+        "--checkpoint",
+        nargs="?",
+        const="auto",
+        default=None,
+        help="record with activation checkpointing: auto (repeated blocks) or MOD,MOD",
+    )
+    @argument("--offload", action="store_true", help="record with activations in host memory")
+    @argument(
+        "--compare",
+        default=None,
+        help="amp,checkpoint,offload: record the cell, then rerun it with each, side by side",
+    )
     @line_cell_magic
     def vram(self, line: str, cell: str | None = None) -> Any:
         """Cell: run the cell under memory recording and show where the memory went.
@@ -68,6 +82,8 @@ class VramMagics(Magics):
         def show(profile: Profile) -> None:
             self._show(profile, args)
 
+        if args.amp or args.checkpoint or args.offload or args.compare:
+            return self._vram_changed(source, filename, number, args, show)
         try:
             run = run_code(
                 source,
@@ -84,6 +100,55 @@ class VramMagics(Magics):
         if run.nested:
             print("%%vram: already recording; this nested cell ran without its own recording")
         return run.value
+
+    def _vram_changed(self, source: str, filename: str, number: int, args: Any, show: Any) -> Any:
+        """``--amp / --checkpoint / --offload``: record the cell with the change applied;
+        ``--compare``: record it plain, then rerun it with each technique, side by side."""
+        __tracebackhide__ = True
+        from .rerun import RerunError, parse_techniques, rerun_each, run_changed
+
+        shell = self.shell
+        assert shell is not None
+        common = {"filename": filename, "device": args.device, "stacks": not args.no_stacks}
+        try:
+            if args.compare:
+                if args.amp or args.checkpoint or args.offload:
+                    raise RerunError("--compare runs each technique itself; drop the others")
+                techniques = parse_techniques(args.compare)
+                run = run_code(source, shell.user_ns, **common, cell=f"In [{number}]")
+            else:
+                checkpoint = args.checkpoint
+                if checkpoint is not None and checkpoint != "auto":
+                    checkpoint = [p.strip() for p in checkpoint.split(",") if p.strip()]
+                run = run_changed(
+                    source, shell.user_ns, **common, cell=f"In [{number}]", amp=args.amp,
+                    checkpoint=checkpoint, offload=args.offload, on_profile=show,
+                )  # fmt: skip
+        except (RerunError, RecordingNotStarted) as error:
+            print(f"%%vram: {error}; the cell did not run", file=sys.stderr)
+            return None
+        if run.nested or run.profile is None:
+            print("%%vram: already recording; this nested cell ran without its own recording")
+            return run.value
+        if args.compare:
+            shell.user_ns["_vram"] = run.profile
+            variants = rerun_each(run.profile, techniques)
+            shell.user_ns["_vram_variants"] = [v for v in variants if not isinstance(v, str)]
+            if not args.quiet:
+                self._show_comparison(run.profile, variants, args)
+        return run.value
+
+    def _show_comparison(self, baseline: Profile, variants: list[Any], args: Any) -> None:
+        """The baseline next to each variant (a reason instead, where one could not run)."""
+        from .analysis.compare import verdict
+
+        for variant in variants:
+            if isinstance(variant, str):
+                print(f"%%vram --compare: {variant}")
+                continue
+            print(verdict(baseline, variant))
+            print(baseline.compare(variant).to_string())
+            print()
 
     def _show(self, profile: Profile, args: Any) -> None:
         """Bind ``_vram`` and display the profile as the options ask."""

@@ -104,6 +104,7 @@ class CellFacts:
     """What the source of a cell says it does, for warnings and refusals."""
 
     names: frozenset[str]  # every name the cell reads or binds
+    bound: frozenset[str]  # names the cell binds (assignments, imports, definitions)
     autocast_line: int | None
     writes_files: tuple[str, ...]
     iterators: tuple[str, ...]
@@ -115,8 +116,9 @@ def read_cell(source: str, namespace: Mapping[str, Any]) -> CellFacts:
     try:
         tree = ast.parse(source)
     except SyntaxError:
-        return CellFacts(frozenset(), None, (), (), ())
+        return CellFacts(frozenset(), frozenset(), None, (), (), ())
     names: set[str] = set()
+    bound: set[str] = set()
     autocast_line = None
     writes: list[str] = []
     iterators: list[str] = []
@@ -124,8 +126,14 @@ def read_cell(source: str, namespace: Mapping[str, Any]) -> CellFacts:
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
             names.add(node.id)
+            if isinstance(node.ctx, ast.Store):
+                bound.add(node.id)
             if node.id == "autocast" and autocast_line is None:
                 autocast_line = node.lineno
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
         elif isinstance(node, ast.Attribute) and node.attr == "autocast":
             autocast_line = autocast_line or node.lineno
         if not isinstance(node, ast.Call):
@@ -150,7 +158,12 @@ def read_cell(source: str, namespace: Mapping[str, Any]) -> CellFacts:
         if isinstance(value, collections.abc.Iterator) and not isinstance(value, (str, bytes)):
             iterators.append(f"{name} (an iterator)")
     return CellFacts(
-        frozenset(names), autocast_line, tuple(writes), tuple(iterators), tuple(mutated)
+        frozenset(names),
+        frozenset(bound),
+        autocast_line,
+        tuple(writes),
+        tuple(iterators),
+        tuple(mutated),
     )
 
 
@@ -336,8 +349,14 @@ def rerun_unavailable(
 # -- running ---------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Changes:
+    amp: AmpName | None
+    offload: bool
+
+
 @contextlib.contextmanager
-def _transforms(plan: _Plan, device: str) -> Iterator[None]:
+def _transforms(plan: _Changes, device: str) -> Iterator[None]:
     """Autocast and offload around the cell's code (checkpointing is set on the modules)."""
     import torch
 
@@ -393,11 +412,14 @@ def rerun(
     )
     namespace = dict(cell.namespace)  # copy on write: rebinding a name stays in the copy
     result: Profile | None = None
+    undo: Callable[[], None] | None = None
     start = time.perf_counter()
     try:
-        if cell.rng_at_start is not None:
-            cell.rng_at_start.put()  # the random draws of the first run (dropout masks...)
-        checkpoint_blocks([b for _, b in plan.blocks])
+        if cell.start is not None:  # start where the first run did (its random draws too)
+            dropped = cell.start.put(namespace, plan.facts.bound)
+            if dropped:
+                notes.append("started where the first run did, without " + ", ".join(dropped))
+        undo = checkpoint_blocks([b for _, b in plan.blocks])
         say("running")
         run = run_code(
             cell.source,
@@ -405,15 +427,19 @@ def rerun(
             filename=cell.filename,
             device=profile.device,
             stacks=cell.stacks,
-            around=lambda: _transforms(plan, profile.device),
+            around=lambda: _transforms(_Changes(plan.amp, plan.offload), profile.device),
             keep=False,
         )
         result = run.profile
     finally:
-        say("restoring")
         restore_start = time.perf_counter()
-        with interrupts_deferred():
-            saved.restore()
+        try:
+            say("restoring")
+        finally:
+            with interrupts_deferred():
+                if undo is not None:
+                    undo()
+                saved.restore()
         restore_seconds = time.perf_counter() - restore_start
         namespace.clear()
     if result is None:  # nested inside another recording: the code ran unrecorded
@@ -434,3 +460,137 @@ def rerun(
         "restore_seconds": round(restore_seconds, 6),
     }
     return result.replace(meta=meta)
+
+
+# -- first runs with a change (`%%vram --amp bf16 --checkpoint auto --offload`) --------------
+
+
+def _structural_blocks(namespace: Mapping[str, Any]) -> list[tuple[str, nn.Module]]:
+    """Without a profile to choose from: every top-level module's biggest list of repeated
+    blocks (by parameter count), named as a profile names them."""
+    from .transforms.checkpointing import block_lists
+
+    roots = {k: v for k, v in _roots(namespace).items() if k == type(v).__name__}
+    chosen: list[tuple[str, nn.Module]] = []
+    for name, root in roots.items():
+        lists = block_lists({name: root})
+        if lists:
+            _, blocks = max(
+                lists, key=lambda item: sum(p.numel() for _, b in item[1] for p in b.parameters())
+            )
+            chosen.extend(blocks)
+    return chosen
+
+
+def run_changed(
+    source: str,
+    namespace: dict[str, Any],
+    *,
+    filename: str,
+    device: str | None,
+    stacks: bool,
+    cell: str | None,
+    amp: str | None,
+    checkpoint: Checkpoint,
+    offload: bool,
+    on_profile: Callable[[Profile], None] | None = None,
+) -> Any:
+    """Run a cell once with AMP / checkpointing / offload applied (it changes the notebook's
+    state, as the cell does); the checkpoint switches are taken off again afterwards. Returns
+    the session's CellRun; its profile's ``variant`` says what was applied."""
+    from .capture import parse_device
+    from .session import run_code
+    from .transforms.amp import amp_dtype
+    from .transforms.checkpointing import checkpoint_blocks
+    from .transforms.offload import offload_unavailable
+
+    name = parse_device(device)
+    facts = read_cell(source, namespace)
+    amp_name: AmpName | None = None
+    if amp is not None:
+        try:
+            amp_dtype(amp)
+        except ValueError as error:
+            raise RerunError(str(error)) from None
+        amp_name = "fp16" if amp.lower() in ("fp16", "float16", "half") else "bf16"
+        if facts.autocast_line is not None:
+            raise RerunError(
+                f"the cell already runs under autocast (line {facts.autocast_line}): AMP is on"
+            )
+    if offload and (reason := offload_unavailable(name)) is not None:
+        raise RerunError(reason)
+    blocks: list[tuple[str, nn.Module]] = []
+    if checkpoint is not None:
+        if isinstance(checkpoint, str) and checkpoint == "auto":
+            blocks = _structural_blocks(namespace)
+            if not blocks:
+                raise RerunError(
+                    "no repeated blocks (a ModuleList / Sequential of same-typed modules) in "
+                    "the notebook's modules: nothing to checkpoint"
+                )
+        else:
+            paths = [checkpoint] if isinstance(checkpoint, str) else list(checkpoint)
+            roots = _roots(namespace)
+            blocks = [_resolve(roots, p) for p in paths]
+    changes = _Changes(amp_name, offload)
+    variant = Variant(amp_name, tuple(p for p, _ in blocks), offload, (), None)
+
+    def tag(profile: Profile) -> None:
+        profile.meta["variant"] = variant.to_dict()
+        if on_profile is not None:
+            on_profile(profile)
+
+    undo = checkpoint_blocks([b for _, b in blocks])
+    try:
+        return run_code(
+            source,
+            namespace,
+            filename=filename,
+            device=name,
+            stacks=stacks,
+            on_profile=tag,
+            cell=cell,
+            around=lambda: _transforms(changes, name),
+        )
+    finally:
+        undo()
+
+
+TECHNIQUES = ("amp", "checkpoint", "offload")
+
+
+def parse_techniques(text: str) -> list[str]:
+    """``"amp,checkpoint"`` -> ``["amp", "checkpoint"]`` (RerunError naming a bad one)."""
+    names = [t.strip().lower() for t in text.split(",") if t.strip()]
+    aliases = {"ckpt": "checkpoint", "checkpointing": "checkpoint", "autocast": "amp"}
+    names = [aliases.get(n, n) for n in names]
+    bad = [n for n in names if n not in TECHNIQUES]
+    if bad or not names:
+        raise RerunError(
+            f"--compare takes a comma-separated list of {', '.join(TECHNIQUES)}"
+            + (f", not {bad[0]!r}" if bad else "")
+        )
+    return list(dict.fromkeys(names))
+
+
+def technique_options(technique: str, device: str) -> dict[str, Any]:
+    """The rerun options one technique stands for (AMP: the device's default dtype)."""
+    if technique == "amp":
+        return {"amp": default_amp(device)}
+    if technique == "checkpoint":
+        return {"checkpoint": "auto"}
+    return {"offload": True}
+
+
+def rerun_each(
+    baseline: Profile, techniques: Sequence[str], progress: Progress | None = None
+) -> list[Profile | str]:
+    """One rerun per technique: its profile, or the one-line reason it could not apply."""
+    out: list[Profile | str] = []
+    for technique in techniques:
+        options = technique_options(technique, baseline.device)
+        try:
+            out.append(rerun(baseline, **options, progress=progress))
+        except RerunError as error:
+            out.append(f"{technique}: {error}")
+    return out

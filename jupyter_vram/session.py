@@ -36,7 +36,7 @@ class Cell:
     device: str | None
     stacks: bool
     label: str | None
-    rng_at_start: Any  # transforms.state.RandomState, taken just before the cell ran
+    start: Any  # transforms.state.StartState, taken just before the cell ran (None: no torch)
 
 
 #: Profile -> its cell. Weak on the profile, so forgetting a profile forgets its cell.
@@ -49,16 +49,19 @@ def cell_of(profile: Profile) -> Cell | None:
     return _cells.get(profile)
 
 
-def _random_state() -> Any:
-    """The random streams now, if torch is loaded (a cell that never imported torch has
-    none of ours to protect)."""
+def _start_state(namespace: MutableMapping[str, Any]) -> Any:
+    """Where the cell starts from (random streams, gradients, optimizer state, names), if
+    torch is loaded: a rerun starts from the same point."""
     import sys
 
     if "torch" not in sys.modules:
         return None
-    from .transforms.state import RandomState
+    from .transforms.state import StartState
 
-    return RandomState.take()
+    try:
+        return StartState.take(namespace)
+    except Exception:  # noqa: BLE001 - the cell runs anyway; only its reruns lose this
+        return None
 
 
 def remember_estimate(estimate: Estimate) -> None:
@@ -135,7 +138,7 @@ def run_code(
         value = eval(last, globals_) if last is not None else None
         return CellRun(value, None, nested=True)
     compiles = stacks and mentions_compile(source)
-    rng_at_start = _random_state() if keep else None
+    start = _start_state(globals_) if keep else None
     rec = record(device, stacks=stacks and not compiles, namespace=globals_)
     try:
         rec.__enter__()
@@ -162,7 +165,7 @@ def run_code(
                 warnings.append(NO_STACKS_WITH_COMPILE)
         if profile is not None and keep:
             remember(profile)
-            _cells[profile] = Cell(source, filename, namespace, device, stacks, cell, rng_at_start)
+            _cells[profile] = Cell(source, filename, namespace, device, stacks, cell, start)
         if profile is not None and on_profile is not None:
             on_profile(profile)
     return CellRun(value, profile)

@@ -98,11 +98,16 @@ def uses_own_switch(block: nn.Module) -> bool:
     ) and hasattr(block, "gradient_checkpointing")
 
 
-def checkpoint_blocks(blocks: list[nn.Module]) -> None:
+#: Instance attributes checkpointing sets on a block (our wrapper, and transformers' switch).
+SWITCH_ATTRS = ("forward", "gradient_checkpointing", "_gradient_checkpointing_func")
+_MISSING = object()
+
+
+def checkpoint_blocks(blocks: list[nn.Module]) -> Undo:
     """Checkpoint each block (non-reentrant) from its next call on, through transformers' own
     per-layer switch where the block has one, else by wrapping its ``forward`` on the
-    instance. Undo by putting back the instance attributes ``forward``,
-    ``gradient_checkpointing`` and ``_gradient_checkpointing_func`` (transforms.state does)."""
+    instance. The returned function puts the blocks' instance attributes back exactly."""
+    saved = [(b, {a: b.__dict__.get(a, _MISSING) for a in SWITCH_ATTRS}) for b in blocks]
     for block in blocks:
         if uses_own_switch(block):
             block.__dict__["gradient_checkpointing"] = True
@@ -111,3 +116,13 @@ def checkpoint_blocks(blocks: list[nn.Module]) -> None:
             )
         else:
             _wrap(block)
+
+    def undo() -> None:
+        for block, attrs in saved:
+            for attr, value in attrs.items():
+                if value is _MISSING:
+                    block.__dict__.pop(attr, None)
+                else:
+                    block.__dict__[attr] = value
+
+    return undo

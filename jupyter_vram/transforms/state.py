@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from ..capture.tagging import reachable_objects
+from .checkpointing import SWITCH_ATTRS
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,65 @@ class RandomState:
             torch.cuda.set_rng_state_all(list(self.torch_cuda))
         random.setstate(self.python)
         np.random.set_state(self.numpy)
+
+
+@dataclass(frozen=True)
+class StartState:
+    """What a cell started from, taken cheaply before every `%%vram` run (no tensor copies):
+    the random streams, the variables that existed, the parameters without ``.grad`` and the
+    parameters each optimizer held state for. A rerun starts from the same point (:meth:`put`),
+    so the first run's gradients, optimizer state and bindings do not sit in its measurement.
+    """
+
+    random: RandomState
+    names: frozenset[str]
+    no_grad: tuple[weakref.ref[torch.Tensor], ...]
+    optimizer_state: tuple[tuple[weakref.ref[Optimizer], frozenset[int]], ...]
+
+    @classmethod
+    def take(cls, namespace: Mapping[str, Any]) -> StartState:
+        modules, optimizers = protected_objects(namespace)
+        no_grad: list[weakref.ref[torch.Tensor]] = []
+        seen: set[int] = set()
+        for module in modules:
+            for param in module._parameters.values():
+                if param is not None and param.grad is None and id(param) not in seen:
+                    seen.add(id(param))
+                    no_grad.append(weakref.ref(param))
+        states = tuple(
+            (weakref.ref(opt), frozenset(id(p) for p in opt.state)) for opt in optimizers
+        )
+        return cls(RandomState.take(), frozenset(namespace), tuple(no_grad), states)
+
+    def put(self, namespace: dict[str, Any], bound: frozenset[str]) -> list[str]:
+        """Drop what the first run created (gradients, optimizer state, the names in
+        ``bound`` it added to ``namespace``, a copy) and set the random streams; returns
+        what was dropped, in words. Call only with a :class:`StateCopy` taken, to restore."""
+        dropped: list[str] = []
+        grads = 0
+        for ref in self.no_grad:
+            param = ref()
+            if param is not None and param.grad is not None:
+                param.grad = None
+                grads += 1
+        if grads:
+            dropped.append(f"{grads} .grad")
+        for opt_ref, had in self.optimizer_state:
+            opt = opt_ref()
+            if opt is None:
+                continue
+            new = [p for p in opt.state if id(p) not in had]
+            for p in new:
+                del opt.state[p]
+            if new:
+                dropped.append(f"{type(opt).__name__} state of {len(new)} parameters")
+        names = sorted(n for n in bound if n in namespace and n not in self.names)
+        for name in names:
+            del namespace[name]
+        if names:
+            dropped.append("names " + ", ".join(names))
+        self.random.put()
+        return dropped
 
 
 def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -113,8 +174,6 @@ class _ModuleState:
     instance_attrs: dict[str, Any]  # forward / checkpointing switches set on the instance
 
 
-#: Instance attributes a transform may set on a module (ours, and transformers' own switch).
-SWITCH_ATTRS = ("forward", "gradient_checkpointing", "_gradient_checkpointing_func")
 _MISSING = object()
 
 
