@@ -1,4 +1,8 @@
-"""`python -m jupyter_vram`: record the built-in example, or summarise a saved profile."""
+"""`python -m jupyter_vram`: record the built-in example, or summarise a saved profile.
+
+``report``, ``compare`` and ``run`` are the ``jupyter-vram`` command's (see cli.py); ``estimate``
+here is the built-in example's estimate (``jupyter-vram estimate`` takes any model).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,11 @@ from .render.text import summary
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    if args_in and args_in[0] in ("report", "compare", "run"):  # the jupyter-vram command's
+        from .cli import main as cli_main
+
+        return cli_main(args_in)
     parser = argparse.ArgumentParser(prog="python -m jupyter_vram")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="record two training steps of a small GPT and report")
@@ -23,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     est = sub.add_parser("estimate", help="predict the small GPT's training step on a GPU")
     est.add_argument("--batch-size", type=int, default=8)
     est.add_argument("--gpu", default="T4", help="GPU for the largest-batch search")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_in)
 
     if args.command == "estimate":
         return estimate_demo(args.batch_size, args.gpu)
