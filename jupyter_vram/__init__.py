@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .leaks import release_leaks
 from .model import CATEGORIES, Frame, Profile, ProfileFileError
 from .recording import Recording, record
 from .rerun import RerunError, Variant, rerun, rerun_unavailable
@@ -21,6 +22,7 @@ __all__ = [
     "estimate",
     "last_profile",
     "record",
+    "release_leaks",
     "rerun",
     "rerun_unavailable",
     "show",

@@ -28,6 +28,19 @@ def current_cell_number(shell: Any) -> int:
     return int(shell.execution_count)
 
 
+def _capacity(text: str | None) -> int | None:
+    """``--capacity`` in bytes; a bad size prints one message and gives None."""
+    if text is None:
+        return None
+    from .capture.capacity import parse_capacity
+
+    try:
+        return parse_capacity(text)
+    except ValueError as error:
+        print(f"%%vram: {error}; the cell did not run", file=sys.stderr)
+        return None
+
+
 @magics_class
 class VramMagics(Magics):
     @magic_arguments()
@@ -51,6 +64,12 @@ class VramMagics(Magics):
         default=None,
         help="amp,checkpoint,offload: record the cell, then rerun it with each, side by side",
     )
+    @argument(
+        "--capacity",
+        default=None,
+        help="raise torch.OutOfMemoryError past this much memory (6GiB, 6GB, 512MiB, bytes): "
+        "would the cell fit on a device this size?",
+    )
     @line_cell_magic
     def vram(self, line: str, cell: str | None = None) -> Any:
         """Cell: run the cell under memory recording and show where the memory went.
@@ -64,6 +83,9 @@ class VramMagics(Magics):
             parse_device(args.device)
         except RecordingError as error:
             print(f"%vram: {error}", file=sys.stderr)
+            return None
+        capacity = _capacity(args.capacity)
+        if args.capacity is not None and capacity is None:
             return None
         if cell is None:
             from .devices import memory_now
@@ -92,6 +114,7 @@ class VramMagics(Magics):
                 device=args.device,
                 stacks=not args.no_stacks,
                 on_profile=show,
+                capacity=capacity,
                 cell=f"In [{number}]",
             )
         except RecordingNotStarted as error:
@@ -187,7 +210,12 @@ class VramMagics(Magics):
             print("%%vram: already recording; this nested cell runs without its own recording")
             return
         assert self.shell is not None
-        rec = record(args.device, stacks=not args.no_stacks, namespace=self.shell.user_ns)
+        rec = record(
+            args.device,
+            stacks=not args.no_stacks,
+            namespace=self.shell.user_ns,
+            capacity=_capacity(args.capacity),
+        )
         try:
             rec.__enter__()
         except RecordingError as error:

@@ -27,6 +27,7 @@ import numpy.typing as npt
 if TYPE_CHECKING:
     import pandas as pd
 
+    from .analysis.oom import OomReport
     from .analysis.timeline import Timeline
     from .rerun import Variant
 
@@ -263,6 +264,22 @@ class Profile:
         from .analysis.tables import top_sites
 
         return top_sites(self, limit, by=by)
+
+    @property
+    def oom(self) -> OomReport | None:
+        """None, or the post-mortem of the ``torch.OutOfMemoryError`` that ended the run: the
+        request, what was live by category and module, the allocator's state (CUDA) and
+        suggestions ranked by the bytes they save. Saved with the profile (``meta``)."""
+        from .analysis.oom import oom_report
+
+        return oom_report(self)
+
+    def leaks(self) -> pd.DataFrame:
+        """Memory this run made that is still alive, with what holds it (variables, ``Out[n]``,
+        the last traceback, closures, cycles); release with ``jv.release_leaks(profile)``."""
+        from .leaks import find_leaks
+
+        return find_leaks(self)
 
     def to_html(self, path: str | Path, *, resources: Literal["inline", "cdn"] = "inline") -> Path:
         """Write a standalone interactive report (flame graphs, breakdown, timeline, sites).

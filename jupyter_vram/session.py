@@ -120,6 +120,7 @@ def run_code(
     cell: str | None = None,
     around: Callable[[], Any] | None = None,
     keep: bool = True,
+    capacity: int | str | None = None,
 ) -> CellRun:
     """Run ``source`` in ``namespace`` under recording and return its last value and profile.
 
@@ -128,7 +129,8 @@ def run_code(
     the exception propagates unchanged. Nested use runs the code unrecorded.
     ``cell``: a label for the cell (``In [5]``); ``around``: a context manager factory the
     code runs inside, under the recorder (a rerun's autocast / offload); ``keep=False``: do not
-    make this the kernel's latest profile nor remember its cell (reruns).
+    make this the kernel's latest profile nor remember its cell (reruns). ``capacity``: raise
+    ``torch.OutOfMemoryError`` past this many bytes (see :func:`~.recording.record`).
     """
     __tracebackhide__ = True  # IPython hides this frame in the user's traceback
     body, last = split_last_expression(source, filename)
@@ -139,7 +141,7 @@ def run_code(
         return CellRun(value, None, nested=True)
     compiles = stacks and mentions_compile(source)
     start = _start_state(globals_) if keep else None
-    rec = record(device, stacks=stacks and not compiles, namespace=globals_)
+    rec = record(device, stacks=stacks and not compiles, namespace=globals_, capacity=capacity)
     try:
         rec.__enter__()
     except RecordingError as error:

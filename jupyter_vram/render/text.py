@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..analysis.oom import OomReport
     from ..model import Profile
 
 
@@ -46,6 +47,9 @@ def summary(profile: Profile, *, top: int = 5) -> str:
     ]
     if profile.error:
         lines.append(f"the cell raised {profile.error}; the profile covers the run up to it")
+    oom = profile.oom
+    if oom is not None:
+        lines.extend(oom_lines(oom))
     lines.extend(f"warning: {w}" for w in profile.meta.get("warnings", ()))
     threads = profile.meta.get("other_threads")
     if threads:
@@ -78,6 +82,32 @@ def summary(profile: Profile, *, top: int = 5) -> str:
             )
     lines.extend(device_lines(profile.device_info))
     return "\n".join(lines)
+
+
+def oom_lines(oom: OomReport, *, top: int = 5) -> list[str]:
+    """The OOM post-mortem in a few lines: the request, what was live, the best suggestions."""
+    asked = f"{format_bytes(oom.requested_bytes)}" if oom.requested_bytes is not None else "?"
+    where = ", ".join(
+        x
+        for x in (
+            f"op {oom.op}" if oom.op else "",
+            f"module {oom.module}" if oom.module else "",
+            f"at {oom.site}" if oom.site else "",
+        )
+        if x
+    )
+    cap = f" of {format_bytes(oom.capacity_bytes)}" if oom.capacity_bytes else ""
+    lines = [
+        f"OUT OF MEMORY: a request for {asked}{f' ({where})' if where else ''} failed with "
+        f"{format_bytes(oom.live_bytes)}{cap} live"
+        + (f", {format_bytes(oom.shortfall_bytes)} short" if oom.shortfall_bytes else "")
+    ]
+    live = ", ".join(f"{k} {format_bytes(v)}" for k, v in oom.live_by_category.items() if v)
+    lines.append(f"  live then: {live}")
+    for s in oom.suggestions[:top]:
+        mark = " (enough)" if s.enough else ""
+        lines.append(f"  - {s.action}: saves {format_bytes(s.bytes_saved)}{mark}")
+    return lines
 
 
 def device_lines(info: Mapping[str, Any]) -> list[str]:

@@ -1,0 +1,293 @@
+"""A memory capacity to test a cell against: ``%%vram --capacity 6GiB`` / ``jv.record(capacity=)``.
+
+On CUDA the caching allocator enforces it (``torch.cuda.set_per_process_memory_fraction``,
+restored afterwards) and raises its own ``torch.OutOfMemoryError``.
+
+The CPU allocator has no limit to set, so a :class:`CapacityGuard` (a dispatch mode, entered
+only when a capacity is asked for) counts live bytes: the storages the namespace held when it
+started, plus every new storage an op returns, minus each one when its memory is released (a
+weakref on the storage). When an op's new outputs would take live bytes past the capacity, they
+are dropped and ``torch.OutOfMemoryError`` is raised, worded like CUDA's. What this changes:
+
+* a dispatch mode runs Python around every op and makes autograd accumulate gradients out of
+  place, so a capacity run may differ slightly from a normal one (the default recording has
+  no mode: see the observer-effect tests);
+* the op runs before its outputs are counted, so real memory passes the capacity by one op's
+  outputs for an instant; buffers an op makes and frees inside itself (workspaces) are not
+  counted, nor memory no notebook variable reaches when the guard starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from .tagging import reachable_objects, storages_of
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_capacity(value: int | float | str) -> int:
+    """Bytes from ``6GiB``, ``6GB`` (10^9), ``512MiB``, ``1.5 GiB`` or plain bytes; a
+    ValueError that says what is accepted otherwise."""
+    accepted = "a size such as 6GiB, 6GB, 512MiB or a number of bytes"
+    if isinstance(value, bool):
+        raise ValueError(f"capacity {value!r} is not {accepted}")
+    if isinstance(value, (int, float)):
+        nbytes = value
+    elif isinstance(value, str):
+        match = _SIZE.match(value)
+        unit = match.group(2).lower() if match else ""
+        if match is None or unit not in _UNITS:
+            raise ValueError(f"capacity {value!r} is not {accepted}")
+        nbytes = float(match.group(1)) * _UNITS[unit]
+    else:
+        raise ValueError(f"capacity {value!r} is not {accepted}")
+    if not nbytes == nbytes or nbytes in (float("inf"), float("-inf")) or int(nbytes) <= 0:
+        raise ValueError(f"capacity {value!r} must be a positive size ({accepted})")
+    return int(nbytes)
+
+
+def out_of_memory_message(requested: int, capacity: int, in_use: int, op: str) -> str:
+    """Worded like the CUDA allocator's error, so code that reads it behaves the same."""
+    from ..render.text import format_bytes
+
+    return (
+        f"Out of memory (jupyter_vram capacity). Tried to allocate {format_bytes(requested)} "
+        f"({requested:,} bytes, in {op}); capacity {format_bytes(capacity)} "
+        f"({capacity:,} bytes), {format_bytes(in_use)} ({in_use:,} bytes) already in use."
+    )
+
+
+@dataclass(frozen=True)
+class CapacityFailure:
+    """The request that did not fit, as the guard saw it."""
+
+    requested_bytes: int
+    in_use_bytes: int
+    capacity_bytes: int
+    op: str
+    time_ns: int  # time.time_ns() when it was refused
+
+
+def held_storages(namespace: Mapping[str, Any] | None, device_type: str) -> list[Any]:
+    """Distinct storages on ``device_type`` the namespace reaches: tensors, and the
+    parameters, buffers, gradients and optimizer state of its modules and optimizers."""
+    tensors, modules, optimizers = reachable_objects(namespace)
+    found: dict[int, Any] = {}
+
+    def add(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            for storage in storages_of(value):
+                if storage.device.type == device_type and storage.nbytes():
+                    found.setdefault(storage._cdata, storage)
+
+    for tensor in tensors:
+        add(tensor)
+    for module in modules:
+        with contextlib.suppress(Exception):
+            for p in module.parameters():
+                add(p)
+                add(p.grad)
+            for b in module.buffers():
+                add(b)
+    for opt in optimizers:
+        with contextlib.suppress(Exception):
+            for state in opt.state.values():
+                for value in state.values():
+                    add(value)
+    return list(found.values())
+
+
+class CapacityGuard(TorchDispatchMode):  # type: ignore[misc]
+    """Counts live bytes on one device and refuses the op output that would pass ``capacity``.
+
+    Bookkeeping never raises; only the capacity check does, with the outputs already dropped
+    (a traceback keeps this frame's locals alive, and must not keep them).
+    """
+
+    def __init__(self, capacity: int, device_type: str = "cpu") -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.capacity = capacity
+        self.device_type = device_type
+        self.live_bytes = 0
+        self.held_before_bytes = 0
+        self.failure: CapacityFailure | None = None
+        self._live: dict[int, weakref.ref[Any]] = {}
+        self._foreign: set[int] = set()  # storages that existed, uncounted, before the guard
+
+    def count(self, storages: list[Any]) -> None:
+        """Count storages that exist now (memory held before the guard starts)."""
+        for storage in storages:
+            n = self._track(storage)
+            self.held_before_bytes += n
+            self.live_bytes += n
+
+    def _track(self, storage: Any) -> int:
+        key = storage._cdata
+        if key in self._live:
+            return 0
+        n = int(storage.nbytes())
+        self._live[key] = weakref.ref(storage, self._released(key, n))
+        return n
+
+    def _released(self, key: int, n: int) -> Callable[[Any], None]:
+        def callback(_: Any) -> None:
+            if self._live.pop(key, None) is not None:
+                self.live_bytes -= n
+
+        return callback
+
+    def close(self) -> None:
+        """Stop counting: dropping the weakrefs cancels their callbacks."""
+        self._live.clear()
+        self._foreign.clear()
+
+    def _new_storages(self, out: Any, args: Any, kwargs: Any) -> list[Any]:
+        new: dict[int, Any] = {}
+        inputs: set[int] | None = None
+        for leaf in tree_leaves(out):
+            if not isinstance(leaf, torch.Tensor):
+                continue
+            for storage in storages_of(leaf):
+                key = storage._cdata
+                if key in self._live or key in self._foreign or key in new:
+                    continue
+                if storage.device.type != self.device_type or not storage.nbytes():
+                    continue
+                if inputs is None:
+                    inputs = {
+                        s._cdata
+                        for t in tree_leaves((args, kwargs))
+                        if isinstance(t, torch.Tensor)
+                        for s in storages_of(t)
+                    }
+                if key in inputs:  # a view or in-place result of memory nobody counted
+                    self._foreign.add(key)
+                    continue
+                new[key] = storage
+        return list(new.values())
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        __tracebackhide__ = True  # IPython leaves this frame out of the user's traceback
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        try:
+            new = self._new_storages(out, args, kwargs)
+        except Exception:  # noqa: BLE001 - never raise from bookkeeping
+            return out
+        pending = 0
+        for storage in new:
+            n = int(storage.nbytes())
+            if self.live_bytes + pending + n > self.capacity:
+                in_use = self.live_bytes + pending
+                op = getattr(getattr(func, "_overloadpacket", None), "__name__", str(func))
+                self.failure = CapacityFailure(n, in_use, self.capacity, op, time.time_ns())
+                # the caller's traceback keeps this frame: it must not keep tensors alive
+                del out, new, storage
+                args, kwargs = (), {}
+                raise torch.OutOfMemoryError(
+                    out_of_memory_message(n, self.capacity, in_use, f"aten::{op}")
+                )
+            pending += n
+        for storage in new:
+            with contextlib.suppress(Exception):
+                self.live_bytes += self._track(storage)
+        return out
+
+
+class CudaCapacity:
+    """``set_per_process_memory_fraction`` for the length of a recording, then the previous
+    fraction back."""
+
+    def __init__(self, capacity: int, device: torch.device) -> None:
+        self.capacity = capacity
+        self.device = device
+        self._previous: float | None = None
+
+    def start(self) -> None:
+        index = self.device.index if self.device.index is not None else 0
+        total = int(torch.cuda.get_device_properties(index).total_memory)
+        if self.capacity > total:
+            from ..render.text import format_bytes
+
+            raise ValueError(
+                f"capacity {format_bytes(self.capacity)} is more than this device has "
+                f"({format_bytes(total)})"
+            )
+        getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+        self._previous = float(getter(index)) if getter is not None else 1.0
+        torch.cuda.set_per_process_memory_fraction(self.capacity / total, index)
+
+    def stop(self) -> None:
+        if self._previous is not None:
+            index = self.device.index if self.device.index is not None else 0
+            torch.cuda.set_per_process_memory_fraction(self._previous, index)
+            self._previous = None
+
+
+class CapacityLimit:
+    """The capacity of one recording, on whichever device it records."""
+
+    def __init__(self, capacity: int, device: str) -> None:
+        self.capacity = capacity
+        self.device = torch.device(device)
+        self.guard: CapacityGuard | None = None
+        self._cuda: CudaCapacity | None = None
+
+    def start(self, namespace: Mapping[str, Any] | None) -> None:
+        if self.device.type == "cuda":
+            self._cuda = CudaCapacity(self.capacity, self.device)
+            self._cuda.start()
+            return
+        guard = CapacityGuard(self.capacity, self.device.type)
+        guard.count(held_storages(namespace, self.device.type))
+        guard.__enter__()  # type: ignore[no-untyped-call]
+        self.guard = guard
+
+    def stop(self) -> None:
+        """Switch the limit off (always both parts, even if one fails)."""
+        try:
+            if self.guard is not None:
+                with contextlib.suppress(Exception):
+                    self.guard.__exit__(None, None, None)  # type: ignore[no-untyped-call]
+                self.guard.close()
+        finally:
+            if self._cuda is not None:
+                self._cuda.stop()
+                self._cuda = None
+
+    @property
+    def failure(self) -> CapacityFailure | None:
+        return self.guard.failure if self.guard is not None else None

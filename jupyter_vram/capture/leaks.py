@@ -1,0 +1,245 @@
+"""Who keeps a cell's memory alive: notebook variables, ``Out[n]`` / ``_``, the last error's
+traceback, closures, reference cycles, found by walking what the notebook can name.
+
+Everything returned is plain data (storage ids, names, object ids): no tensor is kept. Roots are
+walked top-down (cost proportional to what the notebook names); storages no root reaches are
+looked for with a time-bounded ``gc.get_referrers`` walk. Releasing drops the named references
+and nothing else, and only when asked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import sys
+import time
+import traceback
+import types
+import weakref
+from collections.abc import Iterator, Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .capacity import held_storages
+from .stacks import FrameFilter, cell_name
+from .tagging import storages_of
+
+#: IPython's own names: not the user's variables (``_`` and ``_N`` are outputs, below).
+_INTERNAL = frozenset({"In", "Out", "exit", "quit", "get_ipython", "_ih", "_oh", "_dh", "_vram"})
+_OUTPUT_ALIASES = ("_", "__", "___")
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One reference that keeps memory alive: ``kind`` is variable, output, traceback,
+    closure, cycle, global or unknown; ``object_id`` is ``id()`` of the object it holds."""
+
+    kind: str
+    name: str
+    object_id: int = 0
+
+    @property
+    def releasable(self) -> bool:
+        return self.kind in ("variable", "output", "traceback", "cycle")
+
+
+@dataclass(frozen=True)
+class HeldStorage:
+    key: int  # the storage's id (``_cdata``), never the storage
+    nbytes: int
+    holders: tuple[Holder, ...]
+
+
+def storage_keys(namespace: Mapping[str, Any] | None, device_type: str) -> dict[int, Any]:
+    """Weak references to the storages the notebook reaches now (memory from before a cell)."""
+    out: dict[int, Any] = {}
+    for _, _, value in roots(namespace):
+        for storage in held_storages({"v": value}, device_type):
+            with contextlib.suppress(TypeError):
+                out.setdefault(storage._cdata, weakref.ref(storage))
+    return out
+
+
+def _tracebacks() -> list[types.TracebackType]:
+    found: dict[int, types.TracebackType] = {}
+    candidates: list[Any] = [getattr(sys, "last_traceback", None)]
+    for name in ("last_value", "last_exc"):
+        candidates.append(getattr(getattr(sys, name, None), "__traceback__", None))
+    shell = _shell()
+    result = getattr(shell, "last_execution_result", None)
+    for name in ("error_in_exec", "error_before_exec"):
+        candidates.append(getattr(getattr(result, name, None), "__traceback__", None))
+    for tb in candidates:
+        if isinstance(tb, types.TracebackType):
+            found.setdefault(id(tb), tb)
+    return list(found.values())
+
+
+def _shell() -> Any:
+    module = sys.modules.get("IPython.core.getipython")
+    return module.get_ipython() if module is not None else None
+
+
+def roots(namespace: Mapping[str, Any] | None) -> Iterator[tuple[str, str, Any]]:
+    """(kind, name, value) of everything the notebook names that can hold memory."""
+    if namespace is None:
+        return
+    items = list(namespace.items())
+    outputs = namespace.get("Out")
+    if isinstance(outputs, dict):
+        for n, value in list(outputs.items()):
+            yield "output", f"Out[{n}]", value
+    for name, value in items:
+        if name in _INTERNAL or not isinstance(name, str):
+            continue
+        if name in _OUTPUT_ALIASES or (name.startswith("_") and name[1:].isdigit()):
+            yield "output", name, value
+        elif isinstance(value, types.FunctionType):
+            cells = value.__closure__ or ()
+            for var, cell in zip(value.__code__.co_freevars, cells, strict=False):
+                with contextlib.suppress(ValueError):  # an empty cell
+                    yield "closure", f"{name} (free variable {var!r})", cell.cell_contents
+        elif not name.startswith("_"):
+            yield "variable", name, value
+    keep = FrameFilter().keep
+    seen: set[int] = set()
+    for tb in _tracebacks():
+        walk: types.TracebackType | None = tb
+        while walk is not None:
+            frame = walk.tb_frame
+            walk = walk.tb_next
+            if id(frame) in seen or (frame.f_globals is namespace and frame.f_back is None):
+                continue
+            seen.add(id(frame))
+            code = frame.f_code
+            if code.co_name == "<module>":
+                continue  # a cell's top level: its names are the notebook's variables
+            where = cell_name(code.co_filename) if keep(code.co_filename) else code.co_filename
+            try:
+                local_items = list(frame.f_locals.items())
+            except Exception:  # noqa: BLE001 - a frame that cannot show its locals
+                continue
+            for var, value in local_items:
+                yield "traceback", f"{code.co_name} ({where}) local {var!r}", value
+
+
+def held(
+    namespace: Mapping[str, Any] | None,
+    device_type: str,
+    before: Mapping[int, Any],
+    sizes: set[int],
+    budget_s: float = 1.0,
+) -> list[HeldStorage]:
+    """Storages on ``device_type`` made since ``before`` (storage id -> weakref) whose size is
+    in ``sizes``, each with everything found holding it."""
+    found: dict[int, tuple[int, list[Holder]]] = {}
+
+    def is_new(storage: Any) -> bool:
+        ref = before.get(storage._cdata)
+        return ref is None or ref() is not storage
+
+    for kind, name, value in roots(namespace):
+        for storage in held_storages({"v": value}, device_type):
+            n = int(storage.nbytes())
+            if n in sizes and is_new(storage):
+                entry = found.setdefault(storage._cdata, (n, []))
+                entry[1].append(Holder(kind, name, id(value)))
+    deadline = time.monotonic() + budget_s
+    candidates: list[tuple[Any, int, int]] = []  # unnamed tensors: (tensor, storage id, bytes)
+    objects = gc.get_objects()
+    for obj in objects:
+        if not isinstance(obj, torch.Tensor):
+            continue
+        if time.monotonic() > deadline:
+            break
+        for storage in storages_of(obj):
+            if storage.device.type != device_type or storage._cdata in found:
+                continue
+            n = int(storage.nbytes())
+            if n in sizes and is_new(storage):
+                candidates.append((obj, storage._cdata, n))
+                found[storage._cdata] = (n, [])
+    del objects
+    ignore = {id(candidates)}
+    for i, (tensor, key, _) in enumerate(candidates):
+        ignore.add(id(candidates[i]))
+        found[key][1].append(_unnamed_holder(tensor, deadline, ignore))
+    del candidates
+    return [HeldStorage(k, n, tuple(h)) for k, (n, h) in found.items()]
+
+
+def _unnamed_holder(target: Any, deadline: float, ignore: set[int], limit: int = 2000) -> Holder:
+    """What holds an object no notebook name reaches: a module global, a running frame, or
+    nothing but itself (a reference cycle, which a garbage collection frees)."""
+    mine = {id(sys._getframe(i)) for i in range(2)}
+    globals_of = {id(vars(m)): name for name, m in list(sys.modules.items()) if m is not None}
+    seen = {id(target)}
+    todo = [target]
+    while todo:
+        if time.monotonic() > deadline or len(seen) > limit:
+            return Holder("unknown", "not found within the time limit", id(target))
+        obj = todo.pop()
+        for ref in gc.get_referrers(obj):
+            if id(ref) in seen or id(ref) in mine or id(ref) in ignore or ref is todo:
+                continue
+            seen.add(id(ref))
+            if id(ref) in globals_of:
+                return Holder("global", f"global of module {globals_of[id(ref)]}", id(target))
+            if isinstance(ref, types.FrameType):
+                name = ref.f_code.co_name
+                return Holder("unknown", f"a running function's locals ({name})", id(target))
+            todo.append(ref)
+    return Holder("cycle", "a reference cycle (only garbage holds it)", id(target))
+
+
+def release(namespace: MutableMapping[str, Any] | None, holders: list[Holder]) -> list[str]:
+    """Drop the references ``holders`` name (if they still hold the same objects); return what
+    was done. Closures, globals and unknown holders are left alone (said so)."""
+    done: list[str] = []
+    shell = _shell()
+    collect = False
+    cleared_tracebacks = False
+    for h in holders:
+        if h.kind == "variable" and namespace is not None:
+            if id(namespace.get(h.name)) == h.object_id:
+                del namespace[h.name]
+                done.append(f"deleted variable {h.name}")
+        elif h.kind == "output" and namespace is not None:
+            done.extend(_release_output(namespace, shell, h))
+        elif h.kind == "traceback" and not cleared_tracebacks:
+            cleared_tracebacks = True
+            for tb in _tracebacks():
+                traceback.clear_frames(tb)
+            done.append("cleared the last error's traceback frames")
+        elif h.kind == "cycle":
+            collect = True
+        elif h.kind in ("closure", "global", "unknown"):
+            done.append(f"left {h.name}: delete or redefine it yourself")
+    if collect:
+        gc.collect()
+        done.append("collected reference cycles (gc.collect())")
+    return done
+
+
+def _release_output(namespace: MutableMapping[str, Any], shell: Any, h: Holder) -> list[str]:
+    """An output and every alias of it: ``Out[n]``, ``_n``, ``_`` / ``__`` / ``___`` (also
+    kept on IPython's display hook)."""
+    done: list[str] = []
+    outputs = namespace.get("Out")
+    if isinstance(outputs, dict):
+        for n in [n for n, v in outputs.items() if id(v) == h.object_id]:
+            del outputs[n]
+            done.append(f"cleared Out[{n}]")
+            if id(namespace.get(f"_{n}")) == h.object_id:
+                del namespace[f"_{n}"]
+    for name in [k for k, v in list(namespace.items()) if id(v) == h.object_id]:
+        if name in _OUTPUT_ALIASES or (name.startswith("_") and name[1:].isdigit()):
+            namespace[name] = ""
+            done.append(f"cleared {name}")
+    hook = getattr(shell, "displayhook", None)
+    for name in _OUTPUT_ALIASES:
+        if hook is not None and id(getattr(hook, name, None)) == h.object_id:
+            setattr(hook, name, "")
+    return done

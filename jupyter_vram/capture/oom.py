@@ -1,0 +1,159 @@
+"""What a ``torch.OutOfMemoryError`` leaves behind to explain it.
+
+Collected while the error is fresh, as plain data (no tensor, frame or exception is kept): the
+request that failed, the line of user code that made it, and on CUDA the caching allocator's
+state. The CUDA allocator reports each OOM to observers registered with the private
+``torch._C._cuda_attach_out_of_memory_observer``; an observer cannot be removed again, so one
+is attached per process, the first time a CUDA recording starts, and it forwards to the
+recording running then (when none is, it does nothing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import time
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from .capacity import CapacityFailure
+from .stacks import FrameFilter, cell_name
+from .tagging import reachable_objects
+
+_lock = threading.Lock()
+_attached = False
+_listener: OomWatch | None = None
+
+_TRIED = re.compile(r"Tried to allocate ([0-9.]+) ?([KMGT]i?B|B|bytes)", re.IGNORECASE)
+_UNIT = {"b": 1, "bytes": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_UNIT.update({"kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4})
+
+
+def _observer(device: int, requested: int, limit: int, device_free: int) -> None:
+    """Called by the CUDA caching allocator on each OOM (on the thread that asked)."""
+    watch = _listener
+    if watch is not None:
+        watch.observed.append(
+            {
+                "device": int(device),
+                "requested": int(requested),
+                "limit": int(limit),
+                "device_free": int(device_free),
+                "time_ns": time.time_ns(),
+            }
+        )
+
+
+def _attach_observer() -> bool:
+    global _attached
+    with _lock:
+        if not _attached:
+            attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+            if attach is None:
+                return False
+            attach(_observer)
+            _attached = True
+    return True
+
+
+class OomWatch:
+    """Listens for the allocator's OOM reports while one recording runs (CUDA)."""
+
+    def __init__(self, device: str, namespace: Mapping[str, Any] | None = None) -> None:
+        self.device = torch.device(device)
+        self.namespace = namespace
+        self.observed: list[dict[str, int]] = []
+        self.observer = False
+
+    def start(self) -> None:
+        global _listener
+        if self.device.type == "cuda" and torch.cuda.is_available():
+            self.observer = _attach_observer()
+            _listener = self
+
+    def stop(self) -> None:
+        global _listener
+        if _listener is self:
+            _listener = None
+
+    def facts(
+        self,
+        error: BaseException,
+        failure: CapacityFailure | None = None,
+        capacity: int | None = None,
+    ) -> dict[str, Any]:
+        """The post-mortem's raw facts (JSON-ready) for ``error``; never raises."""
+        facts: dict[str, Any] = {"message": str(error)[:2000], "capacity_bytes": capacity}
+        if failure is not None:
+            facts.update(
+                source="capacity",
+                requested_bytes=failure.requested_bytes,
+                in_use_bytes=failure.in_use_bytes,
+                capacity_bytes=failure.capacity_bytes,
+                op=failure.op,
+            )
+        elif self.observed:
+            seen = self.observed[-1]
+            facts.update(
+                source="cuda",
+                requested_bytes=seen["requested"],
+                capacity_bytes=seen["limit"],
+                device_free_bytes=seen["device_free"],
+            )
+        else:
+            facts.update(source="error message", requested_bytes=requested_in_message(str(error)))
+        if self.device.type == "cuda":
+            with contextlib.suppress(Exception):  # a nicety: never lose the post-mortem
+                facts["allocator"] = cuda_allocator_state(self.device)
+        facts["site"] = user_site(error.__traceback__)
+        facts["optimizers"] = optimizer_types(self.namespace)
+        return facts
+
+
+def requested_in_message(message: str) -> int | None:
+    """Bytes from CUDA's ``Tried to allocate 20.00 MiB`` (rounded as the message is)."""
+    match = _TRIED.search(message)
+    if match is None:
+        return None
+    return int(float(match.group(1)) * _UNIT.get(match.group(2).lower(), 1))
+
+
+def cuda_allocator_state(device: torch.device) -> dict[str, int]:
+    """Allocated, reserved and cached-but-free bytes right after the failure."""
+    stats = torch.cuda.memory_stats(device)
+    free, total = torch.cuda.mem_get_info(device)
+    return {
+        "allocated": int(stats.get("allocated_bytes.all.current", 0)),
+        "reserved": int(stats.get("reserved_bytes.all.current", 0)),
+        "inactive_split": int(stats.get("inactive_split_bytes.all.current", 0)),
+        "device_free": int(free),
+        "device_total": int(total),
+        "num_ooms": int(stats.get("num_ooms", 0)),
+    }
+
+
+def optimizer_types(namespace: Mapping[str, Any] | None) -> list[str]:
+    """Class names of the optimizers the notebook holds (their state is what a leaner one
+    saves); never raises."""
+    try:
+        _, _, optimizers = reachable_objects(namespace)
+    except Exception:  # noqa: BLE001
+        return []
+    return sorted({type(opt).__name__ for opt in optimizers})
+
+
+def user_site(tb: TracebackType | None) -> list[Any] | None:
+    """``[file, line, function]`` of the innermost frame of user code in a traceback (the
+    cell's ``In[n]``), read from code objects only: no frame's locals are touched."""
+    keep = FrameFilter().keep
+    site = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if keep(code.co_filename):
+            site = [cell_name(code.co_filename), int(tb.tb_lineno), code.co_name]
+        tb = tb.tb_next
+    return site

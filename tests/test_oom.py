@@ -1,0 +1,231 @@
+"""OOM post-mortems and capacities: a CPU run forced past a capacity, checked by hand arithmetic.
+
+The model: three residual blocks ``x + fc2(gelu(fc1(x)))`` (width d, hidden 4d), batch B, an
+AdamW whose state exists before the run. In forward, a finished block keeps fc1's output z and
+gelu's output g (B x 4d floats each, saved for backward) and its output (B x d, saved by the
+next fc1); fc2's output is freed by the add. The capacity lets block ``K`` allocate its z and
+refuses its gelu output (B x 4d floats): that request is the failure.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import jupyter_vram as jv
+from jupyter_vram.analysis.oom import block_of
+from jupyter_vram.capture.capacity import parse_capacity
+from jupyter_vram.render.text import summary
+
+from .conftest import CLEAN, ipython_shell, recording_state
+
+B, D, K = 32, 64, 2
+Z = B * 4 * D * 4  # one hidden activation (fc1 or gelu output), bytes
+OUT = B * D * 4  # a block's output, bytes
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(D, 4 * D)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(4 * D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(self.act(self.fc1(x)))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def setup() -> dict[str, Any]:
+    """Model, batch and an AdamW that has stepped once (its state exists before the run)."""
+    torch.manual_seed(0)
+    net = Net()
+    x = torch.randn(B, D)
+    opt = torch.optim.AdamW(net.parameters())
+    net(x).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return {"net": net, "x": x, "opt": opt, "torch": torch}
+
+
+def hand_counts(ns: dict[str, Any]) -> dict[str, int]:
+    params = [p for p in ns["net"].parameters()]
+    p_bytes = sum(4 * p.numel() for p in params)
+    # AdamW: exp_avg and exp_avg_sq per parameter, plus a float32 step scalar each
+    state = sum(2 * 4 * p.numel() + 4 for p in params)
+    x_bytes = B * D * 4
+    activations = K * (2 * Z + OUT) + Z  # K finished blocks, then block K's fc1 output
+    live = p_bytes + state + x_bytes + activations
+    return {"params": p_bytes, "state": state, "x": x_bytes, "act": activations, "live": live}
+
+
+def capacity_for(ns: dict[str, Any]) -> int:
+    return hand_counts(ns)["live"] + Z - 1  # gelu's output in block K is one byte too many
+
+
+def test_parse_capacity() -> None:
+    assert parse_capacity("6GiB") == 6 * 2**30
+    assert parse_capacity("6GB") == 6 * 10**9
+    assert parse_capacity("512MiB") == 512 * 2**20
+    assert parse_capacity("1.5 KiB") == 1536
+    assert parse_capacity("4096") == 4096
+    assert parse_capacity(4096) == 4096
+    for bad in ("6 parsecs", "-1", "0", "", "GiB", True, None):
+        with pytest.raises(ValueError, match="6GiB"):
+            parse_capacity(bad)  # type: ignore[arg-type]
+
+
+def test_capacity_raises_and_post_mortem_by_hand(tmp_path: Path) -> None:
+    ns = setup()
+    counts = hand_counts(ns)
+    caught: list[BaseException] = []
+    rec = jv.record("cpu", namespace=ns, capacity=capacity_for(ns))
+    with pytest.raises(torch.OutOfMemoryError) as info, rec:
+        try:
+            ns["net"](ns["x"]).sum().backward()
+        except torch.OutOfMemoryError as error:
+            caught.append(error)
+            raise
+    assert recording_state() == CLEAN
+    assert info.value is caught[0]  # the same exception object, unchanged
+    assert "Tried to allocate 32.0 KiB" in str(info.value)
+    oom = rec.profile.oom
+    assert oom is not None
+    assert oom.requested_bytes == Z
+    assert oom.op == "gelu" and oom.module == f"Net.blocks.{K}.act" and oom.phase == "forward"
+    assert oom.live_bytes == counts["live"]
+    assert oom.shortfall_bytes == 1
+    live = oom.live_by_category
+    assert live["parameter"] == counts["params"]
+    assert live["optimizer_state"] == counts["state"]
+    assert live["activation"] == counts["act"]
+    assert live["input"] == counts["x"]
+    saved = {s.action: s.bytes_saved for s in oom.suggestions}
+    # checkpointing: K finished blocks keep z and g besides their output; one is recomputed
+    assert saved["activation checkpointing of each block"] == (K - 1) * 2 * Z
+    # autocast: every activation here comes from addmm / gelu / add: half of them
+    assert saved["mixed precision (autocast to bf16 / fp16)"] == counts["act"] // 2
+    assert saved["Adafactor"] == counts["state"]
+    assert saved["8-bit AdamW (bitsandbytes)"] == counts["state"] * 3 // 4
+    assert saved["SGD with momentum"] == counts["state"] // 2
+    # batch: activations + input + the request scale with it, to (capacity - fixed)
+    scaled = counts["act"] + counts["x"] + Z
+    fixed = counts["params"] + counts["state"]
+    batch = next(s for s in oom.suggestions if s.action.startswith("a smaller batch"))
+    assert batch.bytes_saved == scaled - (capacity_for(ns) - fixed)
+    assert not any("offload" in s.action for s in oom.suggestions)  # on CPU: nowhere to go
+    ranked = [s.bytes_saved for s in oom.suggestions]
+    assert ranked == sorted(ranked, reverse=True)
+    assert all(s.enough for s in oom.suggestions)  # the shortfall is one byte
+    assert {s.toggle for s in oom.suggestions} >= {"checkpointing", "AMP"}
+    text = summary(rec.profile)
+    assert "OUT OF MEMORY: a request for 32.0 KiB" in text
+    # saved and loaded, the post-mortem is the same
+    again = jv.Profile.load(rec.profile.save(tmp_path / "oom.json.gz")).oom
+    assert again is not None and again.suggestions == oom.suggestions
+
+
+def test_fits_under_capacity_and_no_oom_otherwise() -> None:
+    ns = setup()
+    with jv.record("cpu", namespace=ns, capacity="1GiB") as rec:
+        ns["net"](ns["x"]).sum().backward()
+    assert rec.profile.oom is None
+    assert rec.profile.meta["capacity_bytes"] == 2**30
+    assert recording_state() == CLEAN
+    with pytest.raises(ValueError, match="6GiB"):
+        jv.record("cpu", capacity="six gigs")
+
+
+def test_capacity_counts_frees() -> None:
+    """Memory freed inside the run makes room again: 20 allocations of a quarter of the
+    capacity, each dropped before the next, fit."""
+    quarter = 1 << 20
+    with jv.record("cpu", namespace={}, capacity=4 * quarter):
+        for _ in range(20):
+            t = torch.empty(quarter // 4)
+            del t
+    refused = pytest.raises(torch.OutOfMemoryError, match=r"Tried to allocate 1\.0 MiB")
+    with refused, jv.record("cpu", namespace={}, capacity=4 * quarter):
+        kept = [torch.empty(quarter // 4) for _ in range(5)]
+        del kept
+    assert recording_state() == CLEAN
+
+
+def test_magic_capacity_reraises_and_keeps_the_profile() -> None:
+    shell = ipython_shell()
+    shell.run_line_magic("load_ext", "jupyter_vram")
+    ns = setup()
+    shell.user_ns.update(ns)
+    shell.user_ns["cap"] = capacity_for(ns)
+    cell = (
+        "%%vram --quiet --capacity {cap}\n"
+        "try:\n"
+        "    net(x).sum().backward()\n"
+        "except torch.OutOfMemoryError as error:\n"
+        "    inner = error\n"
+        "    raise\n"
+    ).replace("{cap}", str(capacity_for(ns)))
+    result = shell.run_cell(cell)
+    assert isinstance(result.error_in_exec, torch.OutOfMemoryError)
+    assert result.error_in_exec is shell.user_ns["inner"]
+    oom = shell.user_ns["_vram"].oom
+    assert oom is not None and oom.requested_bytes == Z
+    line = inspect.getsourcelines(Block.forward)[1] + 1  # the innermost line of user code
+    assert oom.site == f"{__file__}:{line} (forward)"
+    assert recording_state() == CLEAN
+    for name in ("inner", "net", "x", "opt", "cap", "_vram"):
+        shell.user_ns.pop(name, None)
+
+
+def test_magic_bad_capacity_is_one_message(capsys: pytest.CaptureFixture[str]) -> None:
+    shell = ipython_shell()
+    shell.run_line_magic("load_ext", "jupyter_vram")
+    result = shell.run_cell("%%vram --capacity 6parsecs\nran = True\n")
+    assert result.error_in_exec is None
+    assert "ran" not in shell.user_ns
+    err = capsys.readouterr().err
+    assert "capacity '6parsecs' is not a size such as 6GiB" in err
+
+
+def test_cuda_facts_expandable_segments() -> None:
+    """A CUDA post-mortem's allocator state: 30 MiB reserved but free, 10 MiB free on the
+    device, a 32 MiB request: cached + free covers it, so expandable segments would serve it."""
+    ns = setup()
+    with jv.record("cpu", namespace=ns) as rec:
+        ns["net"](ns["x"]).sum().backward()
+    mib = 1 << 20
+    rec.profile.meta["oom_report"] = {
+        "source": "cuda",
+        "requested_bytes": 32 * mib,
+        "capacity_bytes": 80 * 1024 * mib,
+        "device_free_bytes": 10 * mib,
+        "allocator": {"allocated": 100 * mib, "reserved": 130 * mib, "device_free": 10 * mib},
+        "site": ["In[3]", 4, "<module>"],
+    }
+    oom = rec.profile.oom
+    assert oom is not None
+    assert oom.shortfall_bytes == 22 * mib
+    assert oom.expandable_would_serve is True
+    frag = next(s for s in oom.suggestions if "expandable_segments" in s.action)
+    assert frag.bytes_saved == 30 * mib and frag.enough
+    assert oom.site == "In[3]:4 (<module>)"
+
+
+def test_block_of() -> None:
+    assert block_of("GPT.h.3.attn.c_attn") == "GPT.h.3"
+    assert block_of("Net.fc1") is None
