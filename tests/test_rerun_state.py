@@ -1,0 +1,301 @@
+"""A rerun leaves the notebook as the first run left it: parameters, buffers, gradients,
+optimizer and scheduler state, random streams, modes and names, compared bit for bit with
+copies the test takes itself, also when the rerun's cell raises or is interrupted."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import jupyter_vram as jv
+from jupyter_vram.rerun import NOT_A_CELL, RerunError, rerun, rerun_unavailable
+from jupyter_vram.session import run_code
+
+TRAIN_STEP = """\
+opt.zero_grad()
+out = model(x)
+loss = out.square().mean() + torch.rand(()) * 0 + random.random() * 0 + np.random.rand() * 0
+loss.backward()
+opt.step()
+sched.step()
+step += 1
+"""
+
+
+class ConvNet(nn.Module):
+    """Three same-typed conv blocks with BatchNorm (running statistics) and dropout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.blocks = nn.Sequential(
+            *[
+                nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+                for _ in range(3)
+            ]
+        )
+        self.drop = nn.Dropout(0.2)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.blocks(self.stem(x))
+        return self.head(self.drop(h.mean((2, 3))))
+
+
+def notebook() -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = ConvNet()
+    model.blocks[1].eval()  # a mixed train/eval tree must come back mixed
+    model.stem.bias.requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    return {
+        "torch": torch,
+        "np": np,
+        "random": random,
+        "model": model,
+        "opt": opt,
+        "sched": sched,
+        "x": torch.randn(4, 3, 16, 16),
+        "step": 0,
+    }
+
+
+def snapshot(ns: dict[str, Any]) -> dict[str, Any]:
+    """The test's own copies of everything a rerun must not change."""
+    model: nn.Module = ns["model"]
+    opt: torch.optim.Optimizer = ns["opt"]
+    return {
+        "params": [(p, p.detach().clone(), p.requires_grad) for p in model.parameters()],
+        "grads": [None if p.grad is None else p.grad.clone() for p in model.parameters()],
+        "buffers": [(b, b.clone()) for b in model.buffers()],
+        "modes": [m.training for m in model.modules()],
+        "opt": {
+            id(p): {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
+            for p, s in opt.state.items()
+        },
+        "groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups],
+        "sched": dict(ns["sched"].state_dict()),
+        "torch_rng": torch.get_rng_state(),
+        "py_rng": random.getstate(),
+        "np_rng": np.random.get_state()[1].copy(),
+        "names": dict(ns),
+    }
+
+
+def assert_unchanged(ns: dict[str, Any], before: dict[str, Any]) -> None:
+    model: nn.Module = ns["model"]
+    now = list(model.parameters())
+    assert len(now) == len(before["params"])
+    for p, (orig, values, requires_grad) in zip(now, before["params"], strict=True):
+        assert p is orig
+        assert torch.equal(p, values)
+        assert p.requires_grad == requires_grad
+    for p, grad in zip(now, before["grads"], strict=True):
+        assert (p.grad is None) == (grad is None)
+        if grad is not None:
+            assert torch.equal(p.grad, grad)
+    for b, (orig, values) in zip(model.buffers(), before["buffers"], strict=True):
+        assert b is orig and torch.equal(b, values)
+    assert [m.training for m in model.modules()] == before["modes"]
+    opt = ns["opt"]
+    assert {id(p) for p in opt.state} == set(before["opt"])
+    for p, state in opt.state.items():
+        saved = before["opt"][id(p)]
+        assert set(state) == set(saved)
+        for key, value in state.items():
+            assert torch.equal(value, saved[key]) if torch.is_tensor(value) else value == saved[key]
+    assert [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] == before[
+        "groups"
+    ]
+    assert ns["sched"].state_dict() == before["sched"]
+    assert torch.equal(torch.get_rng_state(), before["torch_rng"])
+    assert random.getstate() == before["py_rng"]
+    assert np.array_equal(np.random.get_state()[1], before["np_rng"])
+    assert ns.keys() == before["names"].keys()
+    for name, value in before["names"].items():
+        assert ns[name] is value, name
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+@pytest.fixture
+def trained() -> tuple[dict[str, Any], jv.Profile]:
+    ns = notebook()
+    run_code(TRAIN_STEP, ns)  # state and optimizer exist, as after a first step
+    baseline = run_code(TRAIN_STEP, ns).profile
+    assert baseline is not None
+    return ns, baseline
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"checkpoint": "auto"}, {"amp": "bf16"}, {"checkpoint": "auto", "amp": "bf16"}],
+    ids=["plain", "checkpoint", "bf16", "both"],
+)
+def test_state_is_bit_identical_after_a_rerun(
+    trained: tuple[dict[str, Any], jv.Profile], options: dict[str, Any]
+) -> None:
+    ns, baseline = trained
+    before = snapshot(ns)
+    messages: list[str] = []
+    variant = rerun(baseline, **options, progress=messages.append)
+    assert messages == ["saving state", "running", "restoring"]
+    assert_unchanged(ns, before)
+    assert ns["step"] == 2  # `step += 1` in the rerun stayed in its copy of the namespace
+    assert variant.variant is not None
+    assert variant.variant.amp == options.get("amp")
+    assert variant.meta["rerun_cost"]["state_bytes"] > 0
+    # the rerun really ran the step: its profile has the optimizer's phase
+    assert (variant.allocations.phase == 3).any()
+
+
+def test_a_rerun_whose_cell_raises_leaves_state_intact(
+    trained: tuple[dict[str, Any], jv.Profile],
+) -> None:
+    ns, baseline = trained
+    before = snapshot(ns)
+    from jupyter_vram import session
+
+    cell = session.cell_of(baseline)
+    assert cell is not None
+    broken = (
+        TRAIN_STEP
+        + "model.train()\nmodel.blocks[0][1].running_mean.fill_(7)\nraise ValueError('boom')\n"
+    )
+    session._cells[baseline] = session.Cell(
+        broken, cell.filename, cell.namespace, cell.device, cell.stacks, cell.label, cell.start
+    )
+    with pytest.raises(ValueError, match="boom"):
+        rerun(baseline, checkpoint="auto")
+    assert_unchanged(ns, before)
+
+
+def test_an_interrupted_rerun_leaves_state_intact(
+    trained: tuple[dict[str, Any], jv.Profile],
+) -> None:
+    ns, baseline = trained
+    before = snapshot(ns)
+    from jupyter_vram import session
+
+    cell = session.cell_of(baseline)
+    assert cell is not None
+    interrupted = TRAIN_STEP + "x.mul_(0)\nraise KeyboardInterrupt\n"
+    session._cells[baseline] = session.Cell(
+        interrupted, cell.filename, cell.namespace, cell.device, cell.stacks, None, cell.start
+    )
+    x_before = ns["x"].clone()
+    with pytest.raises(KeyboardInterrupt):
+        rerun(baseline, amp="bf16")
+    assert_unchanged(ns, before)
+    assert torch.equal(ns["x"], x_before)  # a tensor the cell names is protected too
+
+
+def test_the_rerun_starts_where_the_first_run_did() -> None:
+    """First run: no .grad, no optimizer state before it. The rerun drops the ones it made
+    (and restores them after), and draws the same random numbers."""
+    ns = notebook()
+    ns["draws"] = []
+    baseline = run_code(TRAIN_STEP + "draws.append(torch.rand(3))\n", ns).profile
+    assert baseline is not None
+    before = snapshot(ns)
+    variant = rerun(baseline)
+    assert_unchanged(ns, before)
+    assert torch.equal(ns["draws"][0], ns["draws"][1])  # same random stream as the first run
+    frame = baseline.compare(variant)
+    for category in ("parameter", "gradient", "optimizer_state", "buffer", "input"):
+        assert frame.loc[category, "change_bytes"] == 0, category
+    assert frame.attrs["notes"] == []
+    assert variant.variant is not None
+    assert any("without" in n and ".grad" in n for n in variant.variant.notes)
+    assert any("changes a notebook container (draws.append" in n for n in variant.variant.notes)
+
+
+def test_refusals_are_one_line_and_touch_nothing(
+    trained: tuple[dict[str, Any], jv.Profile],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ns, baseline = trained
+    before = snapshot(ns)
+    loaded = jv.Profile.load(baseline.save(tmp_path / "p.json"))
+    assert rerun_unavailable(loaded, checkpoint="auto") == NOT_A_CELL
+    with jv.record(namespace={}) as rec:
+        torch.ones(8).mul(2)
+    with pytest.raises(RerunError, match="rerun needs a profile made by %%vram"):
+        rerun(rec.profile)
+    assert "host memory (CPU)" in str(rerun_unavailable(baseline, offload=True))
+    with pytest.raises(RerunError, match="AMP dtype"):
+        rerun(baseline, amp="int8")
+    with pytest.raises(RerunError, match="no module 'nope'"):
+        rerun(baseline, checkpoint=["nope.blocks.0"])
+    with pytest.raises(RerunError, match=r"has no submodule 'blocks\.9'"):
+        rerun(baseline, checkpoint=["model.blocks.9"])
+    from jupyter_vram.transforms import state
+
+    monkeypatch.setattr(state, "available_host_bytes", lambda: 1000)
+    reason = rerun_unavailable(baseline, amp="bf16")
+    assert reason is not None and reason.startswith("not enough host memory")
+    assert "1000 B is available" in reason
+    assert_unchanged(ns, before)
+
+
+def test_cells_without_a_module_autograd_or_with_autocast_say_why() -> None:
+    ns: dict[str, Any] = {"torch": torch, "a": torch.randn(64, 64, requires_grad=True)}
+    plain = run_code("b = (a @ a).sum()\nb.backward()\n", ns).profile
+    assert plain is not None
+    assert rerun_unavailable(plain, checkpoint="auto") == (
+        "checkpointing needs an nn.Module: the cell called none from the notebook"
+    )
+    assert rerun_unavailable(plain, amp="bf16") is None  # autocast needs no module
+    ns["model"] = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
+    inference = run_code("with torch.no_grad():\n    y = model(a)\n", ns).profile
+    assert inference is not None
+    assert rerun_unavailable(inference, checkpoint="auto") == (
+        "the cell saved nothing for backward (no autograd): nothing to checkpoint"
+    )
+    amp = run_code(
+        "with torch.autocast('cpu', dtype=torch.bfloat16):\n    model(a).sum().backward()\n", ns
+    ).profile
+    assert amp is not None
+    assert rerun_unavailable(amp, amp="bf16") == (
+        "the cell already runs under autocast (line 1): AMP is on"
+    )
+    ns["net"] = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))  # mixed types
+    mixed = run_code("net(a).sum().backward()\n", ns).profile
+    assert mixed is not None
+    assert str(rerun_unavailable(mixed, checkpoint="auto")).startswith("no repeated blocks")
+
+
+def test_warnings_for_files_iterators_and_containers(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    batches = iter([torch.randn(8, 16), torch.randn(12, 16)])
+    ns: dict[str, Any] = {
+        "torch": torch,
+        "model": nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16)),
+        "batches": batches,
+        "log": [],
+        "path": str(tmp_path / "log.txt"),
+    }
+    source = (
+        "x = next(batches)\nloss = model(x).sum()\nloss.backward()\nlog.append(1)\n"
+        "with open(path, 'w') as fh:\n    fh.write('x')\n"
+    )
+    baseline = run_code(source, ns).profile
+    assert baseline is not None
+    variant = rerun(baseline, checkpoint=["model.0"])
+    assert variant.variant is not None
+    notes = variant.variant.notes
+    assert (
+        notes[0] == "the cell writes files (open(..., write) on line 5): the rerun wrote them again"
+    )
+    assert notes[1].startswith("the cell draws from an iterator (next(...) on line 1)")
+    assert notes[2].startswith("the cell changes a notebook container (log.append(...))")
+    assert variant.variant.checkpointed == ("Sequential.0",)
+    assert ns["log"] == [1, 1]  # warned, not undone
+    assert "inputs differ (512 B -> 768 B)" in jv.verdict(baseline, variant)
