@@ -202,3 +202,34 @@ def test_unlabelled_snapshot_categories_agree_with_the_recorders_roles() -> None
     phase_t = truth.allocations.phase[made_t].tolist()
     phase_g = guessed.allocations.phase[made_g].tolist()
     assert [p == 3 for p in phase_t] == [p == 3 for p in phase_g]
+
+
+def unlabelled(snapshot: dict[str, Any]) -> dict[str, Any]:
+    trace = [
+        {**e, "user_metadata": ""}
+        for e in snapshot["device_traces"][0]
+        if not str(e.get("user_metadata", "")).startswith("jv-marker")
+    ]
+    return {**snapshot, "device_traces": [trace]}
+
+
+@pytest.mark.parametrize("name", sorted(p.name.split(".")[0] for p in H200.glob("*.json.gz")))
+def test_column_conversion_matches_the_recorders_converter(name: str) -> None:
+    """Snapshots from elsewhere are converted column-wise (for millions of entries); on the
+    real H200 snapshots, every row (sizes, alloc/free order and times, stacks, ops) and the
+    reserved memory match the recorder's entry-by-entry converter."""
+    from jupyter_vram.capture.cuda_convert import profile_from_snapshot
+    from jupyter_vram.capture.snapshot_columns import columns_from_trace, profile_from_columns
+
+    snapshot = unlabelled(raw(name)["snapshot"])
+    ref = profile_from_snapshot(snapshot)
+    new = profile_from_columns(columns_from_trace(snapshot["device_traces"][0]), snapshot, 0)
+    for column in ("size", "alloc_seq", "free_seq", "alloc_ns", "free_ns", "stack", "category"):
+        assert (
+            getattr(new.allocations, column).tolist() == getattr(ref.allocations, column).tolist()
+        )
+    assert [new.ops[i] for i in new.allocations.op] == [ref.ops[i] for i in ref.allocations.op]
+    assert new.frames == ref.frames
+    assert new.segments.baseline == ref.segments.baseline
+    assert new.segments.delta.tolist() == ref.segments.delta.tolist()
+    assert new.peak_bytes == ref.peak_bytes

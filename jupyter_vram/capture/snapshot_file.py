@@ -47,8 +47,8 @@ from ..model import (
     ProfileFileError,
     SegmentEvents,
 )
-from .builder import ProfileBuilder
-from .cuda_convert import MARKER_PREFIX, _Stacks, profile_from_snapshot
+from .cuda_convert import profile_from_snapshot
+from .snapshot_columns import columns_from_trace, profile_from_columns
 
 __all__ = [
     "SafeUnpickler",
@@ -63,9 +63,6 @@ __all__ = [
 EXTENSION = "jupyter_vram"  # the top-level key of what a written snapshot adds
 _EXTENSION_VERSION = 1
 _LABEL = re.compile(r"\d+\|\d+\|.+", re.DOTALL)
-_OPTIM = re.compile(r"[\\/]torch[\\/]optim[\\/]")
-_BACKWARD = re.compile(r"[\\/]torch[\\/](?:autograd[\\/]|_tensor\.py$)")
-_MODULE_CALL = re.compile(r"[\\/]torch[\\/]nn[\\/]modules[\\/]module\.py$")
 _BASE_ADDRESS = 0x7F00_0000_0000  # where written blocks start (a typical CUDA VA range)
 _SEGMENT_BASE = 0x7E00_0000_0000  # where written segments of the trace start
 _ALIGN = 512
@@ -232,76 +229,14 @@ def _convert(data: Mapping[str, Any], index: int, where: str) -> Profile:
 # -- snapshots dumped elsewhere ----------------------------------------------------------------
 
 
-def _frame_phase(frames: Sequence[Mapping[str, Any]]) -> int | None:
-    """The phase a Python stack shows (innermost first), or None if it shows none."""
-    forward = False
-    for f in frames:
-        filename = str(f.get("filename", ""))
-        if _OPTIM.search(filename):
-            return OPTIMIZER
-        if _BACKWARD.search(filename):
-            return BACKWARD
-        if _MODULE_CALL.search(filename):
-            forward = True
-    return FORWARD if forward else None
-
-
-def _annotation_spans(snapshot: Mapping[str, Any], index: int) -> list[tuple[int, int]]:
-    """(start, end) times in us of the optimizer's annotated ``step`` / ``zero_grad`` calls."""
-    spans: list[tuple[int, int]] = []
-    open_at: dict[str, int] = {}
-    for a in snapshot.get("external_annotations") or ():
-        if not isinstance(a, Mapping) or int(a.get("device", index)) != index:
-            continue
-        name = str(a.get("name", ""))
-        if not name.startswith("Optimizer."):
-            continue
-        if a.get("stage") == "START":
-            open_at[name] = int(a.get("time_us", 0))
-        elif a.get("stage") == "END" and name in open_at:
-            spans.append((open_at.pop(name), int(a.get("time_us", 0))))
-    return spans
-
-
-def _labelled(snapshot: Mapping[str, Any], index: int) -> tuple[dict[str, Any], list[str], bool]:
-    """A copy of the snapshot whose allocations carry ``"phase|module|op"`` labels.
-
-    Returns (snapshot, module names, whether the trace had labels of ours already).
-    """
-    trace = (snapshot.get("device_traces") or [])[index] if index < len(
-        snapshot.get("device_traces") or []) else []  # fmt: skip
-    if any(_LABEL.fullmatch(str(e.get("user_metadata") or "")) for e in trace[:1000]):
-        return dict(snapshot), [""], True
-    spans = _annotation_spans(snapshot, index)
-    stacks = _Stacks(ProfileBuilder())
-    modules: dict[str, int] = {"": 0}
-    phase = OTHER_PHASE
-    out: list[Any] = []
-    for entry in trace:
-        if entry.get("action") != "alloc":
-            out.append(entry)
-            continue
-        meta = entry.get("user_metadata")
-        frames = entry.get("frames") or []
-        if isinstance(meta, str) and meta.startswith(MARKER_PREFIX):
-            out.append(entry)
-            continue
-        found = _frame_phase(frames) if frames else None
-        phase = found if found is not None else phase
-        t = int(entry.get("time_us", -1))
-        here = OPTIMIZER if any(s <= t <= e for s, e in spans) else phase
-        module = modules.setdefault(meta, len(modules)) if isinstance(meta, str) and meta else 0
-        op = stacks(frames)[1] or "(unknown)"
-        out.append({**entry, "user_metadata": f"{here}|{module}|{op}"})
-    traces = list(snapshot.get("device_traces") or [])
-    traces[index] = out
-    return {**snapshot, "device_traces": traces}, list(modules), False
-
-
 def _from_foreign(snapshot: Mapping[str, Any], index: int) -> Profile:
-    labelled, modules, ours = _labelled(snapshot, index)
-    prof = profile_from_snapshot(labelled, device_index=index, modules=modules)
-    return _infer_categories(prof, ours)
+    traces = snapshot.get("device_traces") or []
+    trace = traces[index] if index < len(traces) else []
+    if any(_LABEL.fullmatch(str(e.get("user_metadata") or "")) for e in trace[:1000]):
+        # dumped from a jupyter_vram recording: its labels name phases and ops
+        return _infer_categories(profile_from_snapshot(snapshot, device_index=index), True)
+    cols = columns_from_trace(trace)
+    return _infer_categories(profile_from_columns(cols, snapshot, index), False)
 
 
 def _phase_at(prof: Profile, seqs: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
