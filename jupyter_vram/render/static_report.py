@@ -82,10 +82,14 @@ def report_html(payload: Mapping[str, Any], *, notes: Sequence[str] = ()) -> str
     ]
     line = timeline_svg(payload["timeline"], peak, payload.get("peak_x"))
     if line:
-        unit = "ms" if payload["timeline"]["axis"] == "time" else "allocation events"
-        last = payload["timeline"]["x"][-1]
+        last = float(payload["timeline"]["x"][-1])
+        span = (
+            f"0 to {last:,.1f} ms"
+            if payload["timeline"]["axis"] == "time"
+            else f"allocation / free events 1 to {last:,.0f}"
+        )
         parts += [
-            f"<h4>Live memory over the run (0 to {last:,.1f} {unit}; dotted: the peak)</h4>",
+            f"<h4>Live memory over the run ({span}; dotted: the peak)</h4>",
             line,
         ]
     parts += [
