@@ -1,7 +1,9 @@
 """Bokeh figures in ipywidgets render in real JupyterLab with no internet and no inline BokehJS.
 
-BokehJS must come, once per page, from the jupyter_vram server extension (loaded by the
-jupyter-vram lab extension), not from a CDN and not inlined into the notebook's outputs.
+BokehJS must come, once per page, from the jupyter_vram server extension, not from a CDN and
+not inlined into the notebook's outputs. The jupyter-vram lab extension loads it lazily, when
+the first jupyter_vram output shows its app; from then on any jupyter_bokeh widget renders.
+Another BokehJS already on the page is not replaced: a different minor version is reported.
 """
 
 from __future__ import annotations
@@ -23,11 +25,22 @@ from .lab import (
     read_notebook,
     run_all_cells,
     save_notebook,
+    wait_for_kernel_idle,
     widget_errors,
     write_notebook,
 )
 
 pytestmark = pytest.mark.browser
+
+PROFILE = """\
+%load_ext jupyter_vram
+import torch
+"""
+
+RECORD = """\
+%%vram
+t = torch.ones(1000)
+"""
 
 FIGURE_AND_TABLE = """\
 from bokeh.models import ColumnDataSource, DataTable, HoverTool, TableColumn
@@ -49,6 +62,19 @@ table_widget.add_class("vram-test-table")
 VBox([fig_widget, table_widget])
 """
 
+APPEND_AND_RUN = """
+async ([path, source]) => {
+  const app = window.jupyterapp;
+  const w = [...app.shell.widgets('main')].find(w => w.context && w.context.path === path);
+  app.shell.activateById(w.id);
+  const nb = w.content;
+  nb.activeCellIndex = nb.widgets.length - 1;
+  await app.commands.execute('notebook:insert-cell-below');
+  nb.activeCell.model.sharedModel.setSource(source);
+  await app.commands.execute('notebook:run-cell');
+}
+"""
+
 SCRIPTS = ["bokeh.min.js", "bokeh-gl.min.js", "bokeh-widgets.min.js", "bokeh-tables.min.js"]
 
 MAX_OUTPUT_BYTES = 100_000
@@ -57,11 +83,16 @@ MAX_OUTPUT_BYTES = 100_000
 
 def test_bokeh_model_renders_offline(lab: Lab, page: Page, page_log: PageLog) -> None:
     name = "bokeh_offline.ipynb"
-    write_notebook(lab.root_dir, name, [FIGURE_AND_TABLE])
+    write_notebook(lab.root_dir, name, [PROFILE, RECORD])
     open_notebook(page, lab, name)
     assert run_all_cells(page, name), "a cell raised"
+    expect(page.locator(".jp-VramOutput")).to_have_attribute("data-vram-view", "widget")
+    # Once the app has loaded BokehJS, any jupyter_bokeh widget renders.
+    page.evaluate(APPEND_AND_RUN, [name, FIGURE_AND_TABLE])
+    wait_for_kernel_idle(page, name)
 
     figure_canvas = page.locator(".vram-test-figure canvas").first
+    figure_canvas.scroll_into_view_if_needed(timeout=20_000)
     expect(figure_canvas).to_be_visible(timeout=20_000)
     expect(page.locator(".vram-test-table .slick-cell", has_text="beta")).to_be_visible()
 
@@ -78,6 +109,7 @@ def test_bokeh_model_renders_offline(lab: Lab, page: Page, page_log: PageLog) ->
     info = page.evaluate("async () => await window.jupyterVramBokehJS")
     assert info["source"] == "server"
     assert info["version"] == bokeh.__version__
+    assert info["conflict"] is None
     served = [
         urlsplit(u).path.rsplit("/", 1)[-1]
         for u in page_log.requests
@@ -98,5 +130,32 @@ def test_bokeh_model_renders_offline(lab: Lab, page: Page, page_log: PageLog) ->
     save_notebook(page, name)
     nb = read_notebook(lab.root_dir, name)
     assert output_errors(nb) == []
-    size = output_size(nb.cells[0])
+    size = output_size(nb.cells[2])
     assert 0 < size < MAX_OUTPUT_BYTES, size
+
+
+CONFLICT_SETUP = """\
+%load_ext jupyter_vram
+from IPython.display import Javascript
+Javascript("window.Bokeh = {version: '2.4.3'}")
+"""
+
+
+def test_other_bokehjs_on_the_page_is_kept_and_reported(
+    lab: Lab, page: Page, page_log: PageLog
+) -> None:
+    """A BokehJS of another minor version (as panel or output_notebook() would load) stays;
+    the output says what conflicts, and the console warns with both versions."""
+    name = "bokeh_conflict.ipynb"
+    write_notebook(lab.root_dir, name, [CONFLICT_SETUP, RECORD])
+    open_notebook(page, lab, name)
+    run_all_cells(page, name)
+    note = page.locator(".jp-VramOutput-conflict")
+    expect(note).to_contain_text("BokehJS 2.4.3 is already on this page")
+    expect(note).to_contain_text(f"the kernel's bokeh is {bokeh.__version__}")
+    assert page.evaluate("() => window.Bokeh.version") == "2.4.3"
+    info = page.evaluate("async () => await window.jupyterVramBokehJS")
+    assert info["source"] == "page"
+    scripts = [u for u in page_log.requests if "/jupyter-vram/bokehjs/" in u]
+    assert [urlsplit(u).path.rsplit("/", 1)[-1] for u in scripts] == ["manifest.json"]
+    assert any("BokehJS 2.4.3" in w for w in page_log.console_warnings)

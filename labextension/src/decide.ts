@@ -1,0 +1,45 @@
+/**
+ * Which view a jupyter_vram output gets: the live widget app, or the profile drawn from its
+ * saved data. Pure, so it is unit tested; `renderer.ts` gathers the facts.
+ */
+
+export interface IViewFacts {
+  /** The output has a widget reference (`model_id`), and the notebook renders widgets. */
+  widget: boolean;
+  /** The output is trusted (executed here, or a signed notebook). */
+  trusted: boolean;
+  /** The notebook's kernel: none, or connected (status not dead). */
+  kernel: 'none' | 'connected';
+  /**
+   * Whether the kernel holds the widget's model: true once its `comm_open` was seen on this
+   * page or the kernel listed it (comm_info), false when the kernel said no, null: not asked.
+   */
+  modelInKernel: boolean | null;
+}
+
+/**
+ * `widget`: show the app (load BokehJS first); `saved`: draw the saved profile;
+ * `ask-kernel`: draw the saved profile and ask the kernel whether it still holds the model.
+ *
+ * The widget is shown only when its model can be restored: a saved notebook reopened without
+ * (or with a new) kernel never gets "Error displaying widget" nor an endless "Loading widget",
+ * and no BokehJS is fetched for an app that cannot appear.
+ */
+export function chooseView(f: IViewFacts): 'widget' | 'saved' | 'ask-kernel' {
+  if (!f.widget || !f.trusted || f.kernel === 'none') {
+    return 'saved';
+  }
+  if (f.modelInKernel === null) {
+    return 'ask-kernel';
+  }
+  return f.modelInKernel ? 'widget' : 'saved';
+}
+
+/** The code that profiles `source`: `%%vram` + the cell, unless it already starts so. */
+export function vramCellCode(source: string): string {
+  const first = source.replace(/^\s*\n/, '').split('\n', 1)[0].trim();
+  if (/^%%vram(\s|$)/.test(first)) {
+    return source;
+  }
+  return `%%vram\n${source}`;
+}

@@ -1,0 +1,208 @@
+/**
+ * MIME renderer for `application/vnd.jupyter-vram.profile+json`, ranked before ipywidgets'
+ * widget view so it sees every jupyter_vram output first. It shows the live app (the widget
+ * view from the same output bundle, rendered by the notebook's own ipywidgets renderer) when
+ * the kernel still holds the app's model, and otherwise draws the saved profile (view.ts).
+ * BokehJS is loaded here, right before the first app is shown.
+ */
+import type { ISessionContext } from '@jupyterlab/apputils';
+import type { IRenderMimeRegistry } from '@jupyterlab/rendermime';
+import type { IRenderMime } from '@jupyterlab/rendermime-interfaces';
+import type { Kernel, KernelMessage } from '@jupyterlab/services';
+import { Panel, Widget } from '@lumino/widgets';
+
+import { loadBokehJS } from './bokeh';
+import { chooseView } from './decide';
+import { checkPayload, PROFILE_MIME, WIDGET_MIME } from './payload';
+import { renderProfile } from './view';
+
+/** ipywidgets' comm target: a widget model id is the id of its comm. */
+const WIDGET_TARGET = 'jupyter.widget';
+
+/** Where an output lives: what the renderer needs to decide on, and show, the widget. */
+export interface IOutputHost {
+  /** The notebook's rendermime (with ipywidgets' renderer bound to its widget manager). */
+  readonly rendermime: IRenderMimeRegistry;
+  readonly sessionContext: ISessionContext;
+  /** Widget model ids whose `comm_open` this page saw from the current kernel. */
+  readonly seenModels: Set<string>;
+}
+
+/** Follow a notebook's kernel: remember the widget models it opens, forget them on restart. */
+export function trackWidgetModels(sessionContext: ISessionContext): Set<string> {
+  const seen = new Set<string>();
+  sessionContext.iopubMessage.connect((_, msg) => {
+    if (msg.header.msg_type === 'comm_open') {
+      const content = (msg as KernelMessage.ICommOpenMsg).content;
+      if (content.target_name === WIDGET_TARGET) {
+        seen.add(content.comm_id);
+      }
+    }
+  });
+  sessionContext.kernelChanged.connect(() => seen.clear());
+  sessionContext.statusChanged.connect((_, status) => {
+    if (status === 'restarting' || status === 'dead') {
+      seen.clear();
+    }
+  });
+  return seen;
+}
+
+function liveKernel(ctx: ISessionContext): Kernel.IKernelConnection | null {
+  const kernel = ctx.session?.kernel ?? null;
+  if (kernel === null || kernel.isDisposed || kernel.status === 'dead') {
+    return null;
+  }
+  return kernel;
+}
+
+/** Whether the kernel still has the comm (= model) `modelId` open; false if it cannot say. */
+async function kernelHolds(kernel: Kernel.IKernelConnection, modelId: string): Promise<boolean> {
+  try {
+    const reply = await kernel.requestCommInfo({ target_name: WIDGET_TARGET });
+    const content = reply.content;
+    return content.status === 'ok' && modelId in content.comms;
+  } catch {
+    return false;
+  }
+}
+
+export class ProfileRenderer extends Panel implements IRenderMime.IRenderer {
+  constructor(
+    options: IRenderMime.IRendererOptions,
+    private readonly host: IOutputHost | null
+  ) {
+    super();
+    this.addClass('jp-VramOutput');
+    this.mimeType = options.mimeType;
+  }
+
+  readonly mimeType: string;
+
+  async renderModel(model: IRenderMime.IMimeModel): Promise<void> {
+    const generation = ++this._generation;
+    this._clear();
+    const check = checkPayload(model.data[PROFILE_MIME]);
+    const ref = model.data[WIDGET_MIME] as { model_id?: string } | undefined;
+    const modelId = typeof ref?.model_id === 'string' && ref.model_id ? ref.model_id : null;
+    const host = this.host;
+    const canWidget =
+      modelId !== null && host !== null && host.rendermime.getFactory(WIDGET_MIME) !== undefined;
+    const kernel = host === null ? null : liveKernel(host.sessionContext);
+    const facts = {
+      widget: canWidget,
+      trusted: model.trusted,
+      kernel: kernel === null ? ('none' as const) : ('connected' as const),
+      modelInKernel: modelId !== null && host?.seenModels.has(modelId) ? true : null
+    };
+    let choice = chooseView(facts);
+    if (choice !== 'widget') {
+      this._showSaved(check, null);
+    }
+    if (choice === 'ask-kernel' && kernel !== null && modelId !== null) {
+      const holds = await kernelHolds(kernel, modelId);
+      if (generation !== this._generation || this.isDisposed) {
+        return;
+      }
+      choice = chooseView({ ...facts, modelInKernel: holds });
+    }
+    if (choice === 'widget' && host !== null) {
+      await this._showWidget(model, host, check, generation);
+    }
+    this.node.dataset.vramView = this._view;
+  }
+
+  /** Which view is showing: `saved` or `widget` (read by tests through the DOM). */
+  get view(): string {
+    return this._view;
+  }
+
+  private async _showWidget(
+    model: IRenderMime.IMimeModel,
+    host: IOutputHost,
+    check: ReturnType<typeof checkPayload>,
+    generation: number
+  ): Promise<void> {
+    let conflict: string | null = null;
+    try {
+      conflict = (await loadBokehJS()).conflict;
+    } catch (reason) {
+      this._showSaved(check, `The interactive app needs BokehJS, which could not be loaded: ${String(reason)}`);
+      return;
+    }
+    if (generation !== this._generation || this.isDisposed) {
+      return;
+    }
+    const inner = host.rendermime.createRenderer(WIDGET_MIME);
+    inner.hide();
+    this.addWidget(inner);
+    await inner.renderModel(model);
+    if (generation !== this._generation || this.isDisposed) {
+      return;
+    }
+    const children = (inner as unknown as Panel).widgets;
+    if (children !== undefined && children.length > 0) {
+      this._removeSaved();
+      if (conflict !== null) {
+        this.insertWidget(0, note(conflict, 'jp-VramOutput-conflict'));
+      }
+      inner.show();
+      this._view = 'widget';
+    } else {
+      // The widget manager could not build the view after all: keep the saved profile.
+      inner.dispose();
+      this._showSaved(check, null);
+    }
+  }
+
+  private _showSaved(check: ReturnType<typeof checkPayload>, why: string | null): void {
+    this._removeSaved();
+    const body = check.ok
+      ? renderProfile(check.payload, why)
+      : noteNode(`jupyter_vram: cannot draw this saved profile: ${check.reason}`);
+    this._saved = new Widget({ node: body });
+    this.insertWidget(0, this._saved);
+    this._view = 'saved';
+  }
+
+  private _removeSaved(): void {
+    this._saved?.dispose();
+    this._saved = null;
+  }
+
+  private _clear(): void {
+    for (const w of [...this.widgets]) {
+      w.dispose();
+    }
+    this._saved = null;
+    this._view = '';
+  }
+
+  private _generation = 0;
+  private _saved: Widget | null = null;
+  private _view = '';
+}
+
+function noteNode(text: string, className = 'jp-VramOutput-note'): HTMLElement {
+  const div = document.createElement('div');
+  div.className = className;
+  div.textContent = text;
+  return div;
+}
+
+function note(text: string, className: string): Widget {
+  return new Widget({ node: noteNode(text, className) });
+}
+
+/** Renderer factory; `host` null: outside a notebook (console, output view), saved view only. */
+export function profileRendererFactory(host: IOutputHost | null): IRenderMime.IRendererFactory {
+  return {
+    safe: true,
+    mimeTypes: [PROFILE_MIME],
+    defaultRank: RANK,
+    createRenderer: options => new ProfileRenderer(options, host)
+  };
+}
+
+/** Before ipywidgets' widget view (-10), so jupyter_vram outputs come here first. */
+export const RANK = -20;
