@@ -14,6 +14,7 @@ __all__ = [
     "CATEGORIES",
     "Estimate",
     "Frame",
+    "LaunchError",
     "Profile",
     "ProfileFileError",
     "Recording",
@@ -21,6 +22,7 @@ __all__ = [
     "Variant",
     "estimate",
     "last_profile",
+    "launch",
     "record",
     "release_leaks",
     "rerun",
@@ -34,11 +36,13 @@ if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
     from .analysis.compare import verdict
+    from .distributed import LaunchError, launch
     from .estimator import Estimate, estimate
 else:
 
     def __getattr__(name: str) -> Any:
-        """``jv.estimate`` and ``jv.Estimate`` load the estimator (and torch) on first use."""
+        """``jv.estimate`` / ``jv.Estimate`` load the estimator (and torch), ``jv.launch`` /
+        ``jv.LaunchError`` the distributed launcher, on first use."""
         if name in ("estimate", "Estimate"):
             from . import estimator
 
@@ -47,6 +51,10 @@ else:
             from .analysis.compare import verdict
 
             return verdict
+        if name in ("launch", "LaunchError"):
+            from . import distributed
+
+            return getattr(distributed, name)
         raise AttributeError(f"module 'jupyter_vram' has no attribute {name!r}")
 
 

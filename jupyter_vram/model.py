@@ -455,6 +455,14 @@ class Profile:
         return path
 
     @classmethod
+    def load_ranks(cls, folder: str | Path) -> list[Profile]:
+        """The per-rank profiles a distributed recording wrote into ``folder`` (``rank<N>.json.gz``,
+        from ``torchrun -m jupyter_vram.distributed.run``), in rank order."""
+        from .distributed.files import load_ranks
+
+        return load_ranks(folder)
+
+    @classmethod
     def load(cls, path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> Profile:
         """Read a profile written by :meth:`save` (gzip is detected from the content).
 

@@ -45,6 +45,7 @@ import torch
 
 from ..model import Frame, Profile
 from .builder import OTHER, TEMPORARY, Interner, ProfileBuilder
+from .distributed_roles import DistributedRoles
 from .stacks import FrameFilter, cell_name
 from .tagging import (
     ACTIVATION,
@@ -239,6 +240,7 @@ class ProfilerRecorder:
         self._reader: StackReader | None = None
         self._reads: list[EventRead] = []
         self._flushing = False
+        self._distributed = DistributedRoles(self._device_type)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -288,6 +290,7 @@ class ProfilerRecorder:
         self._t0 = time.time_ns()
         self._threads.start()
         self.tagger.start()
+        self._distributed.start()
 
     def stop(self, error: str | None = None) -> Profile:
         """Switch everything off (always), then read the profiler's events into a Profile."""
@@ -298,6 +301,7 @@ class ProfilerRecorder:
                     self.tagger.final_scan()
             finally:
                 self.tagger.stop()
+                self._distributed.stop()
                 self._threads.stop()
                 self._wall_ns = time.time_ns() - self._t0 if self._t0 else 0
                 self._active = False
@@ -324,7 +328,7 @@ class ProfilerRecorder:
         build_rows(
             builder, merged, notes, freed, t0=self._t0, other_threads=bool(self._threads.names)
         )
-        return builder.build(
+        profile = builder.build(
             device=self.device,
             source=self.source,
             wall_ns=self._wall_ns,
@@ -338,6 +342,7 @@ class ProfilerRecorder:
                 **({"warnings": self._warnings} if self._warnings else {}),
             },
         )
+        return self._distributed.label(profile, self._t0)
 
     # -- the profiler, in chunks -------------------------------------------------------------
 
@@ -348,6 +353,7 @@ class ProfilerRecorder:
         return self._session.stop()
 
     def _read(self, events: Sequence[Any]) -> None:
+        self._distributed.read(events)
         self._reads.append(
             read_events(events, self._device_type, self._modules, self._reader, self._state)
         )

@@ -27,6 +27,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..model import CATEGORY_INDEX, PHASE_INDEX
 from .builder import Interner
+from .distributed_roles import local_tensor
 
 PARAMETER = CATEGORY_INDEX["parameter"]
 BUFFER = CATEGORY_INDEX["buffer"]
@@ -63,6 +64,10 @@ def storages_of(tensor: torch.Tensor) -> list[torch.UntypedStorage]:
     (indices and values), none for tensors without plain storage (wrappers, nested, meta-less)."""
     layout = tensor.layout
     try:
+        if type(tensor) is not torch.Tensor and type(tensor) is not nn.Parameter:
+            shard = local_tensor(tensor)  # a DTensor's memory is its local shard
+            if shard is not None:
+                return storages_of(shard)
         if layout == torch.strided:
             return [tensor.untyped_storage()]
         if layout == torch.sparse_coo:
