@@ -73,7 +73,8 @@ def _held(profile: Profile) -> tuple[list[HeldStorage], dict[int, list[int]]] | 
         by_size.setdefault(int(a.size[row]), []).append(int(row))
     if not by_size:
         return [], by_size
-    return held(state.namespace, state.device_type, state.before, set(by_size)), by_size
+    counts = {n: len(rows) for n, rows in by_size.items()}
+    return held(state.namespace, state.device_type, state.before, counts), by_size
 
 
 def find_leaks(profile: Profile) -> pd.DataFrame:
@@ -96,27 +97,35 @@ def find_leaks(profile: Profile) -> pd.DataFrame:
     storages, by_size = found
     a = profile.allocations
     records = []
+    taken: dict[int, int] = {}
     for item in sorted(storages, key=lambda s: -s.nbytes):
-        candidates = by_size.get(item.nbytes)
-        if not candidates:
+        rows = by_size.get(item.nbytes, [])
+        if taken.get(item.nbytes, 0) >= len(rows):
             continue  # more storages of this size than the run left: the rest are older
-        row = candidates.pop(0)
+        taken[item.nbytes] = taken.get(item.nbytes, 0) + 1
         records.append(
             [
                 item.nbytes,
                 item.holders[0].kind if item.holders else "unknown",
                 "; ".join(h.name for h in item.holders),
                 bool(item.holders) and all(h.releasable for h in item.holders),
-                profile.ops[int(a.op[row])],
-                profile.modules[int(a.module[row])],
-                CATEGORIES[int(a.category[row])],
-                stack_label(profile, int(a.stack[row])),
+                _which([profile.ops[int(a.op[r])] for r in rows]),
+                _which([profile.modules[int(a.module[r])] for r in rows]),
+                _which([CATEGORIES[int(a.category[r])] for r in rows]),
+                _which([stack_label(profile, int(a.stack[r])) for r in rows]),
                 item.key,
             ]
         )
     if records:
         frame = pd.DataFrame(records, columns=COLUMNS)
     return frame
+
+
+def _which(values: list[str]) -> str:
+    """The label of the allocations of one size: one label, or each when they differ (the size
+    alone cannot tell which storage came from which allocation)."""
+    unique = list(dict.fromkeys(values))
+    return unique[0] if len(unique) == 1 else "one of: " + " | ".join(unique)
 
 
 def release_leaks(profile: Profile, leaks: pd.DataFrame | None = None) -> list[str]:

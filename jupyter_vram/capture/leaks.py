@@ -129,11 +129,13 @@ def held(
     namespace: Mapping[str, Any] | None,
     device_type: str,
     before: Mapping[int, Any],
-    sizes: set[int],
+    sizes: Mapping[int, int],
     budget_s: float = 1.0,
 ) -> list[HeldStorage]:
     """Storages on ``device_type`` made since ``before`` (storage id -> weakref) whose size is
-    in ``sizes``, each with everything found holding it."""
+    in ``sizes`` (bytes -> how many the run left alive), each with everything found holding
+    it. The garbage collector's objects are searched only for sizes the named roots did not
+    account for, within ``budget_s`` seconds."""
     found: dict[int, tuple[int, list[Holder]]] = {}
 
     def is_new(storage: Any) -> bool:
@@ -146,11 +148,17 @@ def held(
             if n in sizes and is_new(storage):
                 entry = found.setdefault(storage._cdata, (n, []))
                 entry[1].append(Holder(kind, name, id(value)))
+    left = dict(sizes)
+    for n, _ in found.values():
+        left[n] = left.get(n, 0) - 1
+    if all(count <= 0 for count in left.values()):
+        return [HeldStorage(k, n, tuple(h)) for k, (n, h) in found.items()]
     deadline = time.monotonic() + budget_s
     candidates: list[tuple[Any, int, int]] = []  # unnamed tensors: (tensor, storage id, bytes)
     objects = gc.get_objects()
+    tensor_type = torch.Tensor
     for obj in objects:
-        if not isinstance(obj, torch.Tensor):
+        if not issubclass(type(obj), tensor_type):  # type(): no proxy's __class__ runs
             continue
         if time.monotonic() > deadline:
             break
@@ -158,7 +166,7 @@ def held(
             if storage.device.type != device_type or storage._cdata in found:
                 continue
             n = int(storage.nbytes())
-            if n in sizes and is_new(storage):
+            if left.get(n, 0) > 0 and is_new(storage):
                 candidates.append((obj, storage._cdata, n))
                 found[storage._cdata] = (n, [])
     del objects
@@ -212,20 +220,32 @@ def release(namespace: MutableMapping[str, Any] | None, holders: list[Holder]) -
             cleared_tracebacks = True
             for tb in _tracebacks():
                 traceback.clear_frames(tb)
+                _sync_locals(tb)
             done.append("cleared the last error's traceback frames")
         elif h.kind == "cycle":
             collect = True
         elif h.kind in ("closure", "global", "unknown"):
             done.append(f"left {h.name}: delete or redefine it yourself")
+    # Dropped references often leave the memory in reference cycles (a finished frame that
+    # refers to itself keeps its callers, and their values, until the next collection).
+    gc.collect()
     if collect:
-        gc.collect()
         done.append("collected reference cycles (gc.collect())")
     return done
 
 
+def _sync_locals(tb: types.TracebackType | None) -> None:
+    """Python 3.11's ``frame.clear()`` leaves the frame's cached ``f_locals`` dict (made when
+    its locals were read) holding the old values; reading ``f_locals`` again drops them."""
+    while tb is not None:
+        with contextlib.suppress(Exception):
+            tb.tb_frame.f_locals  # noqa: B018 - read for its effect
+        tb = tb.tb_next
+
+
 def _release_output(namespace: MutableMapping[str, Any], shell: Any, h: Holder) -> list[str]:
     """An output and every alias of it: ``Out[n]``, ``_n``, ``_`` / ``__`` / ``___`` (also
-    kept on IPython's display hook)."""
+    kept in IPython's hidden names, on its display hook and its last execution result)."""
     done: list[str] = []
     outputs = namespace.get("Out")
     if isinstance(outputs, dict):
@@ -238,8 +258,15 @@ def _release_output(namespace: MutableMapping[str, Any], shell: Any, h: Holder) 
         if name in _OUTPUT_ALIASES or (name.startswith("_") and name[1:].isdigit()):
             namespace[name] = ""
             done.append(f"cleared {name}")
+    hidden = getattr(shell, "user_ns_hidden", None)  # IPython keeps the aliases here too
+    if isinstance(hidden, dict):
+        for name in [k for k, v in list(hidden.items()) if id(v) == h.object_id]:
+            del hidden[name]
     hook = getattr(shell, "displayhook", None)
     for name in _OUTPUT_ALIASES:
         if hook is not None and id(getattr(hook, name, None)) == h.object_id:
             setattr(hook, name, "")
+    result = getattr(shell, "last_execution_result", None)
+    if result is not None and id(getattr(result, "result", None)) == h.object_id:
+        result.result = None
     return done

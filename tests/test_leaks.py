@@ -1,0 +1,144 @@
+"""Leaks between cells, in a real IPython shell: memory a %%vram cell left alive, what holds
+it, and releasing it on request (the tensor's weakref dies: the memory is actually freed)."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import jupyter_vram as jv
+
+from .conftest import CLEAN, ipython_shell, recording_state
+
+
+@pytest.fixture
+def shell() -> Iterator[Any]:
+    shell = ipython_shell()
+    shell.run_line_magic("load_ext", "jupyter_vram")
+    shell.user_ns.update({"torch": torch, "weakref": weakref, "refs": []})
+    yield shell
+    for name in ("refs", "leak_var", "old", "new", "g", "make", "f", "Node", "_vram"):
+        shell.user_ns.pop(name, None)
+
+
+def run(shell: Any, cell: str) -> Any:
+    result = shell.run_cell("%%vram --quiet\n" + cell, store_history=True)
+    assert recording_state() == CLEAN
+    return result
+
+
+def test_variable(shell: Any) -> None:
+    assert run(shell, "leak_var = torch.ones(256, 1024)\nsmall = 1\n").error_in_exec is None
+    profile = shell.user_ns["_vram"]
+    leaks = profile.leaks()
+    assert list(leaks["holders"]) == ["leak_var"]
+    row = leaks.iloc[0]
+    assert row["bytes"] == 256 * 1024 * 4
+    assert row["holder_kind"] == "variable" and row["releasable"]
+    assert row["op"] == "ones" and row["site"].startswith("<module> (In[")
+    ref = weakref.ref(shell.user_ns["leak_var"])
+    done = jv.release_leaks(profile, leaks)
+    assert done == ["deleted variable leak_var"]
+    assert "leak_var" not in shell.user_ns
+    assert ref() is None  # nothing else (the leak table included) kept it
+    assert profile.leaks().empty
+
+
+def test_output(shell: Any) -> None:
+    result = run(shell, "torch.full((300, 700), 2.0)\n")
+    number = result.execution_count
+    out = shell.user_ns["Out"]
+    assert number in out
+    ref = weakref.ref(out[number])
+    leaks = shell.user_ns["_vram"].leaks()
+    assert len(leaks) == 1
+    assert leaks.iloc[0]["bytes"] == 300 * 700 * 4
+    assert leaks.iloc[0]["holder_kind"] == "output"
+    assert f"Out[{number}]" in leaks.iloc[0]["holders"].split("; ")
+    done = jv.release_leaks(shell.user_ns["_vram"])
+    assert f"cleared Out[{number}]" in done
+    assert number not in out and f"_{number}" not in shell.user_ns
+    assert ref() is None
+
+
+def test_traceback(shell: Any) -> None:
+    cell = (
+        "def f():\n"
+        "    h = torch.ones(300, 1000)\n"
+        "    refs.append(weakref.ref(h))\n"
+        "    raise ValueError('boom')\n"
+        "f()\n"
+    )
+    assert isinstance(run(shell, cell).error_in_exec, ValueError)
+    ref = shell.user_ns["refs"][0]
+    assert ref() is not None  # the last error's traceback keeps f's locals
+    leaks = shell.user_ns["_vram"].leaks()
+    assert len(leaks) == 1
+    row = leaks.iloc[0]
+    assert row["bytes"] == 300 * 1000 * 4 and row["holder_kind"] == "traceback"
+    assert "f (In[" in row["holders"] and "local 'h'" in row["holders"]
+    assert "cleared the last error's traceback frames" in jv.release_leaks(shell.user_ns["_vram"])
+    assert ref() is None
+
+
+def test_closure_is_named_and_left_alone(shell: Any) -> None:
+    cell = (
+        "def make():\n"
+        "    c = torch.ones(128, 128)\n"
+        "    refs.append(weakref.ref(c))\n"
+        "    return lambda: c.sum()\n"
+        "g = make()\n"
+    )
+    run(shell, cell)
+    leaks = shell.user_ns["_vram"].leaks()
+    assert list(leaks["holders"]) == ["g (free variable 'c')"]
+    assert leaks.iloc[0]["holder_kind"] == "closure" and not leaks.iloc[0]["releasable"]
+    done = jv.release_leaks(shell.user_ns["_vram"])
+    assert done == ["left g (free variable 'c'): delete or redefine it yourself"]
+    assert shell.user_ns["refs"][0]() is not None
+
+
+def test_reference_cycle(shell: Any) -> None:
+    cell = (
+        "class Node:\n"
+        "    pass\n"
+        "n1 = Node()\n"
+        "n1.me = n1\n"
+        "n1.t = torch.ones(64, 1000)\n"
+        "refs.append(weakref.ref(n1.t))\n"
+        "del n1\n"
+    )
+    gc.disable()  # the cycle must still be there when leaks are looked for
+    try:
+        run(shell, cell)
+        leaks = shell.user_ns["_vram"].leaks()
+        assert list(leaks["holder_kind"]) == ["cycle"]
+        assert leaks.iloc[0]["bytes"] == 64 * 1000 * 4
+        assert shell.user_ns["refs"][0]() is not None
+        done = jv.release_leaks(shell.user_ns["_vram"])
+    finally:
+        gc.enable()
+    assert done == ["collected reference cycles (gc.collect())"]
+    assert shell.user_ns["refs"][0]() is None
+
+
+def test_memory_from_before_the_cell_is_not_a_leak(shell: Any) -> None:
+    shell.run_cell("old = torch.ones(4096)")
+    run(shell, "new = torch.ones(4096)\nold.add_(1)\n")
+    leaks = shell.user_ns["_vram"].leaks()
+    assert list(leaks["holders"]) == ["new"]
+
+
+def test_loaded_profile_has_no_runtime(shell: Any, tmp_path: Path) -> None:
+    run(shell, "leak_var = torch.ones(16, 16)\n")
+    loaded = jv.Profile.load(shell.user_ns["_vram"].save(tmp_path / "p.json"))
+    leaks = loaded.leaks()
+    assert leaks.empty and "kernel that recorded" in leaks.attrs["note"]
+    assert jv.release_leaks(loaded) == []
+    assert "leak_var" in shell.user_ns
