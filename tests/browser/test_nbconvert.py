@@ -1,5 +1,7 @@
-"""The HTML `jupyter nbconvert --to html` makes of an executed notebook shows the static
-report's flame graph and breakdown in chromium with JavaScript disabled.
+"""The static views in a browser: the HTML `jupyter nbconvert --to html` makes of an executed
+notebook shows the static report's flame graph and breakdown in chromium with JavaScript
+disabled; in JupyterLab with a live kernel the app still shows (the widget view outranks the
+output's text/html and saved profile).
 
 ``JV_SCREENSHOT=1`` also writes docs/nbconvert-report.png.
 """
@@ -10,9 +12,18 @@ import os
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser
+from playwright.sync_api import Browser, Page, expect
 
-from ..test_nbconvert import HIDDEN_BYTES, LINEAR0_AT_PEAK, PEAK, executed_html
+from ..test_nbconvert import CELLS, HIDDEN_BYTES, LINEAR0_AT_PEAK, PEAK, executed_html
+from .lab import (
+    Lab,
+    open_notebook,
+    read_notebook,
+    run_all_cells,
+    save_notebook,
+    widget_errors,
+    write_notebook,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -56,3 +67,25 @@ def test_nbconvert_report_renders_without_javascript(browser: Browser, tmp_path:
             report.screenshot(path=str(DOCS / "nbconvert-report.png"))
     finally:
         context.close()
+
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+PROFILE_MIME = "application/vnd.jupyter-vram.profile+json"
+
+
+def test_a_live_kernel_still_shows_the_app(lab: Lab, page: Page) -> None:
+    name = "static_views_live.ipynb"
+    write_notebook(lab.root_dir, name, CELLS)
+    open_notebook(page, lab, name)
+    assert run_all_cells(page, name, timeout_ms=120_000), "a cell raised"
+    expect(page.locator(".jv-app")).to_have_count(1, timeout=30_000)
+    expect(page.locator(".jv-app .jv-flame canvas").first).to_be_visible(timeout=30_000)
+    # the output shows the live app (directly, or inside the lab extension's renderer of the
+    # saved profile), never the static report in its place or beside it
+    assert page.locator(".jvs-report").count() == 0
+    assert widget_errors(page) == []
+    save_notebook(page, name)
+    saved = read_notebook(lab.root_dir, name).cells[2].outputs
+    assert [sorted(o.get("data", {})) for o in saved] == [
+        sorted([WIDGET_VIEW, PROFILE_MIME, "text/html", "text/plain"])
+    ]
