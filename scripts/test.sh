@@ -27,4 +27,9 @@ fi
 ruff check jupyter_vram tests bench scripts
 ruff format --check jupyter_vram tests bench scripts
 mypy
+# The lab extension's TypeScript unit tests (vitest, a few seconds), where Node.js is here:
+# setup.sh built the extension with it, so labextension/node_modules exists.
+if command -v node >/dev/null && [ -d labextension/node_modules ]; then
+    (cd labextension && jlpm test)
+fi
 python -m pytest "$@"
