@@ -16,7 +16,7 @@ import torch
 from torch.cuda import _memory_viz
 
 import jupyter_vram as jv
-from jupyter_vram.capture.snapshot_file import profiles_from_snapshot
+from jupyter_vram.capture.snapshot_file import profile_from_snapshot_source, profiles_from_snapshot
 from jupyter_vram.model import CATEGORY_INDEX, ProfileFileError
 
 H200 = Path(__file__).parent / "fixtures" / "h200"
@@ -233,3 +233,55 @@ def test_column_conversion_matches_the_recorders_converter(name: str) -> None:
     assert new.segments.baseline == ref.segments.baseline
     assert new.segments.delta.tolist() == ref.segments.delta.tolist()
     assert new.peak_bytes == ref.peak_bytes
+
+
+def big_snapshot_module() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "big_snapshot", Path(__file__).parent.parent / "bench" / "big_snapshot.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def same_profiles(a: jv.Profile, b: jv.Profile) -> None:
+    for column in ("size", "alloc_seq", "free_seq", "stack", "op", "phase", "category"):
+        assert getattr(a.allocations, column).tolist() == getattr(b.allocations, column).tolist()
+    assert a.frames == b.frames and a.ops == b.ops
+    assert a.peak_bytes == b.peak_bytes and a.peak_breakdown() == b.peak_breakdown()
+
+
+@pytest.mark.parametrize("source", ["generated", "gpt2_step2"])
+def test_streaming_reader_gives_the_whole_loads_profile(tmp_path: Path, source: str) -> None:
+    """The streaming reader (for big pickles) against pickle-then-convert, on a generated
+    training run written as pickle.dump writes torch's snapshots, and on a real H200 snapshot
+    pickled by pickle.dump itself (frame boundaries inside entries, nothing shared)."""
+    path = tmp_path / "snap.pickle"
+    if source == "generated":
+        counts = big_snapshot_module().generate(path, 1.5, layers=4, seed=1, depth=12)
+        assert counts["entries"] > 10_000
+    else:
+        path.write_bytes(pickle.dumps(unlabelled(raw(source)["snapshot"])))
+    streamed = profile_from_snapshot_source(path, stream=True)
+    whole = profile_from_snapshot_source(path, stream=False)
+    same_profiles(streamed, whole)
+    if source == "generated":  # by the generator's construction (4 layers, hidden 1024, fp32)
+        weights = 4 * (1024 * 1024 * 4 * 3 + 1024 * 1024 * 4)
+        breakdown = streamed.peak_breakdown()
+        assert breakdown["gradient"] == weights  # made by the engine, kept
+        assert breakdown["optimizer_state"] == 2 * weights  # Adam: two moments
+        assert breakdown["other"] == weights  # the weights, alive before the trace
+
+
+def test_streaming_reader_refuses_code(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    evil = raw("mlp_step1")["snapshot"]
+    evil["device_traces"][0][3]["user_metadata"] = RunsCode(marker)
+    path = tmp_path / "evil.pickle"
+    path.write_bytes(pickle.dumps(evil))
+    with pytest.raises(ProfileFileError, match="plain data only"):
+        profile_from_snapshot_source(path, stream=True)
+    assert not marker.exists()

@@ -48,7 +48,8 @@ from ..model import (
     SegmentEvents,
 )
 from .cuda_convert import profile_from_snapshot
-from .snapshot_columns import columns_from_trace, profile_from_columns
+from .snapshot_columns import TraceColumns, columns_from_trace, profile_from_columns
+from .snapshot_stream import UnsupportedPickle, read_snapshot_stream
 
 __all__ = [
     "SafeUnpickler",
@@ -66,6 +67,8 @@ _LABEL = re.compile(r"\d+\|\d+\|.+", re.DOTALL)
 _BASE_ADDRESS = 0x7F00_0000_0000  # where written blocks start (a typical CUDA VA range)
 _SEGMENT_BASE = 0x7E00_0000_0000  # where written segments of the trace start
 _ALIGN = 512
+#: Pickles from this size on are read by the streaming reader (bounded memory).
+STREAM_MIN_BYTES = 32 << 20
 
 FORWARD, BACKWARD, OPTIMIZER, OTHER_PHASE = (PHASE_INDEX[p] for p in ("forward", "backward",
                                              "optimizer", "other"))  # fmt: skip
@@ -177,22 +180,62 @@ def _device_index(device: int | str | None, available: Sequence[int], where: str
 
 
 def profile_from_snapshot_source(
-    source: str | Path | Mapping[str, Any], *, device: int | str | None = None
+    source: str | Path | Mapping[str, Any],
+    *,
+    device: int | str | None = None,
+    stream: bool | None = None,
 ) -> Profile:
     """The Profile of one device of a snapshot (a path, or a ``_snapshot()`` dict).
 
     ``device``: an index or ``"cuda:N"``; ``None`` takes the only device that holds memory
     and refuses a snapshot with several (their traces are separate runs of separate
-    allocators, so they are never merged).
+    allocators, so they are never merged). ``stream``: read a pickle with the streaming reader
+    (None: when it is at least ``STREAM_MIN_BYTES``).
     """
     if isinstance(source, Mapping):
         where = "the snapshot"
         data = _check_snapshot(source, where)
     else:
         where = str(source)
+        if stream if stream is not None else _is_big_pickle(Path(source)):
+            try:
+                return _from_stream(Path(source), device)
+            except UnsupportedPickle:
+                pass  # an old text-protocol pickle: read it whole
         data = load_snapshot(source)
     index = _device_index(device, snapshot_devices(data), where)
     return _convert(data, index, where)
+
+
+def _is_big_pickle(path: Path) -> bool:
+    """A pickle of at least STREAM_MIN_BYTES (smaller ones load faster whole, in C)."""
+    try:
+        with _open_maybe_gzip(path) as fh:
+            if fh.read(1) != b"\x80":
+                return False
+        return path.stat().st_size >= STREAM_MIN_BYTES
+    except OSError:
+        return False
+
+
+def _from_stream(path: Path, device: int | str | None) -> Profile:
+    """Read with :mod:`.snapshot_stream` (trace entries straight to columns)."""
+    where = str(path)
+    try:
+        with _open_maybe_gzip(path) as fh:
+            rest, traces = read_snapshot_stream(fh)
+    except ProfileFileError as exc:
+        raise ProfileFileError(f"{where}: {exc}") from None
+    except OSError as exc:
+        raise ProfileFileError(f"{where}: cannot read the file ({exc.strerror or exc})") from exc
+    if EXTENSION in rest or isinstance(rest.get("snapshot"), Mapping):
+        raise UnsupportedPickle("written by jupyter_vram: read it whole")
+    columns = [t if isinstance(t, TraceColumns) else columns_from_trace(t) for t in traces]
+    found = {i for i, c in enumerate(columns) if len(c)}
+    found |= {int(s.get("device", 0)) for s in rest.get("segments") or [] if isinstance(s, Mapping)}
+    index = _device_index(device, sorted(found), where)
+    cols = columns[index] if index < len(columns) else TraceColumns()
+    return _infer_categories(profile_from_columns(cols, rest, index), False)
 
 
 def profiles_from_snapshot(source: str | Path | Mapping[str, Any]) -> dict[str, Profile]:
