@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .leaks import release_leaks
@@ -58,15 +59,21 @@ else:
         raise AttributeError(f"module 'jupyter_vram' has no attribute {name!r}")
 
 
-def show(profile: Profile | Estimate) -> Any:
+def show(profile: Profile | Estimate | Sequence[Profile]) -> Any:
     """Display the interactive app for a profile or an estimate (what `%%vram` and
-    `%vram_estimate` show) and return it."""
+    `%vram_estimate` show), or for the ranks of a distributed run (a list of profiles, as
+    `jv.launch` returns), and return it."""
     from IPython.display import display
 
     from .app import ProfileApp
 
+    app: Any
     if isinstance(profile, Profile):
         app = ProfileApp(profile)
+    elif isinstance(profile, Sequence):
+        from .app.ranks_view import RanksApp
+
+        app = RanksApp(profile)
     else:
         app = ProfileApp(profile.profile, estimate=profile)
     display(app)  # type: ignore[no-untyped-call]

@@ -70,6 +70,13 @@ class VramMagics(Magics):
         help="raise torch.OutOfMemoryError past this much memory (6GiB, 6GB, 512MiB, bytes): "
         "would the cell fit on a device this size?",
     )
+    @argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="run the cell's main() on N ranks under torch.distributed, one profile per rank",
+    )
+    @argument("--timeout", type=float, default=300.0, help="--nproc: seconds for all ranks")
     @line_cell_magic
     def vram(self, line: str, cell: str | None = None) -> Any:
         """Cell: run the cell under memory recording and show where the memory went.
@@ -101,6 +108,9 @@ class VramMagics(Magics):
         number = current_cell_number(shell)
         filename = shell.compile.cache(source, number)
 
+        if args.nproc is not None:
+            return self._vram_ranks(source, filename, args)
+
         def show(profile: Profile) -> None:
             self._show(profile, args)
 
@@ -123,6 +133,45 @@ class VramMagics(Magics):
         if run.nested:
             print("%%vram: already recording; this nested cell ran without its own recording")
         return run.value
+
+    def _vram_ranks(self, source: str, filename: str, args: Any) -> None:
+        """``--nproc N``: the cell defines main(); run it on N ranks, show the ranks."""
+        from .distributed.cell import CellError, run_cell_on_ranks
+        from .distributed.launcher import LaunchError
+
+        shell = self.shell
+        assert shell is not None
+        try:
+            profiles = run_cell_on_ranks(
+                source,
+                shell.user_ns,
+                filename=filename,
+                nproc=args.nproc,
+                device=args.device,
+                stacks=not args.no_stacks,
+                timeout=args.timeout,
+            )
+        except CellError as error:
+            print(f"%%vram: {error}", file=sys.stderr)
+            return
+        except LaunchError as error:
+            print(f"%%vram: {error}", file=sys.stderr)
+            profiles = [p for p in error.profiles if p is not None]
+            if not profiles:
+                return
+        shell.user_ns["_vram"] = profiles
+        if args.quiet:
+            return
+        if args.text:
+            from .distributed.summary import ranks_text
+
+            print(ranks_text(profiles))
+            return
+        from IPython.display import display
+
+        from .app.ranks_view import RanksApp
+
+        display(RanksApp(profiles))
 
     def _vram_changed(self, source: str, filename: str, number: int, args: Any, show: Any) -> Any:
         """``--amp / --checkpoint / --offload``: record the cell with the change applied;
