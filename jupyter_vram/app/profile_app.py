@@ -30,6 +30,7 @@ from ..render.text import format_bytes, summary
 from ..render.theme import apply_theme
 from .flame_view import FlameView
 from .holder import GONE, ProfileHandle
+from .rerun_view import rerun_bar
 from .timeline_view import AXES, TimelineView
 
 CUDA_CONTEXT = 1 << 30  # what the CUDA context and libraries take on a device, about
@@ -37,6 +38,7 @@ CUDA_CONTEXT = 1 << 30  # what the CUDA context and libraries take on a device, 
 if TYPE_CHECKING:
     from ..estimator.api import Comparison, Estimate
     from ..estimator.gpus import Gpu
+    from .compare_view import CompareView
 
 #: The timeline's allocation-event axis (an estimate's default).
 EVENT_AXIS = next(name for name, axis in AXES.items() if axis == "event")
@@ -158,7 +160,11 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
             self.tabs.set_title(i, title)
         self.tabs.add_class("jv-tabs")
         self.tabs.observe(self._on_tab, "selected_index")
-        super().__init__([self.header, self.tabs])
+        # reruns: a toggle row above the tabs; each rerun adds a column to a Compare tab
+        self.compare_view: CompareView | None = None
+        self.reruns = None if estimate is not None else rerun_bar(handle, self._on_rerun)
+        bar = [self.reruns] if self.reruns is not None else []
+        super().__init__([self.header, *bar, self.tabs])
         self.add_class("jv-app")
         self.open_tab(0)
 
@@ -187,6 +193,25 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         if self.tabs.selected_index != index:
             self.tabs.selected_index = index
         return self.tabs.children[index]
+
+    def add_variant(self, variant: Profile, baseline: Profile | None = None) -> CompareView:
+        """Show ``variant`` (a rerun of the app's profile, or of ``baseline``) next to it in
+        the Compare tab, made on the first variant, and select that tab."""
+        from .compare_view import TITLE, CompareView
+
+        base = baseline if baseline is not None else self._handle.get()
+        if base is None:
+            raise ValueError("the app's profile is gone; pass the baseline")
+        if self.compare_view is None:
+            self.compare_view = CompareView()
+            self.tabs.children = [*self.tabs.children, self.compare_view]
+            self.tabs.set_title(len(self.tabs.children) - 1, TITLE)
+        self.compare_view.add(base, variant)
+        self.tabs.selected_index = len(self.tabs.children) - 1
+        return self.compare_view
+
+    def _on_rerun(self, baseline: Profile, variant: Profile) -> None:
+        self.add_variant(variant, baseline)
 
     def _on_tab(self, change: dict[str, Any]) -> None:
         if change["new"] is not None and change["new"] in self._builders:
@@ -329,6 +354,8 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
             from ..render.estimate_text import comparison_text
 
             text += "\n" + comparison_text(self.comparison)
+        if self.compare_view is not None:
+            text += "\n" + self.compare_view.text()
         return text
 
 

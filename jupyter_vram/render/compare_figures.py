@@ -165,8 +165,8 @@ def diff_flame_figure(source: ColumnDataSource, depth: int, *, title: str = "") 
 
 def category_bars_figure(runs: Sequence[tuple[str, Mapping[str, int]]]) -> Any:
     """Grouped horizontal bars: for the peak and each category, one bar per run (baseline
-    first). ``runs``: (name, {"peak" and category -> bytes at the peak}). Bars take the
-    category's colour; the baseline's are paler."""
+    first). ``runs``: (name, {"peak" and category -> bytes}). Bars take the category's
+    colour; the baseline's are paler."""
     rows = ["peak", *(c for c in CATEGORIES if any(r.get(c) for _, r in runs))]
     names = [name for name, _ in runs]
     top = max((int(r.get(k, 0)) for _, r in runs for k in rows), default=0)
@@ -186,7 +186,7 @@ def category_bars_figure(runs: Sequence[tuple[str, Mapping[str, int]]]) -> Any:
         y_range=FactorRange(factors=factors[::-1], group_padding=0.6, factor_padding=0.05),
         height=60 + 22 * len(factors) + 14 * len(rows), sizing_mode="stretch_width",
         tools="", toolbar_location=None, x_axis_label=unit, min_border_left=10,
-        title="At the peak, per category",
+        title="Peak, and the most each category held at once",
     )  # fmt: skip
     bars = fig.hbar(
         y="y", right="value", height=0.8, source=ColumnDataSource(data),
