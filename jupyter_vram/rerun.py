@@ -418,8 +418,8 @@ def rerun(
         if cell.start is not None:  # start where the first run did (its random draws too)
             dropped = cell.start.put(namespace, plan.facts.bound)
             if dropped:
-                notes.append("started where the first run did, without " + ", ".join(dropped))
-        undo = checkpoint_blocks([b for _, b in plan.blocks])
+                notes.append("started where the first run did: " + "; ".join(dropped))
+        undo = checkpoint_blocks([b for _, b in plan.blocks], _roots(cell.namespace).values())
         say("running")
         run = run_code(
             cell.source,
@@ -540,7 +540,7 @@ def run_changed(
         if on_profile is not None:
             on_profile(profile)
 
-    undo = checkpoint_blocks([b for _, b in blocks])
+    undo = checkpoint_blocks([b for _, b in blocks], _roots(namespace).values())
     try:
         return run_code(
             source,

@@ -45,9 +45,11 @@ def activation_max(frame: Any) -> tuple[int, int]:
 
 
 def gpt2() -> nn.Module:
+    # eager attention: a KV cache appended twice (once more by a recomputed layer) fails
+    # loudly there, where SDPA would silently attend over the doubled keys
     config = transformers.GPT2Config(
         n_layer=2, n_embd=64, n_head=2, vocab_size=256, n_positions=64, bos_token_id=0,
-        eos_token_id=0,
+        eos_token_id=0, attn_implementation="eager",
     )  # fmt: skip
     return transformers.GPT2LMHeadModel(config)
 
@@ -89,6 +91,7 @@ def test_decoder_lm_checkpointing_lowers_activations_and_keeps_the_gradients() -
         assert "gradient_checkpointing" not in block.__dict__
         assert "_gradient_checkpointing_func" not in block.__dict__
         assert block.gradient_checkpointing is False
+    assert model.transformer.gradient_checkpointing is False  # the layers' holder, switched too
     assert model.config.use_cache is True
 
 

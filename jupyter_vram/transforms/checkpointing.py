@@ -9,7 +9,7 @@ stacks and ResNet stages are built. Checkpointing uses the non-reentrant impleme
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -103,11 +103,32 @@ SWITCH_ATTRS = ("forward", "gradient_checkpointing", "_gradient_checkpointing_fu
 _MISSING = object()
 
 
-def checkpoint_blocks(blocks: list[nn.Module]) -> Undo:
+def checkpoint_blocks(blocks: list[nn.Module], within: Iterable[nn.Module] = ()) -> Undo:
     """Checkpoint each block (non-reentrant) from its next call on, through transformers' own
     per-layer switch where the block has one, else by wrapping its ``forward`` on the
-    instance. The returned function puts the blocks' instance attributes back exactly."""
-    saved = [(b, {a: b.__dict__.get(a, _MISSING) for a in SWITCH_ATTRS}) for b in blocks]
+    instance. The returned function puts the instance attributes back exactly.
+
+    transformers models also read a ``gradient_checkpointing`` flag on the modules that hold
+    the layers (``GPT2Model`` passes no KV cache to its layers when it is on: a recomputed
+    layer would append to the cache a second time); ``within``: the top-level modules whose
+    such holders are switched on too, for blocks that use transformers' switch.
+    """
+    own = [b for b in blocks if uses_own_switch(b)]
+    holders: list[nn.Module] = []
+    if own:
+        inside = {id(sub) for b in own for sub in b.modules()}
+        for root in within:
+            for module in root.modules():
+                if (
+                    id(module) not in inside
+                    and hasattr(module, "gradient_checkpointing")
+                    and any(id(sub) in inside for sub in module.modules())
+                ):
+                    holders.append(module)
+    changed = [*blocks, *holders]
+    saved = [(b, {a: b.__dict__.get(a, _MISSING) for a in SWITCH_ATTRS}) for b in changed]
+    for holder in holders:
+        holder.__dict__["gradient_checkpointing"] = True
     for block in blocks:
         if uses_own_switch(block):
             block.__dict__["gradient_checkpointing"] = True

@@ -69,27 +69,32 @@ class StartState:
     random: RandomState
     names: frozenset[str]
     no_grad: tuple[weakref.ref[torch.Tensor], ...]
+    with_grad: tuple[weakref.ref[torch.Tensor], ...]
     optimizer_state: tuple[tuple[weakref.ref[Optimizer], frozenset[int]], ...]
 
     @classmethod
     def take(cls, namespace: Mapping[str, Any]) -> StartState:
         modules, optimizers = protected_objects(namespace)
         no_grad: list[weakref.ref[torch.Tensor]] = []
+        with_grad: list[weakref.ref[torch.Tensor]] = []
         seen: set[int] = set()
         for module in modules:
             for param in module._parameters.values():
-                if param is not None and param.grad is None and id(param) not in seen:
+                if param is not None and id(param) not in seen:
                     seen.add(id(param))
-                    no_grad.append(weakref.ref(param))
+                    (no_grad if param.grad is None else with_grad).append(weakref.ref(param))
         states = tuple(
             (weakref.ref(opt), frozenset(id(p) for p in opt.state)) for opt in optimizers
         )
-        return cls(RandomState.take(), frozenset(namespace), tuple(no_grad), states)
+        return cls(
+            RandomState.take(), frozenset(namespace), tuple(no_grad), tuple(with_grad), states
+        )
 
     def put(self, namespace: dict[str, Any], bound: frozenset[str]) -> list[str]:
         """Drop what the first run created (gradients, optimizer state, the names in
-        ``bound`` it added to ``namespace``, a copy) and set the random streams; returns
-        what was dropped, in words. Call only with a :class:`StateCopy` taken, to restore."""
+        ``bound`` it added to ``namespace``, a copy), give back zero gradients it started with
+        and no longer exist, and set the random streams; returns what changed, in words.
+        Call only with a :class:`StateCopy` taken, to restore."""
         dropped: list[str] = []
         grads = 0
         for ref in self.no_grad:
@@ -98,7 +103,15 @@ class StartState:
                 param.grad = None
                 grads += 1
         if grads:
-            dropped.append(f"{grads} .grad")
+            dropped.append(f"without the .grad of {grads} parameters")
+        zeros = 0
+        for ref in self.with_grad:  # the first run started with them: same memory, zeros
+            param = ref()
+            if param is not None and param.grad is None:
+                param.grad = torch.zeros_like(param)
+                zeros += 1
+        if zeros:
+            dropped.append(f"with a zero .grad for {zeros} parameters that had one")
         for opt_ref, had in self.optimizer_state:
             opt = opt_ref()
             if opt is None:
@@ -107,12 +120,12 @@ class StartState:
             for p in new:
                 del opt.state[p]
             if new:
-                dropped.append(f"{type(opt).__name__} state of {len(new)} parameters")
+                dropped.append(f"without {type(opt).__name__} state of {len(new)} parameters")
         names = sorted(n for n in bound if n in namespace and n not in self.names)
         for name in names:
             del namespace[name]
         if names:
-            dropped.append("names " + ", ".join(names))
+            dropped.append("without the names " + ", ".join(names))
         self.random.put()
         return dropped
 
@@ -463,7 +476,9 @@ def take(
         copy.optimizers.append(_OptimizerState(opt, opt_state, groups, params))
     names = list(tensor_names)
     for obj in _stateful_objects(namespace, list(namespace)):
-        copy.stateful.append((obj, _copy_value(obj.state_dict(), counter)))
+        saved = obj.state_dict()
+        if saved:  # a disabled GradScaler has none (and refuses to load an empty one)
+            copy.stateful.append((obj, _copy_value(saved, counter)))
     for name in names:
         value = namespace.get(name)
         if not isinstance(value, torch.Tensor) or isinstance(value, nn.Parameter):
