@@ -142,3 +142,20 @@ def test_loaded_profile_has_no_runtime(shell: Any, tmp_path: Path) -> None:
     assert leaks.empty and "kernel that recorded" in leaks.attrs["note"]
     assert jv.release_leaks(loaded) == []
     assert "leak_var" in shell.user_ns
+
+
+def test_app_release_button(shell: Any) -> None:
+    from jupyter_vram.app import ProfileApp
+
+    run(shell, "leak_var = torch.ones(512, 256)\n")
+    ref = weakref.ref(shell.user_ns["leak_var"])
+    app = ProfileApp(shell.user_ns["_vram"])
+    titles = [app.tabs.get_title(i) for i in range(len(app.tabs.children))]
+    view = app.open_tab(titles.index("Leaks"))
+    assert "leak_var" in view.table.value and "512.0 KiB" in view.table.value
+    assert ref() is not None  # showing the list releases nothing
+    view.release_button.click()
+    assert "deleted variable leak_var" in view.status.value
+    assert ref() is None
+    assert "Nothing this cell made is still alive" in view.table.value
+    assert view.release_button.disabled

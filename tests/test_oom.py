@@ -229,3 +229,24 @@ def test_cuda_facts_expandable_segments() -> None:
 def test_block_of() -> None:
     assert block_of("GPT.h.3.attn.c_attn") == "GPT.h.3"
     assert block_of("Net.fc1") is None
+
+
+def test_app_shows_the_post_mortem() -> None:
+    from jupyter_vram.app import ProfileApp
+    from jupyter_vram.app.oom_view import TITLE
+
+    ns = setup()
+    rec = jv.record("cpu", namespace=ns, capacity=capacity_for(ns))
+    with pytest.raises(torch.OutOfMemoryError), rec:
+        ns["net"](ns["x"]).sum().backward()
+    app = ProfileApp(rec.profile)
+    assert "Out of memory</b>: 32.0 KiB requested in Net.blocks.2.act" in app.header.value
+    titles = [app.tabs.get_title(i) for i in range(len(app.tabs.children))]
+    index = titles.index(TITLE)
+    assert app.tabs.selected_index == index  # the post-mortem opens first
+    view = app.tabs.children[index].value
+    oom = rec.profile.oom
+    assert oom is not None
+    for s in oom.suggestions:
+        assert s.action in view
+    assert "OUT OF MEMORY" in app.text()

@@ -155,6 +155,7 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
 
             self._builders[len(titles)] = estimate_tab
             titles.append(TITLE)
+        oom_tab = self._add_oom_and_leaks(profile, titles, estimate is None)
         self.tabs = w.Tab(children=[_placeholder() for _ in titles])
         for i, title in enumerate(titles):
             self.tabs.set_title(i, title)
@@ -166,7 +167,27 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         bar = [self.reruns] if self.reruns is not None else []
         super().__init__([self.header, *bar, self.tabs])
         self.add_class("jv-app")
-        self.open_tab(0)
+        self.open_tab(0 if oom_tab is None else oom_tab)
+
+    def _add_oom_and_leaks(self, profile: Profile, titles: list[str], leaks: bool) -> int | None:
+        """An OOM post-mortem's header line and tab, and the Leaks tab (built when opened);
+        returns the OOM tab's index."""
+        from .leaks_view import LeaksView
+        from .oom_view import TITLE as OOM_TITLE
+        from .oom_view import OomView, oom_header_html
+
+        oom = profile.oom if profile.source != "estimate" else None
+        index = None
+        if oom is not None:
+            self.header.value += oom_header_html(oom)
+            index = len(titles)
+            self._builders[index] = lambda p: OomView(oom)
+            titles.append(OOM_TITLE)
+        if leaks:
+            handle = self._handle
+            self._builders[len(titles)] = lambda p: LeaksView(handle)
+            titles.append("Leaks")
+        return index
 
     @property
     def estimate(self) -> Estimate | None:
