@@ -240,6 +240,15 @@ def _resolve(roots: Mapping[str, nn.Module], path: str) -> tuple[str, nn.Module]
     return (f"{type(root).__name__}.{rest}" if rest else type(root).__name__), module
 
 
+def _paths(checkpoint: str | Sequence[str]) -> list[str]:
+    """Module paths from ``"a.b,c.d"`` or a list (RerunError when there are none)."""
+    items = [checkpoint] if isinstance(checkpoint, str) else list(checkpoint)
+    paths = [p.strip() for item in items for p in str(item).split(",") if p.strip()]
+    if not paths:
+        raise RerunError("checkpoint: name at least one module, or 'auto'")
+    return paths
+
+
 def _auto_blocks(profile: Profile, roots: Mapping[str, nn.Module]) -> list[tuple[str, nn.Module]]:
     """The blocks of the repeated-block list that held the most activation bytes in the run."""
     from .analysis.compare import activation_bytes_by_module
@@ -305,10 +314,7 @@ def _plan(
                     "activations in this run: nothing to checkpoint"
                 )
         else:
-            paths = [checkpoint] if isinstance(checkpoint, str) else list(checkpoint)
-            if not paths:
-                raise RerunError("checkpoint: name at least one module")
-            blocks = [_resolve(roots, p) for p in paths]
+            blocks = [_resolve(roots, p) for p in _paths(checkpoint)]
     if offload:
         reason = offload_unavailable(profile.device)
         if reason is not None:
@@ -319,13 +325,16 @@ def _plan(
             )
     tensor_names = [n for n in facts.names if n in cell.namespace]
     needed = host_bytes_needed(cell.namespace, tensor_names)
+    # on the CPU the run itself needs host memory too: what the first run added at most
+    running = profile.peak_bytes - profile.timeline.baseline_bytes if profile.device == "cpu" else 0
     available = available_host_bytes()
-    if available is not None and needed > HOST_MEMORY_MARGIN * available:
+    if available is not None and needed + running > HOST_MEMORY_MARGIN * available:
         from .render.text import format_bytes
 
+        run = f" and the run {format_bytes(running)}" if running else ""
         raise RerunError(
             f"not enough host memory to protect the notebook's state: the copy needs "
-            f"{format_bytes(needed)}, {format_bytes(available)} is available"
+            f"{format_bytes(needed)}{run}, {format_bytes(available)} is available"
         )
     return _Plan(cell, amp_name, tuple(blocks), bool(offload), facts, needed)
 
@@ -529,9 +538,8 @@ def run_changed(
                     "the notebook's modules: nothing to checkpoint"
                 )
         else:
-            paths = [checkpoint] if isinstance(checkpoint, str) else list(checkpoint)
             roots = _roots(namespace)
-            blocks = [_resolve(roots, p) for p in paths]
+            blocks = [_resolve(roots, p) for p in _paths(checkpoint)]
     changes = _Changes(amp_name, offload)
     variant = Variant(amp_name, tuple(p for p, _ in blocks), offload, (), None)
 

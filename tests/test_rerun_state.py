@@ -300,3 +300,23 @@ def test_warnings_for_files_iterators_and_containers(tmp_path: Path) -> None:
     assert variant.variant.checkpointed == ("Sequential.0",)
     assert ns["log"] == [1, 1]  # warned, not undone
     assert "inputs differ (512 B -> 768 B)" in jv.verdict(baseline, variant)
+
+
+def test_gradients_the_first_run_started_with_are_there_for_the_rerun() -> None:
+    """The first run starts with .grad and ends with zero_grad(): the rerun gets zero
+    gradients of the same sizes, so both start from the same memory."""
+    ns = notebook()
+    run_code(TRAIN_STEP, ns)  # .grad and optimizer state exist
+    baseline = run_code("model(x).square().mean().backward()\nopt.step()\nopt.zero_grad()\n", ns)
+    assert baseline.profile is not None
+    assert all(p.grad is None for p in ns["model"].parameters())
+    before = snapshot(ns)
+    variant = rerun(baseline.profile)
+    assert_unchanged(ns, before)
+    assert variant.variant is not None
+    assert any(
+        "with a zero .grad for 15 parameters that had one" in n for n in variant.variant.notes
+    )
+    frame = baseline.profile.compare(variant)
+    assert frame.attrs["notes"] == []
+    assert frame.loc["gradient", "change_bytes"] == 0
