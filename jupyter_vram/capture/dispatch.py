@@ -102,6 +102,10 @@ class DispatchRecorder:
             meta={"torch": torch.__version__, "module_types": dict(self.tagger.module_types)},
         )
 
+    def mark(self) -> int:
+        """The next event sequence number: a point in the event order to refer to later."""
+        return next(self._seq)
+
     # -- hot path ----------------------------------------------------------------------------
 
     def _op_info(self, func: Any) -> tuple[int, int]:

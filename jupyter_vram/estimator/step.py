@@ -164,10 +164,12 @@ def training_step(
     device_type: str,
     loss_fn: LossFn | None = None,
     optimizer_context: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+    backward_context: Callable[[torch.Tensor], AbstractContextManager[None]] | None = None,
 ) -> None:
     """Run one step. ``device_type`` is where tensors live (autocast follows it).
 
-    ``optimizer_context`` wraps the optimizer step (the fake run answers scalar reads there).
+    ``optimizer_context`` wraps the optimizer step (the fake run answers scalar reads there);
+    ``backward_context(loss)`` wraps the backward pass (the fake run watches it there).
     """
     amp = amp_dtype(settings.amp)
     if settings.inference:
@@ -176,7 +178,8 @@ def training_step(
         return
     with autocast(device_type, amp):
         loss = _forward_loss(model, args, kwargs, loss_fn)
-    loss.backward()  # type: ignore[no-untyped-call]
+    with backward_context(loss) if backward_context else contextlib.nullcontext():
+        loss.backward()  # type: ignore[no-untyped-call]
     del loss
     if optimizer is not None:
         with optimizer_context():

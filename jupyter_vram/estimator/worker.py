@@ -28,7 +28,9 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
+from ..capture.dispatch import DispatchRecorder
 from ..model import Allocations, Profile
+from .accumulation import AccumulationWatch, accumulate_in_place
 from .inputs import BatchSpec, parse_dtype, with_default_labels
 from .job import Job
 from .kernels import cuda_attention, onednn_scratch, rnn_workspaces
@@ -43,6 +45,13 @@ from .step import (
 from .transport import TensorDescriptor, TensorSlots, loads
 
 SIMULATED_DEVICE = "cpu"  # fake tensors claim this device; their storage is on "meta"
+
+
+def cast_recorder(recorder: object) -> DispatchRecorder:
+    """The fake run's recorder (recording on "meta" is always the dispatch recorder)."""
+    if not isinstance(recorder, DispatchRecorder):
+        raise TypeError(f"expected the dispatch recorder, got {type(recorder).__name__}")
+    return recorder
 
 
 class Simulator:
@@ -106,7 +115,8 @@ class Simulator:
                 if not settings.inference:
                     self._step(optimizer, args, kwargs, settings)  # optimizer state, as in step 2
                 with record(device="meta", stacks=settings.stacks) as rec:
-                    self._step(optimizer, args, kwargs, settings)
+                    watch = AccumulationWatch(cast_recorder(rec.recorder).mark)
+                    self._step(optimizer, args, kwargs, settings, watch.around_backward)
                 host_counters = _step_counters(optimizer, host_only=True)
                 all_counters = _step_counters(optimizer, host_only=False)
                 state_itemsizes = _state_itemsizes(optimizer)
@@ -134,9 +144,18 @@ class Simulator:
         if settings.optimizer in EIGHT_BIT:
             info["state_itemsizes"] = state_itemsizes
             info["step_counters"] = all_counters
-        return finish_profile(rec.profile, settings, info)
+        raw, sums = accumulate_in_place(rec.profile, watch.segments)
+        info["in_place_sums"] = sums
+        return finish_profile(raw, settings, info)
 
-    def _step(self, optimizer: Any, args: Any, kwargs: Any, settings: StepSettings) -> None:
+    def _step(
+        self,
+        optimizer: Any,
+        args: Any,
+        kwargs: Any,
+        settings: StepSettings,
+        backward_context: Callable[[torch.Tensor], Any] | None = None,
+    ) -> None:
         from ..capture.fake import scalars_read_as_one
 
         cuda = settings.target_type == "cuda"
@@ -151,6 +170,7 @@ class Simulator:
                 SIMULATED_DEVICE,
                 self.job.loss_fn,
                 optimizer_context=scalars_read_as_one,
+                backward_context=backward_context,
             )
 
 
@@ -437,8 +457,7 @@ def watch_parent(parent: int, folder: Path) -> threading.Thread:
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(PARENT_POLL_S)
-        if folder.name.startswith(JOB_FOLDER_PREFIX):
-            shutil.rmtree(folder, ignore_errors=True)
+        remove_job_folder(folder)
         os._exit(3)
 
     thread = threading.Thread(target=watch, name="jupyter_vram-parent-watch", daemon=True)
@@ -446,19 +465,50 @@ def watch_parent(parent: int, folder: Path) -> threading.Thread:
     return thread
 
 
+def wait_for_job(channel: IO[str], *, parent: int, folder: Path, argv: list[str]) -> Path | None:
+    """A spare: do the imports an estimate needs now, say so, then wait for a job.
+
+    ``argv[4:]`` names libraries the kernel has imported (a model's unpickling imports them).
+    Returns the job's path, or None when told to quit first.
+    """
+    watch_parent(parent, folder)
+    import importlib
+
+    from ..capture import fake, stacks  # noqa: F401 - imported ahead, for the first run
+
+    for name in argv[4:]:
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+    _send(channel, {"ok": True, "spare": True})
+    line = sys.stdin.readline()
+    if not line.strip():  # the kernel is gone
+        remove_job_folder(folder)
+        return None
+    request: dict[str, Any] = json.loads(line)
+    if request.get("quit"):
+        return None
+    return Path(str(request["job"]))
+
+
 def main(argv: list[str]) -> int:
     channel = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything the model prints goes to stderr, never into the protocol
-    job_path = Path(argv[1])
-    if len(argv) > 2:
-        watch_parent(int(argv[2]), job_path.parent)
+    if argv[1] == "--spare":
+        job_path = wait_for_job(channel, parent=int(argv[2]), folder=Path(argv[3]), argv=argv)
+        if job_path is None:
+            return 0
+    else:
+        job_path = Path(argv[1])
+        if len(argv) > 2:
+            watch_parent(int(argv[2]), job_path.parent)
     header = json.loads(job_path.with_suffix(".json").read_text())
     sys.path[:0] = [p for p in header.get("sys_path", []) if p not in sys.path]
     try:
         job = loads(job_path.read_bytes())
         simulator = Simulator(job)
     except BaseException as error:  # noqa: BLE001 - reported to the kernel, which raises
-        _send(channel, {"ok": False, "error": "could not load the model: " + describe_error(error)})
+        message = "could not load the model: " + describe_error(error)
+        _send(channel, {"ok": False, "fatal": True, "error": message})
         return 1
     _send(
         channel,
@@ -481,8 +531,19 @@ def main(argv: list[str]) -> int:
             _send(channel, {"ok": True, "peak": profile.peak_bytes})
         except Exception as error:  # noqa: BLE001 - reported to the kernel, which raises
             _send(channel, {"ok": False, "error": describe_error(error)})
+    else:  # the input ended without "quit": the kernel is gone
+        remove_job_folder(job_path.parent)
     return 0
 
 
+def remove_job_folder(folder: Path) -> None:
+    if folder.name.startswith(JOB_FOLDER_PREFIX):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    code = main(sys.argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # skip the interpreter's shutdown: seconds of module teardown for nothing to clean up
+    os._exit(code)
