@@ -117,9 +117,14 @@ def parameter_numel(model: nn.Module) -> int:
 
 @pytest.fixture
 def no_leftover_processes() -> Iterator[None]:
-    """Every estimator process a test starts is gone when it ends."""
+    """Every estimator process a test starts is gone when it ends (but for the ones kept
+    warm on purpose, which are ended first)."""
+    from jupyter_vram.estimator.runner import close_warm_workers
+
+    close_warm_workers()
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     yield
+    close_warm_workers()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         now = {p.pid for p in psutil.Process().children(recursive=True) if p.is_running()}

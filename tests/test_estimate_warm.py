@@ -1,0 +1,112 @@
+"""Estimator processes kept warm between estimates: reused, replaced after a crash, ended with
+the kernel."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from torch import nn
+
+import jupyter_vram as jv
+from jupyter_vram.estimator.runner import WARM, close_warm_workers
+
+
+@pytest.fixture(autouse=True)
+def fresh_workers() -> Iterator[None]:
+    close_warm_workers()
+    yield
+    close_warm_workers()
+
+
+def mlp(width: int = 64) -> nn.Module:
+    return nn.Sequential(nn.Linear(width, 4 * width), nn.ReLU(), nn.Linear(4 * width, width))
+
+
+def test_the_next_estimate_of_a_model_reuses_its_process() -> None:
+    model = mlp()
+    first = jv.estimate(model, "8x64", device="cpu")
+    loaded = WARM.pids()
+    assert len(loaded) == 2  # the process that ran it, and a spare for the next model
+    start = time.perf_counter()
+    again = jv.estimate(model, "8x64", device="cpu", optimizer="sgd")
+    took = time.perf_counter() - start
+    assert set(WARM.pids()) == set(loaded)  # nothing new started
+    # by hand: AdamW keeps two fp32 moments and a 4-byte step per parameter tensor; the
+    # estimator's SGD keeps one momentum buffer
+    numel = sum(p.numel() for p in model.parameters())
+    tensors = len(list(model.parameters()))
+    assert first.peak_breakdown()["optimizer_state"] == 8 * numel + 4 * tensors
+    assert again.peak_breakdown()["optimizer_state"] == 4 * numel
+    assert took < 30  # no imports; generous for a loaded CI machine (bench/ has the figures)
+
+
+def test_another_model_takes_the_spare() -> None:
+    jv.estimate(mlp(), "8x64", device="cpu")
+    spare = set(WARM.pids())
+    jv.estimate(mlp(32), "8x32", device="cpu")
+    # one of the two kept processes is the former spare, which now holds the new model
+    assert len(set(WARM.pids()) & spare) == 1
+
+
+def test_a_crashed_warm_process_is_replaced() -> None:
+    model = mlp()
+    before = jv.estimate(model, "8x64", device="cpu").peak_bytes
+    for pid in WARM.pids():
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in WARM.pids()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert jv.estimate(model, "8x64", device="cpu").peak_bytes == before
+
+
+KERNEL = r"""
+import sys
+from torch import nn
+import jupyter_vram as jv
+from jupyter_vram.estimator.runner import WARM
+jv.estimate(nn.Linear(8, 8), "2x8", device="cpu")
+print(" ".join(map(str, WARM.pids())), flush=True)
+sys.stdin.readline()
+"""
+
+
+def job_folders(folder: Path) -> list[Path]:
+    return [p for p in folder.iterdir() if p.name.startswith("jupyter_vram_estimate_")]
+
+
+def test_warm_processes_end_with_their_kernel(tmp_path: Path) -> None:
+    folders = tmp_path / "tmp"
+    folders.mkdir()
+    env = {**os.environ, "TMPDIR": str(folders)}
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", KERNEL], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert kernel.stdout is not None
+        pids = [int(p) for p in kernel.stdout.readline().split()]
+        assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
+        assert len(job_folders(folders)) == 2
+        kernel.send_signal(signal.SIGKILL)
+        kernel.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            alive = [
+                p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+            ]
+            if not alive and not job_folders(folders):
+                break
+            time.sleep(0.1)
+        assert not alive, "a warm estimator process outlived its kernel"
+        assert job_folders(folders) == []
+    finally:
+        if kernel.poll() is None:
+            kernel.kill()
