@@ -124,21 +124,21 @@ def test_wheel_brings_the_prebuilt_extension_without_node(tmp_path: Path) -> Non
     assert "Classifier: Framework :: Jupyter :: JupyterLab :: Extensions :: Prebuilt" in metadata
     assert re.search(r"Requires-Dist: jupyter[-_]server.*extra == .lab.", metadata)
 
-    # A fresh environment: this one's packages reachable through a path entry (its .pth files,
-    # the editable install of this checkout among them, are not processed), the wheel on top.
+    # A fresh environment with its own pip, the wheel installed there first (so pip sees nothing
+    # of this environment and cannot touch its editable install); then this environment's
+    # packages made reachable through a plain path entry (its .pth files are not processed).
     env_dir = tmp_path / "env"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True)
     python = env_dir / "bin" / "python"
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True, cwd=tmp_path,
+    )  # fmt: skip
     site = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         check=True, capture_output=True, text=True,
     ).stdout.strip()  # fmt: skip
     Path(site, "outer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-         "--prefix", str(env_dir), str(wheel)],
-        check=True,
-    )  # fmt: skip
     env = {
         "PATH": str(env_dir / "bin"),
         "HOME": str(tmp_path / "home"),
