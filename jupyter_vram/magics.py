@@ -177,7 +177,7 @@ class VramMagics(Magics):
         """``--amp / --checkpoint / --offload``: record the cell with the change applied;
         ``--compare``: record it plain, then rerun it with each technique, side by side."""
         __tracebackhide__ = True
-        from .rerun import RerunError, parse_techniques, rerun_each, run_changed
+        from .rerun import RerunError, parse_techniques, run_changed
 
         shell = self.shell
         assert shell is not None
@@ -203,24 +203,41 @@ class VramMagics(Magics):
             print("%%vram: already recording; this nested cell ran without its own recording")
             return run.value
         if args.compare:
-            shell.user_ns["_vram"] = run.profile
-            variants = rerun_each(run.profile, techniques)
-            shell.user_ns["_vram_variants"] = [v for v in variants if not isinstance(v, str)]
-            if not args.quiet:
-                self._show_comparison(run.profile, variants, args)
+            self._compare(run.profile, techniques, args)
         return run.value
 
-    def _show_comparison(self, baseline: Profile, variants: list[Any], args: Any) -> None:
-        """The baseline next to each variant (a reason instead, where one could not run)."""
+    def _compare(self, baseline: Profile, techniques: list[str], args: Any) -> None:
+        """Rerun ``baseline`` with each technique; the app (shown first) gets each variant in
+        its Compare tab as it arrives; ``--text`` prints verdicts and tables instead."""
         from .analysis.compare import verdict
+        from .rerun import rerun_each
 
-        for variant in variants:
+        shell = self.shell
+        assert shell is not None
+        shell.user_ns["_vram"] = baseline
+        variants: list[Profile] = []
+        shell.user_ns["_vram_variants"] = variants
+        app = None
+        if not args.quiet and not args.text:
+            from IPython.display import display
+
+            from .app import ProfileApp
+
+            app = ProfileApp(baseline)
+            display(app)  # type: ignore[no-untyped-call]
+        for technique in techniques:
+            (variant,) = rerun_each(baseline, [technique])
             if isinstance(variant, str):
-                print(f"%%vram --compare: {variant}")
+                if not args.quiet:
+                    print(f"%%vram --compare: {variant}")
                 continue
-            print(verdict(baseline, variant))
-            print(baseline.compare(variant).to_string())
-            print()
+            variants.append(variant)
+            if app is not None:
+                app.add_variant(variant, baseline)
+            elif args.text and not args.quiet:
+                print(verdict(baseline, variant))
+                print(baseline.compare(variant).to_string())
+                print()
 
     def _show(self, profile: Profile, args: Any) -> None:
         """Bind ``_vram`` and display the profile as the options ask."""

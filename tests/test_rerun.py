@@ -8,6 +8,7 @@ import contextlib
 import io
 import logging
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -200,6 +201,19 @@ def test_magic_flags_record_the_change_and_compare() -> None:
     variants = shell.user_ns["_vram_variants"]
     assert [v.variant.amp for v in variants] == [None, "bf16"]
     assert variants[0].variant.baseline_cell.startswith("In [")
+    # without --text: the app, with each variant in its Compare tab
+    from jupyter_vram.app import ProfileApp
+
+    shown: list[Any] = []
+    with mock.patch("IPython.display.display", shown.append):
+        result = shell.run_cell(
+            "%%vram --compare checkpoint\ncounter += 1\nnet(xb).square().mean().backward()\n"
+        )
+    assert result.success
+    (app,) = shown
+    assert isinstance(app, ProfileApp)
+    assert app.compare_view is not None
+    assert "checkpointing 4 blocks" in app.compare_view.text()
     with contextlib.redirect_stdout(io.StringIO()):
         result = shell.run_cell(
             "%%vram --checkpoint Sequential.2,net.3 --amp bf16 -q\nnet(xb).sum().backward()\n"
@@ -213,7 +227,7 @@ def test_magic_flags_record_the_change_and_compare() -> None:
     with contextlib.redirect_stderr(err):
         shell.run_cell("%%vram --compare amp,speed\ncounter += 1\n")
     assert "not 'speed'" in err.getvalue()
-    assert shell.user_ns["counter"] == 1
+    assert shell.user_ns["counter"] == 2
 
 
 @pytest.mark.cuda
