@@ -272,3 +272,13 @@ def test_estimate_report_carries_its_summary(est: Estimate) -> None:
     assert "Estimate · simulated on fake tensors, no GPU used" in page
     assert html.escape(estimate_summary(est)) in page
     assert "fits at this batch size" in page
+    # the %vram_estimate --gpu output: the app's answer for that GPU heads the report
+    from jupyter_vram.app import ProfileApp
+
+    app = ProfileApp(est.profile, estimate=est, gpu="T4")
+    bundle = app._repr_mimebundle_()
+    assert bundle[PROFILE_MIME]["kind"] == "estimate"
+    assert app.gpu_answer and html.escape(app.gpu_answer) in bundle["text/html"]
+    assert bundle["text/html"].index(html.escape(app.gpu_answer)) < bundle["text/html"].index(
+        "Flame graph"
+    )
