@@ -251,6 +251,23 @@ def test_bundle_is_bounded_and_not_kept_by_the_app() -> None:
     assert kept < 200_000, kept
 
 
+def test_empty_and_baseline_only_profiles() -> None:
+    """Nothing recorded, or nothing above what was alive before the cell (and an error)."""
+    empty = ProfileBuilder().build(device="cpu", source="dispatch", wall_ns=10)
+    d = profile_payload(empty)
+    assert d["peak_bytes"] == 0 and d["flame"]["name"] == ["all"] and d["top_sites"] == []
+    assert "Nothing was live at the peak." in report_html(d)
+    b = ProfileBuilder()
+    b.add(100, -1, 0, b.devices("cpu"), b.ops("(before recording)"), b.modules("net"), -1, FWD, P)
+    held = b.build(device="cpu", source="dispatch", wall_ns=10, error="RuntimeError: boom")
+    d = profile_payload(held)
+    assert (d["peak_bytes"], d["peak_phase"], d["peak_x"]) == (100, "baseline", None)
+    assert d["timeline"]["total"] == [100]
+    page = report_html(d)
+    assert "The cell raised RuntimeError: boom" in page
+    assert "jvs-timeline" not in page  # one point: no curve to draw
+
+
 @pytest.fixture(scope="module")
 def est() -> Estimate:
     from torch import nn
