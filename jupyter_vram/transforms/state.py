@@ -385,7 +385,7 @@ def host_bytes_needed(namespace: Mapping[str, Any], tensor_names: Iterable[str] 
     total = 0
     for module in modules:
         for t in [*module._parameters.values(), *module._buffers.values()]:
-            if t is None or id(t) in seen:
+            if t is None or t.is_meta or id(t) in seen:
                 continue
             seen.add(id(t))
             total += _nbytes(t)
@@ -437,7 +437,11 @@ def take(
                 modules.append(sub)
     seen_params: set[int] = set()
     for module in modules:
-        buffers = {n: _TensorCopy.of(b) for n, b in module._buffers.items() if b is not None}
+        buffers = {
+            n: _TensorCopy.of(b)
+            for n, b in module._buffers.items()
+            if b is not None and not b.is_meta  # a meta tensor holds no values
+        }
         counter[0] += sum(_nbytes(b.values) for b in buffers.values())
         copy.modules.append(
             _ModuleState(
@@ -451,7 +455,7 @@ def take(
             )
         )
         for param in module._parameters.values():
-            if param is None or id(param) in seen_params:
+            if param is None or param.is_meta or id(param) in seen_params:
                 continue
             seen_params.add(id(param))
             grad = None if param.grad is None else _TensorCopy.of(param.grad)
