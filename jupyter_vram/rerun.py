@@ -204,7 +204,6 @@ class _Plan:
     blocks: tuple[tuple[str, nn.Module], ...]  # (profile path, module) to checkpoint
     offload: bool
     facts: CellFacts
-    host_bytes: int
 
 
 def _roots(namespace: Mapping[str, Any]) -> dict[str, nn.Module]:
@@ -336,7 +335,7 @@ def _plan(
             f"not enough host memory to protect the notebook's state: the copy needs "
             f"{format_bytes(needed)}{run}, {format_bytes(available)} is available"
         )
-    return _Plan(cell, amp_name, tuple(blocks), bool(offload), facts, needed)
+    return _Plan(cell, amp_name, tuple(blocks), bool(offload), facts)
 
 
 def rerun_unavailable(
