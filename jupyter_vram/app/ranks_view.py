@@ -94,11 +94,11 @@ class RanksApp(w.VBox):  # type: ignore[misc]
         self.diff_b.add_class("jv-rank-diff-b")
         self.difference = w.HTML()
         self.difference.add_class("jv-rank-diff-box")
-        self.selector.observe(self._select, names="value")
-        self.diff_a.observe(self._compare, names="value")
-        self.diff_b.observe(self._compare, names="value")
-        self._select({"new": 0})
-        self._compare({})
+        self.selector.observe(self._show_rank, names="value")
+        self.diff_a.observe(self._show_difference, names="value")
+        self.diff_b.observe(self._show_difference, names="value")
+        self._show_rank({"new": 0})
+        self._show_difference({})
         super().__init__(
             [
                 self.summary,
@@ -111,17 +111,36 @@ class RanksApp(w.VBox):  # type: ignore[misc]
         )
         self.add_class("jv-ranks-app")
 
-    def _select(self, change: dict[str, Any]) -> None:
+    def _show_rank(self, change: dict[str, Any]) -> None:
         index = int(change["new"])
         app = self._apps.get(index)
         if app is None:
             app = self._apps[index] = ProfileApp(self.profiles[index])
         self.detail.children = (app,)
 
-    def _compare(self, change: dict[str, Any]) -> None:
+    def _show_difference(self, change: dict[str, Any]) -> None:
         self.difference.value = difference_html(
             self.profiles, int(self.diff_a.value), int(self.diff_b.value)
         )
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        """The widget, plus the highest rank's saved profile and static report (as a
+        profile app's output carries them): frontends without a kernel show that rank, and
+        the lab extension loads BokehJS for the rank apps' figures before the widget draws."""
+        bundle = super()._repr_mimebundle_(**kwargs)
+        if isinstance(bundle, dict):
+            bundle["text/plain"] = self._text
+            top = max(self.profiles, key=lambda p: p.peak_bytes)
+            from ..render.mime import PROFILE_MIME, profile_payload
+            from ..render.static_report import report_html
+
+            try:
+                payload = profile_payload(top, None)
+                bundle[PROFILE_MIME] = payload
+                bundle["text/html"] = report_html(payload, notes=self._text.splitlines())
+            except Exception as exc:  # noqa: BLE001 (the widget and the text still show)
+                bundle["text/plain"] += f"\n(the static report failed: {exc!r})"
+        return bundle
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(self._text)
