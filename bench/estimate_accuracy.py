@@ -327,6 +327,20 @@ def torch_encoder() -> nn.Module:
                          nn.Linear(128, 10))  # fmt: skip
 
 
+class ThreeHeads(nn.Module):
+    """A wide hidden state read by three heads: its gradient arrives from three branches,
+    which autograd sums in place (a fake run sums them out of place; the estimate corrects)."""
+
+    def __init__(self, width: int = 256, wide: int = 2048) -> None:
+        super().__init__()
+        self.up = nn.Linear(width, wide)
+        self.heads = nn.ModuleList(nn.Linear(wide, width) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.up(x)
+        return self.heads[0](hidden) + self.heads[1](hidden) + self.heads[2](hidden)
+
+
 def _variants(name: str, build: Callable[[], nn.Module], inputs: str) -> list[Case]:
     return [
         Case(name, build, inputs),
@@ -365,6 +379,7 @@ CASES: dict[str, Case] = {
         Case("moe", moe, "8x64x128"),
         Case("moe-amp-bf16", moe, "8x64x128", amp="bf16"),
         Case("torch-encoder", torch_encoder, "8x64x128"),
+        Case("three-heads", ThreeHeads, "512x256"),
     ]
 }
 

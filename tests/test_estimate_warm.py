@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 from torch import nn
 
 import jupyter_vram as jv
@@ -70,6 +71,7 @@ def test_a_crashed_warm_process_is_replaced() -> None:
 
 KERNEL = r"""
 import sys
+import torch
 from torch import nn
 import jupyter_vram as jv
 from jupyter_vram.estimator.runner import WARM
@@ -110,3 +112,40 @@ def test_warm_processes_end_with_their_kernel(tmp_path: Path) -> None:
     finally:
         if kernel.poll() is None:
             kernel.kill()
+
+
+class CachesOnFirstCall(nn.Module):
+    """Builds a table on its first forward and keeps it (a lazy cache, like rotary tables)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+        self.unused = nn.Linear(64, 1024)  # never called: no gradient, no optimizer state
+        self.table: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.table is None:
+            self.table = torch.ones(256, 1024)  # 1 MiB kept from the first step on
+        return self.fc(x) * self.table[0, 0]
+
+
+def tiny_gpt2() -> nn.Module:
+    import transformers
+
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=512, n_positions=64)
+    return transformers.GPT2LMHeadModel(config)
+
+
+@pytest.mark.parametrize("make", [tiny_gpt2, CachesOnFirstCall], ids=["gpt2", "lazy-cache"])
+def test_a_warm_process_predicts_what_a_fresh_one_does(make: type[nn.Module]) -> None:
+    """Later runs in a warm process skip simulating the warm-up's forward and backward where
+    the first run showed that they leave nothing behind; the answer must not change."""
+    model = make()
+    shape = "4x32" if make is tiny_gpt2 else "8x64"
+    jv.estimate(model, shape, device="cpu")  # the first run: a whole warm-up step
+    warm = {o: jv.estimate(model, shape, device="cpu", optimizer=o) for o in ("sgd", "adafactor")}
+    for optimizer, estimate in warm.items():
+        close_warm_workers()
+        fresh = jv.estimate(model, shape, device="cpu", optimizer=optimizer)
+        assert estimate.peak_breakdown() == fresh.peak_breakdown(), optimizer
+        assert estimate.peak_bytes == fresh.peak_bytes

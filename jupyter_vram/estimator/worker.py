@@ -72,6 +72,9 @@ class Simulator:
         params = [d for d in self.slots.descriptors() if d.parameter]
         self.parameter_count = sum(math.prod(d.shape) for d in params)
         self.trainable_count = sum(math.prod(d.shape) for d in params if d.requires_grad)
+        # learned from this model's first full warm-up step (see _warm_up)
+        self._forward_keeps_nothing = False
+        self._stateful_params: frozenset[int] = frozenset()
 
     def run(self, settings: StepSettings, batch_size: int | None) -> Profile:
         """Record one steady-state step (after a warm-up step) on fake tensors."""
@@ -101,6 +104,7 @@ class Simulator:
             self.slots.clear()
             raise
         position_checks = check_positions(self.model)
+        lazy_state = _attribute_tensors(self.model)
         started = time.perf_counter()
         unit_bytes = _largest_unit_bytes(self.model)
         try:
@@ -113,7 +117,8 @@ class Simulator:
                 args, kwargs = batch.build(SIMULATED_DEVICE, float_dtype(settings, self.model))
                 optimizer = make_optimizer(settings, self.model, self.job.optimizer_factory)
                 if not settings.inference:
-                    self._step(optimizer, args, kwargs, settings)  # optimizer state, as in step 2
+                    # optimizer state (and any lazy state) exist, as in a second step
+                    self._warm_up(optimizer, args, kwargs, settings)
                 with record(device="meta", stacks=settings.stacks) as rec:
                     watch = AccumulationWatch(cast_recorder(rec.recorder).mark)
                     self._step(optimizer, args, kwargs, settings, watch.around_backward)
@@ -124,6 +129,7 @@ class Simulator:
         finally:
             for handle in position_checks:
                 handle.remove()
+            _restore_attribute_tensors(self.model, lazy_state)
             self.slots.clear()
             if undo is not None:
                 undo()
@@ -147,6 +153,35 @@ class Simulator:
         raw, sums = accumulate_in_place(rec.profile, watch.segments)
         info["in_place_sums"] = sums
         return finish_profile(raw, settings, info)
+
+    def _warm_up(self, optimizer: Any, args: Any, kwargs: Any, settings: StepSettings) -> None:
+        """Bring the model to its steady state: optimizer state exists, lazy state too.
+
+        The first run of a model takes a whole step and learns whether its forward and
+        backward leave anything behind on the model (a cache, a lazily built buffer) and which
+        parameters receive gradients. When nothing is left behind, later runs only give those
+        parameters zero gradients and step the optimizer: the same state, without simulating
+        a forward and backward pass (about a third of a run).
+        """
+        from ..capture.fake import scalars_read_as_one
+
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        if optimizer is not None and self._forward_keeps_nothing and self._stateful_params:
+            for index, param in enumerate(trainable):
+                if index in self._stateful_params:
+                    param.grad = torch.zeros_like(param)
+            with scalars_read_as_one():
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return
+        before = _model_tensor_ids(self.model)
+        self._step(optimizer, args, kwargs, settings)
+        self._forward_keeps_nothing = _model_tensor_ids(self.model) == before
+        if optimizer is not None:
+            stateful = {id(p) for p, state in optimizer.state.items() if state}
+            self._stateful_params = frozenset(
+                i for i, p in enumerate(trainable) if id(p) in stateful
+            )
 
     def _step(
         self,
@@ -172,6 +207,62 @@ class Simulator:
                 optimizer_context=scalars_read_as_one,
                 backward_context=backward_context,
             )
+
+
+_AttributeState = dict[int, tuple[nn.Module, dict[str, Any], set[str]]]
+
+
+def _attribute_tensors(model: nn.Module) -> _AttributeState:
+    """Each module's plain attributes (not its parameters or buffers) and buffer names, so
+    that what a run builds lazily (a cache made of this run's fake tensors, which the next
+    run's fake mode cannot use) is undone after it."""
+    return {
+        id(m): (m, {k: v for k, v in vars(m).items() if not k.startswith("_")}, set(m._buffers))
+        for m in model.modules()
+    }
+
+
+def _restore_attribute_tensors(model: nn.Module, saved: _AttributeState) -> None:
+    for module in model.modules():
+        entry = saved.get(id(module))
+        if entry is None:
+            continue
+        _, attributes, buffers = entry
+        for name, value in list(vars(module).items()):
+            if name.startswith("_") or attributes.get(name, _MISSING) is value:
+                continue
+            if _holds_tensor(value):
+                if name in attributes:
+                    setattr(module, name, attributes[name])
+                else:
+                    delattr(module, name)
+        for name in set(module._buffers) - buffers:
+            del module._buffers[name]
+
+
+_MISSING = object()
+
+
+def _holds_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (dict, list, tuple)):
+        items = value.values() if isinstance(value, dict) else value
+        return any(isinstance(v, torch.Tensor) for v in items)
+    return False
+
+
+def _model_tensor_ids(model: nn.Module) -> set[int]:
+    """Every tensor the model's modules hold (parameters, buffers, plain attributes)."""
+    found: set[int] = set()
+    for module in model.modules():
+        for value in module.__dict__.values():
+            if isinstance(value, torch.Tensor):
+                found.add(id(value))
+            elif isinstance(value, (dict, list, tuple)):
+                items = value.values() if isinstance(value, dict) else value
+                found.update(id(v) for v in items if isinstance(v, torch.Tensor))
+    return found
 
 
 #: Names of learned absolute position tables (GPT-2's wpe, BERT's position_embeddings, ...).
