@@ -64,6 +64,32 @@ def executed_html(folder: Path) -> Path:
     return path.with_suffix(".html")
 
 
+def recorded_html(folder: Path) -> Path:
+    """The same cell recorded in this process (no kernel: seconds, not a minute), its output
+    bundle saved in a notebook without widget state and converted by nbconvert's HTML
+    exporter; the HTML's path. For the browser test, which checks the drawing, not the run."""
+    import nbformat
+    import torch
+    from nbconvert import HTMLExporter
+
+    import jupyter_vram as jv
+    from jupyter_vram.app import ProfileApp
+
+    model = torch.nn.Sequential(
+        torch.nn.Linear(IN, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, OUT)
+    )
+    x = torch.randn(BATCH, IN)
+    with jv.record(namespace={"model": model, "x": x}) as rec:
+        model(x)
+    bundle = ProfileApp(rec.profile)._repr_mimebundle_()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
+    nb.cells[2].outputs = [nbformat.v4.new_output("display_data", data=bundle)]
+    page, _ = HTMLExporter().from_notebook_node(nb)
+    path = folder / "recorded.html"
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
 class SvgParts(HTMLParser):
     """Every block of the flame graphs and every part of the category bars in a page: their
     attributes and <title> (nbconvert rewrites the HTML: quotes and attribute order change)."""
