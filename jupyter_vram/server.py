@@ -13,6 +13,11 @@ Routes (below ``base_url``):
 - ``jupyter-vram/bokehjs/<name>``: one of those scripts; a matching ``?v=`` makes it cacheable
   for a year, anything else is revalidated (``no-cache``).
 
+- ``jupyter-vram/kernels/<kernel_id>/gpu`` (token required): the GPU memory NVML sees for that
+  kernel's process, for the lab extension's status bar while the kernel is busy (when it cannot
+  answer itself); ``{"nvml": bool, "devices": [{"index", "name", "used", "total",
+  "kernel_used"}]}``, only devices where the kernel process holds memory.
+
 Only the names in :data:`BOKEHJS_FILES` are reachable (the route's pattern is built from them),
 so nothing outside bokeh's static ``js`` directory can be asked for. Like JupyterLab's own
 extension assets (``/lab/extensions/...``), these public, versioned library files are served
@@ -32,8 +37,8 @@ from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jupyter_server.auth.decorator import allow_unauthenticated
-from jupyter_server.base.handlers import JupyterHandler
+from jupyter_server.auth.decorator import allow_unauthenticated, authorized
+from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 
@@ -164,8 +169,102 @@ class MissingBokehJSHandler(JupyterHandler):
         raise web.HTTPError(404, "bokeh is not installed in the Jupyter server's environment")
 
 
+def process_tree(pid: int) -> set[int]:
+    """``pid`` and its descendants (Linux ``/proc``; elsewhere ``pid`` alone)."""
+    found = {pid}
+    todo = [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*/children"):
+            try:
+                children = [int(c) for c in task.read_text().split()]
+            except (OSError, ValueError):
+                continue
+            todo.extend(c for c in children if c not in found)
+            found.update(children)
+    return found
+
+
+def kernel_gpu_memory(nvml: Any, pids: set[int]) -> list[dict[str, Any]]:
+    """Per NVML device holding memory of ``pids``: its used / total bytes and the processes'
+    share. NVML numbers devices itself (CUDA_VISIBLE_DEVICES does not apply). A process in
+    another PID namespace (some containers) is not matched: then nothing is listed."""
+    devices = []
+    for index in range(int(nvml.nvmlDeviceGetCount())):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        try:
+            procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except Exception:  # noqa: BLE001 - NVMLError_NotSupported on some drivers / vGPUs
+            continue
+        mine = [
+            int(p.usedGpuMemory)
+            for p in procs
+            if p.pid in pids and isinstance(getattr(p, "usedGpuMemory", None), int)
+        ]
+        if not mine:
+            continue
+        info = nvml.nvmlDeviceGetMemoryInfo(handle)
+        name = nvml.nvmlDeviceGetName(handle)
+        devices.append(
+            {
+                "index": index,
+                "name": name.decode() if isinstance(name, bytes) else str(name),
+                "used": int(info.used),
+                "total": int(info.total),
+                "kernel_used": sum(mine),
+            }
+        )
+    return devices
+
+
+@lru_cache(maxsize=1)
+def _nvml() -> Any | None:
+    """The initialised pynvml module, or None without the package, a driver or a GPU."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - ImportError, NVMLError_LibraryNotFound, DriverNotLoaded
+        return None
+    return pynvml
+
+
+class KernelGPUHandler(APIHandler):
+    """GPU memory of one kernel's processes, as NVML sees it from outside the kernel."""
+
+    auth_resource = "kernels"
+
+    @web.authenticated
+    @authorized
+    def get(self, kernel_id: str) -> None:
+        try:
+            kernel = self.kernel_manager.get_kernel(kernel_id)
+        except KeyError as err:
+            raise web.HTTPError(404, f"no kernel {kernel_id}") from err
+        pid = getattr(getattr(kernel, "provisioner", None), "pid", None)
+        nvml = _nvml()
+        devices: list[dict[str, Any]] = []
+        if nvml is not None and isinstance(pid, int):
+            try:
+                devices = kernel_gpu_memory(nvml, process_tree(pid))
+            except Exception as err:  # noqa: BLE001 - a driver error must not break the page
+                self.log.debug("jupyter_vram: NVML query failed: %s", err)
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps({"nvml": nvml is not None, "devices": devices}))
+
+
 def handlers(base_url: str, js_dir: Path | None) -> list[tuple[str, type[Any], dict[str, Any]]]:
-    """Tornado routes for the BokehJS files below ``base_url``."""
+    """Tornado routes for the BokehJS files (and the kernel GPU reading) below ``base_url``."""
+    kernel_gpu: tuple[str, type[Any], dict[str, Any]] = (
+        url_path_join(base_url, "jupyter-vram/kernels", r"(?P<kernel_id>[\w-]+)", "gpu"),
+        KernelGPUHandler,
+        {},
+    )
+    return [*_bokehjs_handlers(base_url, js_dir), kernel_gpu]
+
+
+def _bokehjs_handlers(
+    base_url: str, js_dir: Path | None
+) -> list[tuple[str, type[Any], dict[str, Any]]]:
     route = url_path_join(base_url, ROUTE)
     names = "|".join(re.escape(name) for name in BOKEHJS_FILES)
     script = url_path_join(route, f"({names})")

@@ -73,3 +73,48 @@ export function formatMemory(r: IMemoryReading): string {
     `${formatBytes(r.used)} / ${formatBytes(r.total)} used`
   );
 }
+
+/** One device of the server's `jupyter-vram/kernels/<id>/gpu` answer (NVML, from outside). */
+export interface ILiveDevice {
+  index: number;
+  name: string;
+  used: number;
+  total: number;
+  kernel_used: number;
+}
+
+/** The device where the kernel's processes hold the most, or null. */
+export function pickLiveDevice(devices: readonly ILiveDevice[] | undefined): ILiveDevice | null {
+  let best: ILiveDevice | null = null;
+  for (const d of devices ?? []) {
+    if (best === null || d.kernel_used > best.kernel_used) {
+      best = d;
+    }
+  }
+  return best;
+}
+
+/**
+ * The item's text. `reading`: the kernel's own numbers from its last idle moment; `live`:
+ * NVML's numbers while the kernel is busy (it cannot answer then), shown after them.
+ */
+export function statusText(
+  reading: IMemoryReading | null,
+  busy: boolean,
+  live: ILiveDevice | null
+): string {
+  const parts: string[] = [];
+  if (reading !== null) {
+    parts.push(formatMemory(reading));
+  }
+  if (busy && live !== null) {
+    parts.push(
+      `now: kernel ${formatBytes(live.kernel_used)} \u00b7 ` +
+        `${formatBytes(live.used)} / ${formatBytes(live.total)} used on ${live.name}`
+    );
+  }
+  if (parts.length === 0) {
+    return '';
+  }
+  return parts.join(' \u2014 ') + (busy ? ' (busy)' : '');
+}

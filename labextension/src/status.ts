@@ -8,15 +8,20 @@
  * expression only looks at `sys.modules`: it never imports torch and never initialises CUDA
  * (a CUDA context costs hundreds of MB of the user's GPU). Requests are sent only while the
  * kernel is idle (never queued behind the user's cells), every `refreshInterval` ms and right
- * when a run ends; while the kernel is busy the item shows the last reading, marked busy.
+ * when a run ends. While the kernel is busy (it cannot answer then) the item keeps that reading
+ * and adds what NVML sees of the kernel's processes from outside, through the server extension
+ * (`jupyter-vram/kernels/<id>/gpu`), refreshed at the same interval.
  */
 import type { ISessionContext } from '@jupyterlab/apputils';
 import type { Kernel, KernelMessage } from '@jupyterlab/services';
 import { Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
-import { formatMemory, MEMORY_EXPRESSION, parseMemory } from './memory';
-import type { MemoryState } from './memory';
+import { PageConfig, URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+import { MEMORY_EXPRESSION, parseMemory, pickLiveDevice, statusText } from './memory';
+import type { ILiveDevice, MemoryState } from './memory';
 
 /**
  * Ask an idle kernel for its memory state (never queues behind the user's work); `own` gets
@@ -70,7 +75,7 @@ export class MemoryStatus extends Widget {
 
   /** Whether a reading is shown (for the status bar's isActive). */
   get visibleReading(): boolean {
-    return this._state.kind === 'reading';
+    return this._state.kind === 'reading' || (this._busy && this._live !== null);
   }
 
   /** Emitted when the item may have appeared or disappeared (the status bar re-asks). */
@@ -81,6 +86,7 @@ export class MemoryStatus extends Widget {
     this._session = sessionContext;
     this._state = { kind: 'no-torch' };
     this._busy = false;
+    this._live = null;
     sessionContext?.iopubMessage.connect(this._onIOPub, this);
     this._render();
     void this.refresh();
@@ -88,8 +94,11 @@ export class MemoryStatus extends Widget {
 
   async refresh(): Promise<void> {
     const kernel = this._session?.session?.kernel;
-    if (!kernel || this._inFlight || this._busy) {
+    if (!kernel || this._inFlight) {
       return;
+    }
+    if (this._busy) {
+      return this._refreshLive(kernel);
     }
     this._inFlight = true;
     try {
@@ -100,6 +109,30 @@ export class MemoryStatus extends Widget {
       }
     } catch {
       // A kernel that went away mid-request: the next tick tries again.
+    } finally {
+      this._inFlight = false;
+    }
+  }
+
+  /** While busy: the kernel's processes as NVML sees them, from the server extension. */
+  private async _refreshLive(kernel: Kernel.IKernelConnection): Promise<void> {
+    this._inFlight = true;
+    try {
+      const settings = ServerConnection.makeSettings();
+      const url = URLExt.join(
+        PageConfig.getBaseUrl(), 'jupyter-vram/kernels', encodeURIComponent(kernel.id), 'gpu'
+      );
+      const response = await ServerConnection.makeRequest(url, {}, settings);
+      if (!response.ok) {
+        return;
+      }
+      const body = (await response.json()) as { devices?: ILiveDevice[] };
+      if (this._busy && this._session?.session?.kernel === kernel) {
+        this._live = pickLiveDevice(body.devices);
+        this._render();
+      }
+    } catch {
+      // The server extension is optional for this item: keep the last reading.
     } finally {
       this._inFlight = false;
     }
@@ -127,11 +160,15 @@ export class MemoryStatus extends Widget {
     if (status === 'busy') {
       this._busy = true;
       this._render();
+      void this.refresh();
     } else if (status === 'idle') {
       this._busy = false;
+      this._live = null;
       void this.refresh();
     } else if (status === 'restarting' || status === 'dead') {
       this._state = { kind: 'no-torch' };
+      this._busy = false;
+      this._live = null;
       this._render();
     }
   }
@@ -144,14 +181,19 @@ export class MemoryStatus extends Widget {
   private _render(): void {
     const s = this._state;
     this.node.dataset.state = s.kind;
-    this.node.textContent =
-      s.kind === 'reading' ? formatMemory(s.reading) + (this._busy ? ' (busy)' : '') : '';
+    this.node.dataset.busy = String(this._busy);
+    this.node.textContent = statusText(
+      s.kind === 'reading' ? s.reading : null,
+      this._busy,
+      this._live
+    );
     this.activeChanged.emit();
   }
 
   private _session: ISessionContext | null = null;
   private _state: MemoryState = { kind: 'no-torch' };
   private _busy = false;
+  private _live: ILiveDevice | null = null;
   private _inFlight = false;
   private readonly _own = new Set<string>();
   private _interval = 2000;

@@ -4,7 +4,7 @@ import { decideBokehJS, majorMinor, scriptUrls } from '../src/bokeh';
 import { vramCellCode } from '../src/decide';
 import { chooseView } from '../src/decide';
 import { checkPayload } from '../src/payload';
-import { formatMemory, parseMemory } from '../src/memory';
+import { formatMemory, parseMemory, pickLiveDevice, statusText } from '../src/memory';
 
 describe('BokehJS loader decisions', () => {
   it('loads its own copy only when the page has none', () => {
@@ -110,5 +110,32 @@ describe('Profile cell memory', () => {
     expect(vramCellCode('%%vram --amp bf16\nstep()')).toBe('%%vram --amp bf16\nstep()');
     expect(vramCellCode('\n%%vram\nstep()')).toBe('\n%%vram\nstep()');
     expect(vramCellCode('%%vramx\nstep()')).toBe('%%vram\n%%vramx\nstep()');
+  });
+});
+
+describe('status bar while the kernel is busy', () => {
+  const gib = 1024 ** 3;
+  const reading = { device: 0, name: 'H200', allocated: 3 * gib, reserved: 4 * gib, used: 70 * gib, total: 80 * gib };
+  const live = [
+    { index: 0, name: 'H200', used: 71 * gib, total: 80 * gib, kernel_used: 12 * gib },
+    { index: 1, name: 'H200', used: 2 * gib, total: 80 * gib, kernel_used: gib / 2 }
+  ];
+  it('picks the device where the kernel holds the most', () => {
+    expect(pickLiveDevice(live)).toBe(live[0]);
+    expect(pickLiveDevice([])).toBeNull();
+    expect(pickLiveDevice(undefined)).toBeNull();
+  });
+  it('keeps the idle reading and adds what NVML sees now', () => {
+    expect(statusText(reading, false, null)).toBe(
+      'GPU 0: 3.0 GiB alloc \u00b7 4.0 GiB reserved \u00b7 70.0 GiB / 80.0 GiB used'
+    );
+    expect(statusText(reading, true, null)).toBe(
+      'GPU 0: 3.0 GiB alloc \u00b7 4.0 GiB reserved \u00b7 70.0 GiB / 80.0 GiB used (busy)'
+    );
+    expect(statusText(null, true, live[0])).toBe(
+      'now: kernel 12.0 GiB \u00b7 71.0 GiB / 80.0 GiB used on H200 (busy)'
+    );
+    expect(statusText(null, false, live[0])).toBe('');
+    expect(statusText(null, false, null)).toBe('');
   });
 });

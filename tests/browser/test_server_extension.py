@@ -1,7 +1,9 @@
-"""The jupyter_vram server extension serves exactly bokeh's BokehJS scripts, cacheably.
+"""The jupyter_vram server extension serves exactly bokeh's BokehJS scripts, cacheably, and a
+kernel's GPU memory as NVML sees it (for the status bar while the kernel is busy).
 
 Plain HTTP against the real server (no browser needed): the manifest, the scripts and their
-cache headers, and that nothing else (other files, path traversal) can be reached.
+cache headers, that nothing else (other files, path traversal) can be reached, and the kernel
+route's answers.
 """
 
 from __future__ import annotations
@@ -9,8 +11,13 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import os
 import re
+import subprocess
+import sys
+import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 from unittest import mock
 
 import bokeh
@@ -159,3 +166,75 @@ def test_without_bokeh_the_routes_answer_404(tmp_path: Path) -> None:
     routes = server.handlers("/base/", None)
     assert routes[0][0] == "/base/jupyter-vram/bokehjs/manifest.json"
     assert routes[1][1] is server.MissingBokehJSHandler
+
+
+class FakeNVML:
+    """Two devices: device 0 runs the kernel (pid 111) and its worker (112) beside another
+    process (999); device 1 runs only the other process."""
+
+    GIB = 2**30
+
+    def __init__(self) -> None:
+        proc = lambda pid, gib: SimpleNamespace(pid=pid, usedGpuMemory=gib * self.GIB)  # noqa: E731
+        self.procs = {0: [proc(111, 2), proc(999, 5), proc(112, 1)], 1: [proc(999, 7)]}
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
+        return self.procs[handle]
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(used=(10 + handle) * self.GIB, total=80 * self.GIB)
+
+    def nvmlDeviceGetName(self, handle: int) -> bytes:
+        return f"Fake H{handle}".encode()
+
+
+def test_kernel_gpu_memory_counts_only_the_kernels_processes() -> None:
+    gib = 2**30
+    devices = server.kernel_gpu_memory(FakeNVML(), {111, 112})
+    assert devices == [
+        {"index": 0, "name": "Fake H0", "used": 10 * gib, "total": 80 * gib, "kernel_used": 3 * gib}
+    ]
+    assert server.kernel_gpu_memory(FakeNVML(), {4242}) == []
+
+
+def test_process_tree_finds_children() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        tree = server.process_tree(os.getpid())
+        assert os.getpid() in tree
+        assert child.pid in tree
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_kernel_gpu_route(lab: Lab) -> None:
+    auth = {"Authorization": f"token {lab.token}"}
+    status, _, _ = lab.get("jupyter-vram/kernels/nosuchkernel/gpu", headers=auth)
+    assert status == 404
+    request = urllib.request.Request(
+        f"{lab.url}api/kernels", method="POST", data=b"{}", headers=auth
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        kernel_id = json.loads(response.read())["id"]
+    try:
+        status, _, _ = lab.get(f"jupyter-vram/kernels/{kernel_id}/gpu")  # no token
+        assert status == 403
+        status, headers, body = lab.get(f"jupyter-vram/kernels/{kernel_id}/gpu", headers=auth)
+        assert status == 200
+        assert headers["Cache-Control"] == "no-store"
+        reading = json.loads(body)
+        assert reading["nvml"] is (server._nvml() is not None)
+        if not reading["nvml"]:  # no GPU here: nothing to list
+            assert reading["devices"] == []
+    finally:
+        delete = urllib.request.Request(
+            f"{lab.url}api/kernels/{kernel_id}", method="DELETE", headers=auth
+        )
+        urllib.request.urlopen(delete, timeout=30).close()
