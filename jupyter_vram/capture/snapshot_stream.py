@@ -49,6 +49,13 @@ class _Consumed:
 _CONSUMED = _Consumed()
 
 
+class _Unset:
+    """A memo slot the bulk reader skipped (an inline string no snapshot refers back to)."""
+
+
+_UNSET = _Unset()
+
+
 class _StackId(int):
     """The memo value of a frame list the fast path interned (its stack id)."""
 
@@ -68,8 +75,12 @@ _STR_KEYS = {"action", "compile_context", "user_metadata"}
 class _Layout:
     """The compiled expression of one key layout and where its groups are (0-based)."""
 
-    def __init__(self, pattern: re.Pattern[bytes], keys: tuple[str, ...]) -> None:
+    def __init__(
+        self, pattern: re.Pattern[bytes], keys: tuple[str, ...], refs: tuple[bytes, ...]
+    ) -> None:
         self.pattern = pattern
+        self.keys = keys
+        self.refs = refs  # each key's memo reference, as written
         where = {key: i for i, key in enumerate(keys)}
         self.frames = where["frames"]
         self.action = where.get("action", -1)
@@ -124,6 +135,8 @@ class _Reader:
         self.action_of: dict[bytes, int] = {}
         self.meta_of: dict[bytes, int] = {}
         self.inline_of: dict[bytes, str] = {}
+        self.bulk_ready = False
+        self.bulk_span = 256 << 10  # bytes the bulk path looks at (it adapts)
 
     # -- input -------------------------------------------------------------------------------
 
@@ -133,8 +146,9 @@ class _Reader:
             return
         self.consumed += self.pos
         rest = self.buf[self.pos :]
-        chunk = self.fh.read(max(_CHUNK, need))
-        if not chunk:
+        want = max(_CHUNK, need)
+        chunk = self.fh.read(want)
+        if len(chunk) < want:  # a short read: the end of the file
             self.eof = True
         self.buf = rest + chunk
         self.pos = 0
@@ -171,7 +185,10 @@ class _Reader:
     def get(self, index: int) -> Any:
         if index >= len(self.memo):
             raise ProfileFileError(f"not a memory snapshot (memo reference {index} is unset)")
-        return self.memo[index]
+        value = self.memo[index]
+        if value is _UNSET:
+            raise UnsupportedPickle("a reference to a string the bulk reader did not keep")
+        return value
 
     def intern(self, text: str) -> str:
         return self.strings.setdefault(text, text)
@@ -221,11 +238,13 @@ class _Reader:
         if keys in self.patterns or len(self.patterns) > 8 or "frames" not in keys:
             return
         parts = [rb"\}\x94\("]
+        refs = []
         for key in keys:
             slot = self.str_slot.get(key) if isinstance(key, str) else None
             if slot is None:
                 return
-            parts.append(re.escape(_ref_bytes(slot)))
+            refs.append(_ref_bytes(slot))
+            parts.append(re.escape(refs[-1]))
             if key in _INT_KEYS:
                 parts.append(_INT)
             elif key in _STR_KEYS:
@@ -235,17 +254,19 @@ class _Reader:
             else:
                 return
         parts.append(b"u")
-        self.patterns[keys] = _Layout(re.compile(b"".join(parts), re.DOTALL), keys)
+        self.patterns[keys] = _Layout(re.compile(b"".join(parts), re.DOTALL), keys, tuple(refs))
+        self.bulk_ready = len(self.patterns) == 1 and keys[0] == "action"
 
-    def fast_entries(self, target: list[Any]) -> None:
+    def fast_entries(self, target: list[Any]) -> bool:
         """Read entries of the ``target`` trace with the compiled expressions while they
         match (see the module docstring); the order of memo slots is kept exactly."""
         layouts = list(self.patterns.values())
         if len(self.buf) - self.pos < _FAST_MARGIN and not self.eof:
             self.fill(_FAST_MARGIN)
         if not any(lay.pattern.match(self.buf, self.pos) for lay in layouts):
-            return
+            return False
         cols = self.trace_columns(target)
+        read = 0
         memo, memo_append = self.memo, self.memo.append
         action_of, meta_of, inline_of = self.action_of, self.meta_of, self.inline_of
         run_of = self.stack_of_run
@@ -261,7 +282,10 @@ class _Reader:
                 if m is not None:
                     break
             else:
-                return
+                return True
+            read += 1
+            if read > 64 and self.bulk_ready:  # long runs go to the bulk reader
+                return True
             g = m.groups()
             memo_append(None)  # the entry dict itself: never referenced again
             for k in lay.before:
@@ -295,6 +319,17 @@ class _Reader:
             else:
                 mid = meta_of.get(g[lay.meta])
                 add_meta(mid if mid is not None else self.meta_code(g[lay.meta]))
+
+    def bulk_entries(self, target: list[Any]) -> bool:
+        """Read the run of entries at ``pos`` with array operations (see :mod:`._bulk`)."""
+        if not self.bulk_ready:
+            return False
+        if len(self.buf) - self.pos < _CHUNK // 2 and not self.eof:
+            self.fill(_CHUNK)
+        from ._snapshot_bulk import read_run
+
+        layout = next(iter(self.patterns.values()))
+        return read_run(self, layout, target)
 
     def value_of(self, g: bytes) -> Any:
         """A STR group's value: a memo reference, or an inline string."""
@@ -362,7 +397,8 @@ class _Reader:
                 if type(base) is list:
                     self.pos -= 1
                     before = self.pos + self.consumed
-                    self.fast_entries(base)
+                    while self.bulk_entries(base) or self.fast_entries(base):
+                        pass
                     if self.pos + self.consumed != before:
                         continue
                     self.pos += 1

@@ -1,0 +1,223 @@
+"""The streaming reader's bulk path: a run of trace entries decoded with array operations.
+
+Once a trace's key layout is known (see :mod:`.snapshot_stream`), every entry written like the
+ones before it starts with the same bytes: ``EMPTY_DICT MEMOIZE MARK`` and the memo reference
+of its first key. Over a whole buffer, this finds every such start at once, then walks all
+candidates field by field in lockstep (check the key's reference, measure the value by its
+opcode), decodes integers from their bytes, and keeps the entries that chain from the reader's
+position (each starting where the previous one ended, past list batch marks and pickle frame
+headers). Anything irregular ends the run; the per-entry reader takes it from there.
+
+Memo slots are accounted exactly: one per entry dict, one per inline string, one per new frame
+list (whose slot gets its interned stack id, for the frees that refer to it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .snapshot_columns import ACTION_CODE
+from .snapshot_stream import _UNSET, _StackId
+
+if TYPE_CHECKING:
+    from .snapshot_stream import _Layout, _Reader
+
+__all__ = ["read_run"]
+
+U8 = npt.NDArray[np.uint8]
+I64 = npt.NDArray[np.int64]
+Mask = npt.NDArray[np.bool_]
+
+_H, _J, _K, _M, _BININT, _LONG1 = 0x68, 0x6A, 0x4B, 0x4D, 0x4A, 0x8A
+_SHORT_STR, _MEMOIZE, _LIST, _MARK, _APPENDS, _APPEND = 0x8C, 0x94, 0x5D, 0x28, 0x65, 0x61
+_SETITEMS, _FRAME = 0x75, 0x95
+_MAX_FRAMES = 4096  # frames in one stack the bulk path follows
+_MIN_RUN = 16  # fewer candidate entries than this: not worth the array set-up
+_MIN_SPAN, _MAX_SPAN = 64 << 10, 8 << 20  # bytes one call looks at
+_INT_KEYS = {"addr", "size", "stream", "time_us", "device_free"}
+_STR_KEYS = {"action", "compile_context", "user_metadata"}
+
+
+def _at(arr: U8, idx: I64) -> I64:
+    return arr[np.minimum(idx, len(arr) - 1)].astype(np.int64)
+
+
+def _ref_index(arr: U8, p: I64, op: I64) -> I64:
+    """The memo index of a BINGET / LONG_BINGET at ``p`` (-1 elsewhere)."""
+    four = _at(arr, p + 1) | _at(arr, p + 2) << 8 | _at(arr, p + 3) << 16 | _at(arr, p + 4) << 24
+    return np.where(op == _H, _at(arr, p + 1), np.where(op == _J, four, -1))
+
+
+def _int_value(arr: U8, p: I64, op: I64) -> I64:
+    """Integers written as BININT1 / BININT2 / BININT / LONG1 (up to 8 bytes) at ``p``."""
+    n = _at(arr, p + 1)
+    value = np.zeros(len(p), np.int64)
+    for k in range(8):
+        value |= np.where(k < n, _at(arr, p + 2 + k), 0) << (8 * k)
+    negative = (n > 0) & (n < 8) & (_at(arr, p + 1 + n) >= 0x80)
+    value = np.where(negative, value - (np.int64(1) << (8 * n.clip(0, 7))), value)
+    small = _at(arr, p + 1)
+    two = small | _at(arr, p + 2) << 8
+    four = (two | _at(arr, p + 3) << 16 | _at(arr, p + 4) << 24).astype(np.uint32).view(np.int32)
+    return np.where(op == _K, small, np.where(op == _M, two, np.where(op == _BININT, four, value)))
+
+
+def read_run(reader: _Reader, layout: _Layout, target: list[Any]) -> bool:
+    """Decode the run of entries starting at ``reader.pos``; True if it read any."""
+    buf, start = reader.buf, reader.pos
+    window = len(buf) if reader.eof else len(buf) - (64 << 10)
+    window = min(window, start + reader.bulk_span)  # grows while runs fill it, else shrinks
+    prefix = b"}\x94(" + layout.refs[0]
+    if window - start < 64 or buf[start : start + len(prefix)] != prefix:
+        return False
+    arr = np.frombuffer(buf, np.uint8)
+    view = arr[start:window]
+    hit = view[: len(view) - len(prefix)] == prefix[0]
+    for j in range(1, len(prefix)):
+        hit &= view[j : len(view) - len(prefix) + j] == prefix[j]
+    cand = np.flatnonzero(hit).astype(np.int64) + start
+    if len(cand) < _MIN_RUN:
+        reader.bulk_span = max(reader.bulk_span // 2, _MIN_SPAN)
+        return False
+
+    p = cand + len(prefix)
+    ok = np.ones(len(cand), bool)
+    slots = np.ones(len(cand), np.int64)  # the entry dict
+    fields: dict[str, tuple[I64, I64]] = {}  # key -> (position, opcode)
+    frame_slot = np.full(len(cand), -1, np.int64)
+    frames_kind = np.zeros(len(cand), np.int64)  # 0 ref, 1 new list of refs, 2 empty
+    frames_pos = frames_end = p
+    for n, key in enumerate(layout.keys):
+        if n:
+            ref = layout.refs[n]
+            for j, byte in enumerate(ref):
+                ok &= _at(arr, p + j) == byte
+            p = p + len(ref)
+        op = _at(arr, p)
+        if key in _INT_KEYS:
+            size = np.select(
+                [op == _K, op == _M, op == _BININT, op == _LONG1], [2, 3, 5, 2 + _at(arr, p + 1)], 0
+            )
+            ok &= (size > 0) & ((op != _LONG1) | (_at(arr, p + 1) <= 8))
+        elif key in _STR_KEYS:
+            inline = op == _SHORT_STR
+            size = np.select([op == _H, op == _J, inline], [2, 5, 3 + _at(arr, p + 1)], 0)
+            ok &= (size > 0) & (~inline | (_at(arr, p + size - 1) == _MEMOIZE))
+            if key in ("action", "user_metadata"):  # their values must be references
+                ok &= ~inline | ((key == "user_metadata") & (_at(arr, p + 1) == 0))
+            slots += inline
+        else:  # frames
+            is_ref = (op == _H) | (op == _J)
+            new = (op == _LIST) & (_at(arr, p + 1) == _MEMOIZE)
+            ok &= is_ref | new
+            frame_slot = np.where(new, slots, -1)  # offset within the entry's slots
+            slots += new
+            nxt = _at(arr, p + 2)
+            marked = new & (nxt == _MARK)
+            one = np.where(nxt == _H, 2, np.where(nxt == _J, 5, 0))
+            single = new & (one > 0) & (_at(arr, p + 2 + one) == _APPEND)
+            q = p + 3
+            active = marked.copy()
+            for _ in range(_MAX_FRAMES):
+                if not active.any():
+                    break
+                o = _at(arr, q)
+                step = np.where(o == _H, 2, np.where(o == _J, 5, 0))
+                closing = active & (o == _APPENDS)
+                ok &= ~(active & (step == 0) & ~closing)
+                q = np.where(active, q + np.where(closing, 1, step), q)
+                active &= step > 0
+            else:
+                ok &= ~active
+            ok &= ~new | marked | single | ~((nxt == _H) | (nxt == _J) | (nxt == _MARK))
+            size = np.where(
+                is_ref,
+                np.where(op == _H, 2, 5),
+                np.where(marked, q - p, np.where(single, 3 + one, 2)),
+            )
+            frames_kind = np.where(is_ref, 0, np.where(marked | single, 1, 2))
+            frames_pos, frames_end = p, p + size
+        fields[key] = (p, op)
+        p = p + size
+    ok &= _at(arr, p) == _SETITEMS
+    end = p + 1
+    ok &= end <= window
+
+    # the chain from the reader's position: each entry where the one before ended, past list
+    # batch marks ("e(" = APPENDS then MARK) and pickle frame headers
+    q = end
+    batch = np.zeros(len(cand), bool)  # a batch mark right after the entry
+    for _ in range(3):
+        o = _at(arr, q)
+        is_batch = (o == _APPENDS) & (_at(arr, q + 1) == _MARK)
+        batch |= is_batch
+        q = np.where(o == _FRAME, q + 9, np.where(is_batch, q + 2, q))
+    follows = np.append(cand[1:] == q[:-1], False)
+    chained = ok & np.append(True, follows[:-1])
+    if not chained[0] or cand[0] != start:
+        return False
+    run = int(np.argmin(chained)) if not chained.all() else len(cand)
+    # look about twice as far as this run reached: scanning stays proportional to reading
+    if run == len(cand):
+        reader.bulk_span = min(reader.bulk_span * 2, _MAX_SPAN)
+    else:
+        reached = int(end[run - 1]) - start if run else 0
+        reader.bulk_span = min(max(2 * reached, _MIN_SPAN), _MAX_SPAN)
+    if run < 1:
+        return False
+    sl = slice(0, run)
+
+    # memo: every slot of the run, then the frame lists' stack ids in theirs
+    memo = reader.memo
+    base = len(memo) + np.concatenate(([0], np.cumsum(slots[sl])[:-1]))
+    memo.extend([_UNSET] * int(slots[sl].sum()))
+    kind = frames_kind[sl]
+    stack = np.full(run, -1, np.int64)
+    new_rows = np.flatnonzero(kind == 1)
+    run_of = reader.stack_of_run
+    fp, fe = frames_pos[sl], frames_end[sl]
+    for r in new_rows.tolist():
+        g = buf[fp[r] : fe[r]]
+        sid = run_of.get(g)
+        stack[r] = sid if sid is not None else reader.new_run(g)
+    for r in np.flatnonzero(kind >= 1).tolist():
+        memo[int(base[r] + frame_slot[r])] = _StackId(int(stack[r]))
+    refs = np.flatnonzero(kind == 0)
+    if len(refs):
+        p_f = fp[refs]
+        index = _ref_index(arr, p_f, _at(arr, p_f))
+        values = [reader.get(i) for i in index.tolist()]
+        stack[refs] = [reader.stack_id(v) for v in values]
+
+    # the columns
+    cols = reader.trace_columns(target)
+    pa, oa = fields["action"]
+    action_ref = _ref_index(arr, pa[sl], oa[sl])
+    uniq, inv = np.unique(action_ref, return_inverse=True)
+    other = ACTION_CODE["other"]
+    codes = np.asarray(
+        [ACTION_CODE.get(str(reader.get(int(i))), other) for i in uniq.tolist()], np.int8
+    )
+    cols.action.frombytes(codes[inv].tobytes())
+    for key, column in (("addr", cols.addr), ("size", cols.size), ("time_us", cols.time_us)):
+        if key in fields:
+            pk, ok_ = fields[key]
+            column.frombytes(_int_value(arr, pk[sl], ok_[sl]).astype(np.int64).tobytes())
+        else:
+            column.frombytes(np.zeros(run, np.int64).tobytes())
+    cols.stack.frombytes(stack.astype(np.int32).tobytes())
+    if "user_metadata" in fields:
+        pm, om = fields["user_metadata"]
+        meta_ref = _ref_index(arr, pm[sl], om[sl])  # -1: an inline empty string
+        uniq, inv = np.unique(meta_ref, return_inverse=True)
+        ids = [0 if i < 0 else reader.meta_id(reader.get(int(i))) for i in uniq.tolist()]
+        cols.meta.frombytes(np.asarray(ids, np.int32)[inv].tobytes())
+    else:
+        cols.meta.frombytes(np.zeros(run, np.int32).tobytes())
+    if batch[: run - 1].any():
+        reader.stack = []  # the batches' APPENDS + MARK, with every entry already consumed
+    reader.pos = int(end[run - 1])
+    return True
