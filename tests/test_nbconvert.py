@@ -64,10 +64,11 @@ def executed_html(folder: Path) -> Path:
     return path.with_suffix(".html")
 
 
-def recorded_html(folder: Path) -> Path:
+def recorded_html(folder: Path, theme: str = "light") -> Path:
     """The same cell recorded in this process (no kernel: seconds, not a minute), its output
     bundle saved in a notebook without widget state and converted by nbconvert's HTML
-    exporter; the HTML's path. For the browser test, which checks the drawing, not the run."""
+    exporter (``theme``: its light or dark theme); the HTML's path. For the browser tests,
+    which check the drawing, not the run."""
     import nbformat
     import torch
     from nbconvert import HTMLExporter
@@ -84,8 +85,8 @@ def recorded_html(folder: Path) -> Path:
     bundle = ProfileApp(rec.profile)._repr_mimebundle_()
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
     nb.cells[2].outputs = [nbformat.v4.new_output("display_data", data=bundle)]
-    page, _ = HTMLExporter().from_notebook_node(nb)
-    path = folder / "recorded.html"
+    page, _ = HTMLExporter(theme=theme).from_notebook_node(nb)
+    path = folder / f"recorded-{theme}.html"
     path.write_text(page, encoding="utf-8")
     return path
 

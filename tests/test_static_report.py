@@ -190,6 +190,19 @@ def test_flame_svg_widths_are_bytes_and_titles_name_the_path(profile: Profile) -
     assert {b["y"] for b in blocks} == {"0", "20", "40", "60"}  # four levels, 20 px each
 
 
+def test_flame_svg_draws_at_most_its_cap_of_the_largest_blocks(profile: Profile) -> None:
+    from jupyter_vram.render.svg_flame import flame_svg
+
+    d = profile_payload(profile)
+    svg = flame_svg(d["flame"], d["categories"], d["colors"], d["peak_bytes"], max_blocks=3)
+    blocks = flame_blocks(svg)
+    assert [b["title"].split("\n")[0] for b in blocks] == [
+        CRUMB_SEP.join(p) for p in (("all",), ("all", "net"), ("all", "net", "encoder"))
+    ]
+    # 7 nodes in the saved tree, 3 drawn, and the 2 the saved profile already dropped
+    assert "(6 smaller blocks not drawn)" in svg
+
+
 def test_report_breakdown_tables_and_header(profile: Profile) -> None:
     page = static_report_html(profile)
     assert "At the peak: 10.3 KiB" in page

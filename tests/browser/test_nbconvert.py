@@ -79,6 +79,35 @@ def test_nbconvert_report_renders_without_javascript(browser: Browser, tmp_path:
         context.close()
 
 
+LUMINANCE = """e => {
+    const rgb = c => c.match(/[\\d.]+/g).slice(0, 3).map(Number);
+    const lum = ([r, g, b]) => (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255;
+    let bg = e;  // the first ancestor with a background of its own
+    while (bg && getComputedStyle(bg).backgroundColor === 'rgba(0, 0, 0, 0)') bg = bg.parentElement;
+    return [lum(rgb(getComputedStyle(e).color)),
+            lum(rgb(getComputedStyle(bg || document.body).backgroundColor))];
+}"""
+
+
+def test_nbconvert_dark_theme_report_reads_light_on_dark(browser: Browser, tmp_path: Path) -> None:
+    """The report's text takes the page's colour: light text on nbconvert's dark theme."""
+    html_path = recorded_html(tmp_path, theme="dark")
+    context = browser.new_context(
+        viewport={"width": 1100, "height": 900}, java_script_enabled=False
+    )
+    try:
+        page = context.new_page()
+        page.goto(html_path.as_uri())
+        report = page.locator(".jvs-report")
+        for part in (".jvs-title", ".jvs-modules td", ".jvs-sites td"):
+            text, background = report.locator(part).first.evaluate(LUMINANCE)
+            assert text > 0.6 and background < 0.3, (part, text, background)
+        box = report.locator("svg.jvs-flame").bounding_box()
+        assert box is not None and box["height"] >= 60
+    finally:
+        context.close()
+
+
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 PROFILE_MIME = "application/vnd.jupyter-vram.profile+json"
 
