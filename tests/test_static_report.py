@@ -312,3 +312,23 @@ def test_estimate_report_carries_its_summary(est: Estimate) -> None:
     assert bundle["text/html"].index(html.escape(app.gpu_answer)) < bundle["text/html"].index(
         "Flame graph"
     )
+
+
+def test_real_h200_recording_reserved_and_allocated_match_the_gpus_statistics() -> None:
+    """A GPT-2 training step recorded on an H200: the saved profile's peak allocated and
+    reserved are the allocator's own max_memory_allocated / max_memory_reserved, read on the
+    GPU; every timeline step holds no more allocated than reserved."""
+    from .test_cuda_h200 import SUMMARY, convert
+
+    truth = SUMMARY["gpt2_step2"]
+    prof = convert("gpt2_step2")
+    d = profile_payload(prof)
+    assert d["peak_bytes"] == truth["max_memory_allocated"]
+    assert d["reserved_bytes"] == truth["max_memory_reserved"]
+    t = d["timeline"]
+    assert len(t["reserved"]) == len(t["x"]) == len(t["total"])
+    assert all(r >= a for r, a in zip(t["reserved"], t["total"], strict=True))
+    assert max(t["total"]) == truth["max_memory_allocated"]
+    assert max(t["reserved"]) <= truth["max_memory_reserved"]
+    page = report_html(d)
+    assert "peak reserved" in page and len(page.encode()) < 150_000
