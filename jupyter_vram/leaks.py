@@ -24,7 +24,7 @@ from .model import CATEGORIES
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .capture.leaks import HeldStorage, Holder
+    from .capture.leaks import HeldStorage, Holder, SizeMatcher
     from .model import Profile
 
 COLUMNS = [
@@ -60,21 +60,23 @@ def attach(profile: Profile, state: _RunState) -> None:
     _runs[profile] = state
 
 
-def _held(profile: Profile) -> tuple[list[HeldStorage], dict[int, list[int]]] | None:
+def _held(
+    profile: Profile,
+) -> tuple[list[HeldStorage], dict[int, list[int]], SizeMatcher] | None:
     state = _runs.get(profile)
     if state is None:
         return None
-    from .capture.leaks import held
+    from .capture.leaks import SizeMatcher, held
 
     a = profile.allocations
     rows = np.flatnonzero((a.alloc_seq >= 0) & (a.free_seq < 0) & profile.timeline.device_mask)
     by_size: dict[int, list[int]] = {}
     for row in rows[np.argsort(a.alloc_seq[rows], kind="stable")]:
         by_size.setdefault(int(a.size[row]), []).append(int(row))
+    sizes = SizeMatcher({n: len(r) for n, r in by_size.items()}, state.device_type == "cuda")
     if not by_size:
-        return [], by_size
-    counts = {n: len(rows) for n, rows in by_size.items()}
-    return held(state.namespace, state.device_type, state.before, counts), by_size
+        return [], by_size, sizes
+    return held(state.namespace, state.device_type, state.before, sizes.copy()), by_size, sizes
 
 
 def find_leaks(profile: Profile) -> pd.DataFrame:
@@ -94,15 +96,15 @@ def find_leaks(profile: Profile) -> pd.DataFrame:
     if found is None:
         frame.attrs["note"] = "leaks are found in the kernel that recorded the profile"
         return frame
-    storages, by_size = found
+    storages, by_size, sizes = found
     a = profile.allocations
     records = []
-    taken: dict[int, int] = {}
     for item in sorted(storages, key=lambda s: -s.nbytes):
-        rows = by_size.get(item.nbytes, [])
-        if taken.get(item.nbytes, 0) >= len(rows):
+        size = sizes.match(item.nbytes)
+        if size is None:
             continue  # more storages of this size than the run left: the rest are older
-        taken[item.nbytes] = taken.get(item.nbytes, 0) + 1
+        sizes.take(size)
+        rows = by_size[size]
         records.append(
             [
                 item.nbytes,
@@ -139,7 +141,7 @@ def release_leaks(profile: Profile, leaks: pd.DataFrame | None = None) -> list[s
     found = _held(profile)
     if found is None:
         return []
-    storages, _ = found
+    storages = found[0]
     wanted = {int(k) for k in leaks["storage"]}
     holders: list[Holder] = []
     for item in storages:

@@ -28,8 +28,9 @@ def current_cell_number(shell: Any) -> int:
     return int(shell.execution_count)
 
 
-def _capacity(text: str | None) -> int | None:
-    """``--capacity`` in bytes; a bad size prints one message and gives None."""
+def _capacity(text: str | None, outcome: str = "the cell did not run") -> int | None:
+    """``--capacity`` in bytes; a bad size prints one message (ending in ``outcome``) and
+    gives None."""
     if text is None:
         return None
     from .capture.capacity import parse_capacity
@@ -37,7 +38,7 @@ def _capacity(text: str | None) -> int | None:
     try:
         return parse_capacity(text)
     except ValueError as error:
-        print(f"%%vram: {error}; the cell did not run", file=sys.stderr)
+        print(f"%%vram: {error}; {outcome}", file=sys.stderr)
         return None
 
 
@@ -276,11 +277,14 @@ class VramMagics(Magics):
             print("%%vram: already recording; this nested cell runs without its own recording")
             return
         assert self.shell is not None
+        capacity = _capacity(args.capacity, "the cell runs unrecorded")
+        if args.capacity is not None and capacity is None:
+            return
         rec = record(
             args.device,
             stacks=not args.no_stacks,
             namespace=self.shell.user_ns,
-            capacity=_capacity(args.capacity),
+            capacity=capacity,
         )
         try:
             rec.__enter__()

@@ -52,6 +52,36 @@ class HeldStorage:
     holders: tuple[Holder, ...]
 
 
+class SizeMatcher:
+    """Which of a run's never-freed allocation sizes a live storage of ``n`` bytes can be, and
+    how many of each are still unclaimed. On the CPU a row is the storage's own size. On CUDA a
+    row is a caching-allocator block: the request rounded up to 512 bytes, or up to 1 MiB more
+    when the block kept a remainder too small to split off."""
+
+    SLACK = 1 << 20
+
+    def __init__(self, counts: Mapping[int, int], cuda: bool) -> None:
+        self.left = {size: n for size, n in counts.items() if n > 0}
+        self.cuda = cuda
+
+    def copy(self) -> SizeMatcher:
+        return SizeMatcher(self.left, self.cuda)
+
+    def match(self, n: int) -> int | None:
+        """The smallest unclaimed row size a storage of ``n`` bytes fits (None: none)."""
+        if not self.cuda:
+            return n if self.left.get(n, 0) > 0 else None
+        low = -(-n // 512) * 512
+        fits = [s for s, k in self.left.items() if k > 0 and low <= s <= low + self.SLACK]
+        return min(fits) if fits else None
+
+    def take(self, size: int) -> None:
+        self.left[size] -= 1
+
+    def empty(self) -> bool:
+        return all(k <= 0 for k in self.left.values())
+
+
 def storage_keys(namespace: Mapping[str, Any] | None, device_type: str) -> dict[int, Any]:
     """Weak references to the storages the notebook reaches now (memory from before a cell)."""
     out: dict[int, Any] = {}
@@ -129,13 +159,13 @@ def held(
     namespace: Mapping[str, Any] | None,
     device_type: str,
     before: Mapping[int, Any],
-    sizes: Mapping[int, int],
+    sizes: SizeMatcher,
     budget_s: float = 1.0,
 ) -> list[HeldStorage]:
-    """Storages on ``device_type`` made since ``before`` (storage id -> weakref) whose size is
-    in ``sizes`` (bytes -> how many the run left alive), each with everything found holding
-    it. The garbage collector's objects are searched only for sizes the named roots did not
-    account for, within ``budget_s`` seconds."""
+    """Storages on ``device_type`` made since ``before`` (storage id -> weakref) that fit one
+    of the run's never-freed sizes (see :class:`SizeMatcher`), each with everything found
+    holding it. The garbage collector's objects are searched only for sizes the named roots
+    did not account for, within ``budget_s`` seconds."""
     found: dict[int, tuple[int, list[Holder]]] = {}
 
     def is_new(storage: Any) -> bool:
@@ -145,13 +175,15 @@ def held(
     for kind, name, value in roots(namespace):
         for storage in held_storages({"v": value}, device_type):
             n = int(storage.nbytes())
-            if n in sizes and is_new(storage):
+            if sizes.match(n) is not None and is_new(storage):
                 entry = found.setdefault(storage._cdata, (n, []))
                 entry[1].append(Holder(kind, name, id(value)))
-    left = dict(sizes)
+    left = sizes.copy()
     for n, _ in found.values():
-        left[n] = left.get(n, 0) - 1
-    if all(count <= 0 for count in left.values()):
+        size = left.match(n)
+        if size is not None:
+            left.take(size)
+    if left.empty():
         return [HeldStorage(k, n, tuple(h)) for k, (n, h) in found.items()]
     deadline = time.monotonic() + budget_s
     candidates: list[tuple[Any, int, int]] = []  # unnamed tensors: (tensor, storage id, bytes)
@@ -166,7 +198,9 @@ def held(
             if storage.device.type != device_type or storage._cdata in found:
                 continue
             n = int(storage.nbytes())
-            if left.get(n, 0) > 0 and is_new(storage):
+            size = left.match(n)
+            if size is not None and is_new(storage):
+                left.take(size)
                 candidates.append((obj, storage._cdata, n))
                 found[storage._cdata] = (n, [])
     del objects

@@ -1,0 +1,111 @@
+"""What OOM capacities and leak finding cost, on a GPT-2-small training step (124M, CPU).
+
+Usage: python bench/oom_leaks.py [--quick]
+
+* leak baseline: what every recording now does at start (weak references to the storages the
+  notebook reaches), for a namespace holding the model, its AdamW (with state) and a batch;
+* empty recording, start + stop, with that namespace;
+* step time: bare, recorded, recorded with a capacity it fits under (the capacity's dispatch
+  mode runs Python around every op);
+* ``profile.leaks()`` after a step that leaves its loss alive (named roots only), and after
+  one that also leaves a tensor in a reference cycle (a garbage-collector scan as well).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import jupyter_vram as jv
+from jupyter_vram.leaks import note_start
+
+
+def median_s(fn: Callable[[], Any], reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="2 layers instead of 12")
+    args = parser.parse_args()
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    config = transformers.GPT2Config(attn_implementation="eager", n_layer=2 if args.quick else 12)
+    model = transformers.GPT2LMHeadModel(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, config.vocab_size, (1, 128))
+    ns: dict[str, Any] = {"model": model, "opt": opt, "ids": ids}
+
+    def step() -> None:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        ns["loss"] = loss.detach()
+
+    step()  # optimizer state exists from here on
+    reps = 3 if args.quick else 5
+    baseline = median_s(lambda: note_start(ns, "cpu"), reps)
+
+    def empty() -> None:
+        with jv.record("cpu", namespace=ns):
+            pass
+
+    empty_s = median_s(empty, reps)
+
+    def recorded(capacity: int | None) -> Callable[[], None]:
+        def run() -> None:
+            with jv.record("cpu", namespace=ns, capacity=capacity):
+                step()
+
+        return run
+
+    bare = median_s(step, reps)
+    rec = median_s(recorded(None), reps)
+    cap = median_s(recorded(1 << 40), reps)
+    with jv.record("cpu", namespace=ns) as r:
+        step()
+    prof = r.profile
+    prof.leaks()  # first call: imports
+    t = time.perf_counter()
+    leaks = prof.leaks()
+    named_s = time.perf_counter() - t
+    gc.disable()
+    try:
+        with jv.record("cpu", namespace=ns) as r2:
+            step()
+            box: list[Any] = [torch.ones(1000, 1000)]
+            box.append(box)
+            del box
+        t = time.perf_counter()
+        leaks2 = r2.profile.leaks()
+        scan_s = time.perf_counter() - t
+    finally:
+        gc.enable()
+        gc.collect()
+    params = sum(p.numel() for p in model.parameters())
+    print(f"model: GPT-2 {config.n_layer} layers, {params:,} params")
+    print(f"gc objects in this process: {len(gc.get_objects()):,}")
+    print(f"leak baseline at start:          {baseline * 1e3:8.1f} ms")
+    print(f"empty recording, start + stop:   {empty_s * 1e3:8.1f} ms")
+    print(f"step bare:                       {bare * 1e3:8.1f} ms")
+    print(f"step recorded:                   {rec * 1e3:8.1f} ms  ({rec / bare:.2f}x)")
+    print(f"step recorded with a capacity:   {cap * 1e3:8.1f} ms  ({cap / bare:.2f}x)")
+    print(f"leaks(), named roots ({len(leaks)} rows):   {named_s * 1e3:8.1f} ms")
+    print(f"leaks(), with a gc scan ({len(leaks2)} rows): {scan_s * 1e3:8.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
