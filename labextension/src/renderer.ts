@@ -88,7 +88,18 @@ export class ProfileRenderer extends Panel implements IRenderMime.IRenderer {
     const host = this.host;
     const canWidget =
       modelId !== null && host !== null && host.rendermime.getFactory(WIDGET_MIME) !== undefined;
-    const kernel = host === null ? null : liveKernel(host.sessionContext);
+    let kernel = host === null ? null : liveKernel(host.sessionContext);
+    if (kernel === null && host !== null && canWidget && model.trusted) {
+      // A notebook being opened renders its outputs before its session connects: draw the
+      // saved profile now, and ask the kernel once the session is ready (a page reloaded
+      // while the kernel runs gets its app back).
+      this._showSaved(check, null);
+      await host.sessionContext.ready.catch(() => undefined);
+      if (generation !== this._generation || this.isDisposed) {
+        return;
+      }
+      kernel = liveKernel(host.sessionContext);
+    }
     const facts = {
       widget: canWidget,
       trusted: model.trusted,
@@ -109,7 +120,6 @@ export class ProfileRenderer extends Panel implements IRenderMime.IRenderer {
     if (choice === 'widget' && host !== null) {
       await this._showWidget(model, host, check, generation);
     }
-    this.node.dataset.vramView = this._view;
   }
 
   /** Which view is showing: `saved` or `widget` (read by tests through the DOM). */
@@ -140,19 +150,56 @@ export class ProfileRenderer extends Panel implements IRenderMime.IRenderer {
     if (generation !== this._generation || this.isDisposed) {
       return;
     }
-    const children = (inner as unknown as Panel).widgets;
-    if (children !== undefined && children.length > 0) {
-      this._removeSaved();
-      if (conflict !== null) {
-        this.insertWidget(0, note(conflict, 'jp-VramOutput-conflict'));
-      }
-      inner.show();
-      this._view = 'widget';
-    } else {
-      // The widget manager could not build the view after all: keep the saved profile.
+    const outcome = widgetOutcome(inner);
+    if (outcome === 'shown') {
+      this._adopt(inner, conflict);
+    } else if (outcome === 'failed') {
       inner.dispose();
       this._showSaved(check, null);
+    } else {
+      // The widget manager is still restoring (a reloaded page with a live kernel): show the
+      // saved profile meanwhile and swap when the view appears, or give up after a while.
+      this._showSaved(check, null);
+      this._await(inner, conflict, generation);
     }
+  }
+
+  private _adopt(inner: IRenderMime.IRenderer, conflict: string | null): void {
+    this._removeSaved();
+    if (conflict !== null) {
+      this.insertWidget(0, note(conflict, 'jp-VramOutput-conflict'));
+    }
+    inner.show();
+    this._setView('widget');
+  }
+
+  private _await(inner: IRenderMime.IRenderer, conflict: string | null, generation: number): void {
+    const stop = (): void => {
+      observer.disconnect();
+      window.clearTimeout(timer);
+    };
+    const check = (): void => {
+      if (generation !== this._generation || this.isDisposed || inner.isDisposed) {
+        stop();
+        return;
+      }
+      const outcome = widgetOutcome(inner);
+      if (outcome === 'shown') {
+        stop();
+        this._adopt(inner, conflict);
+      } else if (outcome === 'failed') {
+        stop();
+        inner.dispose();
+      }
+    };
+    const observer = new MutationObserver(check);
+    observer.observe(inner.node, { childList: true, characterData: true, subtree: false });
+    const timer = window.setTimeout(() => {
+      stop();
+      if (!inner.isDisposed && widgetOutcome(inner) !== 'shown') {
+        inner.dispose();
+      }
+    }, PENDING_MS);
   }
 
   private _showSaved(check: ReturnType<typeof checkPayload>, why: string | null): void {
@@ -162,7 +209,12 @@ export class ProfileRenderer extends Panel implements IRenderMime.IRenderer {
       : noteNode(`jupyter_vram: cannot draw this saved profile: ${check.reason}`);
     this._saved = new Widget({ node: body });
     this.insertWidget(0, this._saved);
-    this._view = 'saved';
+    this._setView('saved');
+  }
+
+  private _setView(view: string): void {
+    this._view = view;
+    this.node.dataset.vramView = view;
   }
 
   private _removeSaved(): void {
@@ -175,7 +227,7 @@ export class ProfileRenderer extends Panel implements IRenderMime.IRenderer {
       w.dispose();
     }
     this._saved = null;
-    this._view = '';
+    this._setView('');
   }
 
   private _generation = 0;
@@ -192,6 +244,21 @@ function noteNode(text: string, className = 'jp-VramOutput-note'): HTMLElement {
 
 function note(text: string, className: string): Widget {
   return new Widget({ node: noteNode(text, className) });
+}
+
+/** How long a widget view may stay pending (manager restoring) before it is given up. */
+const PENDING_MS = 60000;
+
+/**
+ * What ipywidgets' renderer made of the output: a view (`shown`), an error box (`failed`:
+ * "Error displaying widget..."), or still waiting for its manager (`pending`).
+ */
+function widgetOutcome(inner: IRenderMime.IRenderer): 'shown' | 'failed' | 'pending' {
+  const children = (inner as unknown as Panel).widgets;
+  if (children !== undefined && children.length > 0) {
+    return 'shown';
+  }
+  return inner.node.textContent?.startsWith('Error displaying widget') ? 'failed' : 'pending';
 }
 
 /** Renderer factory; `host` null: outside a notebook (console, output view), saved view only. */

@@ -155,3 +155,22 @@ def test_saved_profile_in_notebook7(lab: Lab, page: Page, page_log: PageLog) -> 
     page.goto(lab.lab_url(f"notebooks/{name}"), wait_until="domcontentloaded")
     check_saved_view(page, payload)
     assert_all_local(page_log.requests)
+
+
+def test_reload_with_live_kernel_shows_the_app_again(
+    lab: Lab, page: Page, page_log: PageLog
+) -> None:
+    """A page reloaded while the kernel still runs gets the live app back (the kernel still
+    holds its widgets; ipywidgets restores them), not the saved profile."""
+    name = "reload_live.ipynb"
+    write_notebook(lab.root_dir, name, [SETUP, RECORD])
+    open_notebook(page, lab, name)
+    assert run_all_cells(page, name), "a cell raised"
+    output = page.locator(OUTPUT)
+    expect(output).to_have_attribute("data-vram-view", "widget", timeout=30_000)
+    save_notebook(page, name)
+    page.goto(lab.lab_url(f"lab/tree/{name}"), wait_until="domcontentloaded")
+    expect(output).to_have_attribute("data-vram-view", "widget", timeout=30_000)
+    expect(output.locator(".jp-VramProfile")).to_have_count(0)
+    assert widget_errors(page) == []
+    assert shut_down_kernels_of(lab, name) == 1
