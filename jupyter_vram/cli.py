@@ -171,6 +171,13 @@ def cmd_run(args: argparse.Namespace, progress: Progress) -> int:
     script = Path(args.script)
     if not script.is_file():
         raise UsageError(f"{args.script}: no such script")
+    if args.nproc_per_node is not None:  # torchrun records every rank (distributed/run.py)
+        from .distributed.run import run_local
+
+        if args.nproc_per_node < 1:
+            raise UsageError("--nproc-per-node must be at least 1")
+        return run_local(str(script), args.args, nproc=args.nproc_per_node,
+                         out=args.ranks_dir, device=args.device)  # fmt: skip
     progress(f"running {script.name} under recording")
     status = OK
     rec = record(args.device)
@@ -308,6 +315,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-o", "--output", default="report.html")
     run.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if any)")
     run.add_argument("--save", default=None, help="also save the profile (.json / .json.gz)")
+    run.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        help="run the script on N local ranks with torchrun, one profile per rank",
+    )
+    run.add_argument(
+        "--ranks-dir",
+        default="vram_ranks",
+        help="with --nproc-per-node: the folder for rank<N>.json.gz",
+    )
     run.add_argument("script")
     run.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
 

@@ -275,3 +275,25 @@ def test_two_torchrun_nodes_write_one_profile_per_rank(tmp_path: Path) -> None:
         assert 4 * 1000 * (profile.meta["rank"] + 1) in sizes
     assert all("args ['--flag'" in o for o in outputs)
     assert_ranks_gone([p.pid for p in procs], port, before)
+
+
+@pytest.mark.slow
+def test_cli_run_nproc_per_node_records_every_rank(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(TWO_NODE_SCRIPT)
+    out = tmp_path / "ranks"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "jupyter_vram.cli", "run", "--nproc-per-node", "2"]
+    done = subprocess.run(
+        [*command, "--ranks-dir", str(out), str(script), "--flag", "x"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    profiles = jv.Profile.load_ranks(out)
+    assert [p.meta["rank"] for p in profiles] == [0, 1]
+    for profile in profiles:
+        assert 4 * 1000 * (profile.meta["rank"] + 1) in profile.allocations.size.tolist()
+    assert f"{out}/rank1.json.gz: peak" in done.stdout

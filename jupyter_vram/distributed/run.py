@@ -74,5 +74,44 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run_local(
+    script: str, args: list[str], *, nproc: int, out: str, device: str | None = None
+) -> int:
+    """``jupyter-vram run --nproc-per-node N``: torchrun on this machine, each rank recorded
+    into ``out``; prints each rank's peak. Returns torchrun's exit code."""
+    import subprocess
+
+    from ..render.text import format_bytes
+    from .files import load_ranks
+
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "jupyter_vram.distributed.run",
+        "--out",
+        out,
+        *(["--device", device] if device else []),
+        script,
+        *args,
+    ]
+    code = subprocess.call(command)
+    try:
+        profiles = load_ranks(out)
+    except ValueError as exc:
+        print(f"jupyter-vram: no rank profiles: {exc}", file=sys.stderr)
+        return code or 1
+    for profile in profiles:
+        error = f" (failed: {profile.error})" if profile.error else ""
+        print(
+            f"{out}/rank{profile.meta.get('rank')}.json.gz: peak "
+            f"{format_bytes(profile.peak_bytes)}{error}"
+        )
+    return code
+
+
 if __name__ == "__main__":
     sys.exit(main())
