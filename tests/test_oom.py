@@ -250,3 +250,58 @@ def test_app_shows_the_post_mortem() -> None:
     for s in oom.suggestions:
         assert s.action in view
     assert "OUT OF MEMORY" in app.text()
+
+
+def test_cuda_capacity_sets_and_restores_the_fraction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a GPU here: the calls the CUDA capacity makes, with torch.cuda's answers faked."""
+    from types import SimpleNamespace
+
+    from jupyter_vram.capture.capacity import CudaCapacity
+
+    calls: list[tuple[float, int]] = []
+    total = 80 * 2**30
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=total)
+    )
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda i: 0.5)
+    monkeypatch.setattr(
+        torch.cuda, "set_per_process_memory_fraction", lambda f, i: calls.append((f, i))
+    )
+    limit = CudaCapacity(6 * 2**30, torch.device("cuda", 0))
+    limit.start()
+    limit.stop()
+    limit.stop()  # twice: restores once
+    assert calls == [(6 / 80, 0), (0.5, 0)]
+    with pytest.raises(ValueError, match="more than this device has"):
+        CudaCapacity(100 * 2**30, torch.device("cuda", 0)).start()
+    assert calls == [(6 / 80, 0), (0.5, 0)]
+
+
+def test_oom_observer_forwards_to_the_running_recording(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jupyter_vram.capture import oom as oom_capture
+
+    attached: list[Any] = []
+    monkeypatch.setattr(oom_capture, "_attached", False)
+    monkeypatch.setattr(oom_capture, "_listener", None)  # put back even if this test fails
+    monkeypatch.setattr(
+        torch._C, "_cuda_attach_out_of_memory_observer", attached.append, raising=False
+    )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    watch = oom_capture.OomWatch("cuda:0")
+    watch.start()
+    oom_capture.OomWatch("cuda:0").start()  # a second recording does not attach again
+    assert len(attached) == 1
+    watch.start()
+    observer = attached[0]
+    observer(0, 3 * 2**20, 40 * 2**30, 2**20)  # device, request, limit, device free
+    error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 MiB.")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    facts = watch.facts(error)
+    assert facts["source"] == "cuda"
+    assert facts["requested_bytes"] == 3 * 2**20
+    assert facts["capacity_bytes"] == 40 * 2**30 and facts["device_free_bytes"] == 2**20
+    watch.stop()
+    observer(0, 1, 1, 1)  # no recording listens any more
+    assert len(watch.observed) == 1
+    assert oom_capture.requested_in_message("Tried to allocate 20.00 MiB") == 20 * 2**20
+    assert oom_capture.requested_in_message("no size here") is None
