@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .snapshot_columns import ACTION_CODE
-from .snapshot_stream import _UNSET, _StackId
+from .snapshot_stream import UnsupportedPickle
 
 if TYPE_CHECKING:
     from .snapshot_stream import _Layout, _Reader
@@ -116,28 +116,17 @@ def read_run(reader: _Reader, layout: _Layout, target: list[Any]) -> bool:
             frame_slot = np.where(new, slots, -1)  # offset within the entry's slots
             slots += new
             nxt = _at(arr, p + 2)
-            marked = new & (nxt == _MARK)
-            one = np.where(nxt == _H, 2, np.where(nxt == _J, 5, 0))
-            single = new & (one > 0) & (_at(arr, p + 2 + one) == _APPEND)
-            q = p + 3
-            active = marked.copy()
-            for _ in range(_MAX_FRAMES):
-                if not active.any():
-                    break
-                o = _at(arr, q)
-                step = np.where(o == _H, 2, np.where(o == _J, 5, 0))
-                closing = active & (o == _APPENDS)
-                ok &= ~(active & (step == 0) & ~closing)
-                q = np.where(active, q + np.where(closing, 1, step), q)
-                active &= step > 0
+            if n == len(layout.keys) - 1:  # the last key: the entry ends where the next starts
+                end_here = _entry_end(arr, np.append(cand[1:], -1))
+                ok &= end_here > 0
+                size = end_here - 1 - p
+                last = _at(arr, end_here - 2)
+                marked = new & (nxt == _MARK) & (last == _APPENDS)
+                single = new & ((nxt == _H) | (nxt == _J)) & (last == _APPEND)
+                empty = new & (size == 2)
+                ok &= (is_ref & (size == np.where(op == _H, 2, 5))) | marked | single | empty
             else:
-                ok &= ~active
-            ok &= ~new | marked | single | ~((nxt == _H) | (nxt == _J) | (nxt == _MARK))
-            size = np.where(
-                is_ref,
-                np.where(op == _H, 2, 5),
-                np.where(marked, q - p, np.where(single, 3 + one, 2)),
-            )
+                marked, single, size = _walk_frames(arr, p, op, new, is_ref, nxt, ok)
             frames_kind = np.where(is_ref, 0, np.where(marked | single, 1, 2))
             frames_pos, frames_end = p, p + size
         fields[key] = (p, op)
@@ -160,6 +149,20 @@ def read_run(reader: _Reader, layout: _Layout, target: list[Any]) -> bool:
     if not chained[0] or cand[0] != start:
         return False
     run = int(np.argmin(chained)) if not chained.all() else len(cand)
+    # frame lists seen for the first time: interned in order; one the reader cannot follow
+    # (a frame dict written inside it) ends the run there
+    stack = np.full(max(run, 0), -1, np.int64)
+    run_of = reader.stack_of_run
+    for r in np.flatnonzero(frames_kind[:run] == 1).tolist():
+        g = buf[frames_pos[r] : frames_end[r]]
+        sid = run_of.get(g)
+        if sid is None:
+            try:
+                sid = reader.new_run(g)
+            except UnsupportedPickle:
+                run = r
+                break
+        stack[r] = sid
     # look about twice as far as this run reached: scanning stays proportional to reading
     if run == len(cand):
         reader.bulk_span = min(reader.bulk_span * 2, _MAX_SPAN)
@@ -169,28 +172,24 @@ def read_run(reader: _Reader, layout: _Layout, target: list[Any]) -> bool:
     if run < 1:
         return False
     sl = slice(0, run)
+    stack = stack[:run]
 
-    # memo: every slot of the run, then the frame lists' stack ids in theirs
-    memo = reader.memo
-    base = len(memo) + np.concatenate(([0], np.cumsum(slots[sl])[:-1]))
-    memo.extend([_UNSET] * int(slots[sl].sum()))
+    # memo: every slot of the run, the frame lists' stack ids in theirs
+    base = reader.memo_len + np.concatenate(([0], np.cumsum(slots[sl])[:-1]))
+    reader.memo_len += int(slots[sl].sum())
     kind = frames_kind[sl]
-    stack = np.full(run, -1, np.int64)
-    new_rows = np.flatnonzero(kind == 1)
-    run_of = reader.stack_of_run
-    fp, fe = frames_pos[sl], frames_end[sl]
-    for r in new_rows.tolist():
-        g = buf[fp[r] : fe[r]]
-        sid = run_of.get(g)
-        stack[r] = sid if sid is not None else reader.new_run(g)
-    for r in np.flatnonzero(kind >= 1).tolist():
-        memo[int(base[r] + frame_slot[r])] = _StackId(int(stack[r]))
+    fp = frames_pos[sl]
+    lists = np.flatnonzero(kind >= 1)
+    reader.set_sids(base[lists] + frame_slot[sl][lists], stack[lists])
     refs = np.flatnonzero(kind == 0)
     if len(refs):
         p_f = fp[refs]
         index = _ref_index(arr, p_f, _at(arr, p_f))
-        values = [reader.get(i) for i in index.tolist()]
-        stack[refs] = [reader.stack_id(v) for v in values]
+        known = reader.slot_sid[np.minimum(index, len(reader.slot_sid) - 1)].astype(np.int64)
+        known = np.where(index < len(reader.slot_sid), known, -2)
+        stack[refs] = known
+        for r, i in zip(refs[known == -2].tolist(), index[known == -2].tolist(), strict=True):
+            stack[r] = reader.stack_id(reader.get(i))  # a list the interpreter built
 
     # the columns
     cols = reader.trace_columns(target)
@@ -221,3 +220,48 @@ def read_run(reader: _Reader, layout: _Layout, target: list[Any]) -> bool:
         reader.stack = []  # the batches' APPENDS + MARK, with every entry already consumed
     reader.pos = int(end[run - 1])
     return True
+
+
+def _entry_end(arr: U8, nxt: I64) -> I64:
+    """Where an entry ends (after its SETITEMS) given where the next one starts, past list
+    batch marks and pickle frame headers between them; -1 if no shape fits."""
+    u = _SETITEMS
+    at = [_at(arr, nxt - k) for k in range(13)]
+    batch_at = (at[2] == _APPENDS) & (at[1] == _MARK)
+    choices = [
+        (nxt > 0) & (at[1] == u),
+        (nxt > 0) & batch_at & (at[3] == u),
+        (nxt > 0) & (at[9] == _FRAME) & (at[10] == u),
+        (nxt > 0) & (at[9] == _FRAME) & (at[11] == _APPENDS) & (at[10] == _MARK) & (at[12] == u),
+        (nxt > 0) & batch_at & (at[11] == _FRAME) & (at[12] == u),
+    ]
+    return np.select(choices, [nxt, nxt - 2, nxt - 9, nxt - 11, nxt - 11], -1)
+
+
+def _walk_frames(
+    arr: U8, p: I64, op: I64, new: Mask, is_ref: Mask, nxt: I64, ok: Mask
+) -> tuple[Mask, Mask, I64]:
+    """Frame lists not at the end of their entry: follow each list's references."""
+    marked = new & (nxt == _MARK)
+    one = np.where(nxt == _H, 2, np.where(nxt == _J, 5, 0))
+    single = new & (one > 0) & (_at(arr, p + 2 + one) == _APPEND)
+    q = p + 3
+    active = marked.copy()
+    for _ in range(_MAX_FRAMES):
+        if not active.any():
+            break
+        o = _at(arr, q)
+        step = np.where(o == _H, 2, np.where(o == _J, 5, 0))
+        closing = active & (o == _APPENDS)
+        ok &= ~(active & (step == 0) & ~closing)
+        q = np.where(active, q + np.where(closing, 1, step), q)
+        active &= step > 0
+    else:
+        ok &= ~active
+    ok &= ~new | marked | single | ~((nxt == _H) | (nxt == _J) | (nxt == _MARK))
+    size = np.where(
+        is_ref,
+        np.where(op == _H, 2, 5),
+        np.where(marked, q - p, np.where(single, 3 + one, 2)),
+    )
+    return marked, single, size

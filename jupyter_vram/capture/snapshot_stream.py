@@ -23,6 +23,8 @@ import struct
 from collections.abc import Callable
 from typing import IO, Any
 
+import numpy as np
+
 from ..model import ProfileFileError
 from .snapshot_columns import ACTION_CODE, TraceColumns
 
@@ -120,7 +122,11 @@ class _Reader:
         self.progress = progress
         self.stack: list[Any] = []
         self.marks: list[list[Any]] = []
-        self.memo: list[Any] = []
+        # the memo: objects the interpreter built, by slot; the stack ids of frame lists the
+        # fast paths read, by slot (-2: none); slots of neither were never kept
+        self.objects: dict[int, Any] = {}
+        self.memo_len = 0
+        self.slot_sid = np.full(1 << 16, -2, np.int32)
         self.str_slot: dict[str, int] = {}
         self.dict_slot: dict[int, int] = {}
         self.columns: dict[int, TraceColumns] = {}
@@ -167,28 +173,42 @@ class _Reader:
     # -- memo and strings ----------------------------------------------------------------------
 
     def memoize(self, value: Any) -> None:
-        index = len(self.memo)
-        self.memo.append(value)
+        index = self.memo_len
+        self.memo_len += 1
+        self.objects[index] = value
         if type(value) is str:
             self.str_slot.setdefault(value, index)
         elif type(value) is dict:
             self.dict_slot[id(value)] = index
 
     def put(self, index: int, value: Any) -> None:
-        if index == len(self.memo):
+        if index == self.memo_len:
             self.memoize(value)
             return
-        while len(self.memo) <= index:
-            self.memo.append(None)
-        self.memo[index] = value
+        if index > 1 << 40:
+            raise ProfileFileError("not a memory snapshot (a memo slot of absurd number)")
+        self.memo_len = max(self.memo_len, index + 1)
+        self.objects[index] = value
 
     def get(self, index: int) -> Any:
-        if index >= len(self.memo):
-            raise ProfileFileError(f"not a memory snapshot (memo reference {index} is unset)")
-        value = self.memo[index]
+        value = self.objects.get(index, _UNSET)
         if value is _UNSET:
-            raise UnsupportedPickle("a reference to a string the bulk reader did not keep")
+            sid = int(self.slot_sid[index]) if index < len(self.slot_sid) else -2
+            if sid == -2:
+                if index >= self.memo_len:
+                    raise ProfileFileError(f"not a memory snapshot (memo {index} is unset)")
+                raise UnsupportedPickle("a reference to a value the fast reader did not keep")
+            return _StackId(sid)
         return value
+
+    def set_sids(self, slots: Any, sids: Any) -> None:
+        """Record the stack ids of frame lists at their memo slots (arrays or ints)."""
+        top = int(np.max(slots)) + 1 if np.size(slots) else 0
+        if top > len(self.slot_sid):
+            grown = np.full(max(top, 2 * len(self.slot_sid)), -2, np.int32)
+            grown[: len(self.slot_sid)] = self.slot_sid
+            self.slot_sid = grown
+        self.slot_sid[slots] = sids
 
     def intern(self, text: str) -> str:
         return self.strings.setdefault(text, text)
@@ -267,8 +287,7 @@ class _Reader:
             return False
         cols = self.trace_columns(target)
         read = 0
-        memo, memo_append = self.memo, self.memo.append
-        action_of, meta_of, inline_of = self.action_of, self.meta_of, self.inline_of
+        action_of, meta_of = self.action_of, self.meta_of
         run_of = self.stack_of_run
         add_action, add_addr, add_size = cols.action.append, cols.addr.append, cols.size.append
         add_time, add_stack, add_meta = cols.time_us.append, cols.stack.append, cols.meta.append
@@ -287,23 +306,24 @@ class _Reader:
             if read > 64 and self.bulk_ready:  # long runs go to the bulk reader
                 return True
             g = m.groups()
-            memo_append(None)  # the entry dict itself: never referenced again
+            self.memo_len += 1  # the entry dict itself: never referenced again
             for k in lay.before:
                 if g[k][0] == 0x8C:  # an inline string, memoized
-                    memo_append(inline_of.get(g[k]) or self.inline(g[k]))
+                    self.keep_inline(g[k], k == lay.action)
             f = g[lay.frames]
             op = f[0]
             if op == 0x68 or op == 0x6A:  # h / j: the frames list of an earlier entry
-                value = memo[f[1] if op == 0x68 else from_bytes(f[1:5], "little")]
+                value = self.get(f[1] if op == 0x68 else from_bytes(f[1:5], "little"))
                 sid = int(value) if type(value) is _StackId else self.stack_id(value)
             else:
                 sid = run_of.get(f, -2)
                 if sid == -2:
                     sid = self.new_run(f) if len(f) > 2 else -1
-                memo_append(_StackId(sid))
+                self.set_sids(self.memo_len, sid)
+                self.memo_len += 1
             for k in lay.after:
                 if g[k][0] == 0x8C:
-                    memo_append(inline_of.get(g[k]) or self.inline(g[k]))
+                    self.keep_inline(g[k], k == lay.action)
             self.pos = m.end()
             x = g[lay.action]
             code = action_of.get(x)
@@ -339,6 +359,16 @@ class _Reader:
             return self.get(int.from_bytes(g[1:5], "little"))
         return self.inline(g)
 
+    def keep_inline(self, g: bytes, always: bool) -> None:
+        """Count an inline string's memo slot; keep the string when later entries may refer
+        to it (an action name; any text not seen before), not the fresh copies of repeated
+        text (``compile_context``) that fill every entry."""
+        seen = g in self.inline_of
+        text = self.inline_of.get(g) or self.inline(g)
+        if always or not seen:
+            self.objects[self.memo_len] = text
+        self.memo_len += 1
+
     def inline(self, g: bytes) -> str:
         text = self.intern(g[2:-1].decode("utf-8", "surrogatepass"))
         self.inline_of[g] = text
@@ -364,9 +394,11 @@ class _Reader:
             if body[i] == 0x68:
                 frames.append(self.get(body[i + 1]))
                 i += 2
-            else:
+            elif body[i] == 0x6A and i + 5 <= len(body):
                 frames.append(self.get(int.from_bytes(body[i + 1 : i + 5], "little")))
                 i += 5
+            else:
+                raise UnsupportedPickle("a frame list the fast reader cannot follow")
         if not all(type(f) is dict for f in frames):
             raise ProfileFileError("not a memory snapshot (a frame list holds non-frames)")
         sid = len(self.stacks)
@@ -571,7 +603,7 @@ class _Reader:
         self.stack[-1] = _CONSUMED
         slot = self.dict_slot.pop(id(entry), None)
         if slot is not None:
-            self.memo[slot] = None
+            self.objects.pop(slot, None)
 
 
 def read_snapshot_stream(
