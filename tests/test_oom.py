@@ -305,3 +305,22 @@ def test_oom_observer_forwards_to_the_running_recording(monkeypatch: pytest.Monk
     assert len(watch.observed) == 1
     assert oom_capture.requested_in_message("Tried to allocate 20.00 MiB") == 20 * 2**20
     assert oom_capture.requested_in_message("no size here") is None
+
+
+def test_malformed_post_mortem_reads_as_missing_facts() -> None:
+    """A saved profile's post-mortem is only numbers and names: odd values are skipped, and
+    the summary still renders."""
+    with jv.record("cpu", namespace={}) as rec:
+        torch.ones(1000)
+    rec.profile.meta["oom_report"] = {
+        "requested_bytes": "lots",
+        "site": ["In[1]"],
+        "allocator": {"reserved": "x", "allocated": 5},
+        "optimizers": [3, "AdamW"],
+    }
+    rec.profile.meta["oom"] = [{"seq": "late"}]
+    oom = rec.profile.oom
+    assert oom is not None
+    assert oom.requested_bytes is None and oom.site is None
+    assert oom.allocator == {"allocated": 5} and oom.optimizers == ["AdamW"]
+    assert "OUT OF MEMORY: a request for ?" in summary(rec.profile)

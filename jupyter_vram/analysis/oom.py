@@ -115,8 +115,15 @@ def oom_report(profile: Profile) -> OomReport | None:
     module = profile.modules[int(a.module[asking])] if asking >= 0 else None
     phase = PHASES[int(a.phase[asking])] if asking >= 0 else None
     site = facts.get("site")
-    site_text = f"{site[0]}:{site[1]} ({site[2]})" if isinstance(site, list) and site else None
-    allocator = facts.get("allocator") if isinstance(facts.get("allocator"), dict) else None
+    site_text = (
+        f"{site[0]}:{site[1]} ({site[2]})" if isinstance(site, list) and len(site) == 3 else None
+    )
+    raw_allocator = facts.get("allocator")
+    allocator = (
+        {str(k): v for k, v in raw_allocator.items() if _int(v) is not None}
+        if isinstance(raw_allocator, dict)
+        else None
+    )
     capacity = _int(facts.get("capacity_bytes"))
     shortfall, serve = _shortfall(requested, capacity, live, facts, allocator)
     report = OomReport(
@@ -158,8 +165,10 @@ def _moment(profile: Profile, requested: int | None) -> tuple[int, int]:
     a = profile.allocations
     made = (a.alloc_seq >= 0) & t.device_mask
     ooms = profile.meta.get("oom")
-    if isinstance(ooms, list) and ooms and isinstance(ooms[-1], dict) and "seq" in ooms[-1]:
-        seq = int(ooms[-1]["seq"])
+    last_oom = ooms[-1] if isinstance(ooms, list) and ooms else None
+    seq_of = _int(last_oom.get("seq")) if isinstance(last_oom, dict) else None
+    if seq_of is not None:
+        seq = seq_of
         before = made & (a.alloc_seq < seq)
         row = int(np.argmax(np.where(before, a.alloc_seq, -1))) if before.any() else -1
         return t.index_at_seq(seq), row
@@ -191,7 +200,7 @@ def _shortfall(
         return None, None
     if allocator is not None:
         reserved, allocated = allocator.get("reserved", 0), allocator.get("allocated", 0)
-        free = int(facts.get("device_free_bytes", allocator.get("device_free", 0)))
+        free = _int(facts.get("device_free_bytes")) or allocator.get("device_free", 0)
         room = free if capacity is None else max(0, min(free, capacity - reserved))
         cached = max(0, reserved - allocated)
         return max(0, requested - room), cached + room >= requested
