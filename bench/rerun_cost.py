@@ -100,6 +100,7 @@ def measure(seq: int, batch: int) -> list[str]:
     t = time.perf_counter()
     copy = state.take(ns, ["ids"])
     copy_s = time.perf_counter() - t
+    copy_bytes = copy.host_bytes
     t = time.perf_counter()
     copy.restore()
     restore_s = time.perf_counter() - t
@@ -113,7 +114,7 @@ def measure(seq: int, batch: int) -> list[str]:
         "|---|---|---|",
         f"| StartState before every %%vram (no tensor copies) | - | {start_ms:.1f} ms |",
         f"| state copy (params, grads, AdamW state, input) | "
-        f"{format_bytes(state.host_bytes_needed(ns, ['ids']))} | {copy_s:.2f} s |",
+        f"{format_bytes(copy_bytes)} | {copy_s:.2f} s |",
         f"| restore (copy_ back in place) | - | {restore_s:.2f} s |",
         f"| first run (%%vram of the step) | peak {format_bytes(baseline.peak_bytes)} "
         f"(measured) | {first_s:.2f} s |",
@@ -151,10 +152,13 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.readme:
+        load = os.getloadavg()[0]
         write_section(
             "## Rerun cost",
             "`python bench/rerun_cost.py --readme` (what one `jv.rerun` of a training step "
-            "costs; see the script's docstring for how each figure is taken).\n\n" + text,
+            "costs; see the script's docstring for how each figure is taken).\n\n"
+            + text
+            + f"\n\nLoad average when it finished: {load:.1f} on {os.cpu_count()} CPUs.",
         )
 
 
