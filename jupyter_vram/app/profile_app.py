@@ -176,14 +176,15 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         from .oom_view import TITLE as OOM_TITLE
         from .oom_view import OomView, oom_header_html
 
-        oom = profile.oom if profile.source != "estimate" else None
+        measured = profile.source != "estimate"  # an estimate allocated nothing to leak
+        oom = profile.oom if measured else None
         index = None
         if oom is not None:
             self.header.value += oom_header_html(oom)
             index = len(titles)
             self._builders[index] = lambda p: OomView(oom)
             titles.append(OOM_TITLE)
-        if leaks:
+        if leaks and measured:
             handle = self._handle
             self._builders[len(titles)] = lambda p: LeaksView(handle)
             titles.append("Leaks")
