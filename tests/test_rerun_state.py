@@ -320,3 +320,32 @@ def test_gradients_the_first_run_started_with_are_there_for_the_rerun() -> None:
     frame = baseline.profile.compare(variant)
     assert frame.attrs["notes"] == []
     assert frame.loc["gradient", "change_bytes"] == 0
+
+
+def test_a_cell_that_swaps_modules_and_converts_the_model_is_undone(
+    trained: tuple[dict[str, Any], jv.Profile],
+) -> None:
+    """Replaced submodules and buffers, a dtype conversion, eval mode and frozen weights
+    all come back: the same objects, float32, the same values."""
+    ns, baseline = trained
+    before = snapshot(ns)
+    head = ns["model"].head
+    from jupyter_vram import session
+
+    cell = session.cell_of(baseline)
+    assert cell is not None
+    rewiring = (
+        "model.head = torch.nn.Linear(8, 4)\n"
+        "model.blocks[0][1].running_var = torch.zeros(8)\n"
+        "model.stem.weight.requires_grad_(False)\n"
+        "model.double()\n"
+        "model.eval()\n"
+        "model(x.double()).sum().backward()\n"
+    )
+    session._cells[baseline] = session.Cell(
+        rewiring, cell.filename, cell.namespace, cell.device, cell.stacks, None, cell.start
+    )
+    rerun(baseline)
+    assert ns["model"].head is head
+    assert {p.dtype for p in ns["model"].parameters()} == {torch.float32}
+    assert_unchanged(ns, before)
