@@ -243,5 +243,6 @@ def test_offload_moves_activations_off_the_device() -> None:
     variant = jv.rerun(baseline, offload=True)
     before, after = activation_max(baseline.compare(variant))
     assert after < 0.5 * before
+    assert variant.peak_bytes < baseline.peak_bytes  # not just named otherwise: gone
     first, rerun_grads = ns["grads"]
     assert all(torch.equal(a, b) for a, b in zip(first, rerun_grads, strict=True))
