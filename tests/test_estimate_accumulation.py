@@ -3,6 +3,7 @@ branches are summed in place by autograd, although the fake run sums them out of
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -47,3 +48,36 @@ def test_a_single_consumer_needs_no_rewrite() -> None:
     model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
     estimate = jv.estimate(model, "16x64", device="cpu")
     assert estimate.profile.meta["estimate"]["in_place_sums"] == 0
+
+
+def test_a_sum_loss_feeding_three_heads_is_predicted_exactly() -> None:
+    """``out.sum()`` hands each head's backward a broadcast gradient, which the CPU's matrix
+    product copies to a contiguous buffer inside the op; the estimate models that copy."""
+    torch.manual_seed(0)
+    model = ThreeHeads()
+    x = torch.randn(512, 256)
+    opt = torch.optim.AdamW(model.parameters())
+
+    def step() -> None:
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    state = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+    truth = held_bytes(*model.parameters(), *state, x) + true_peak(step)
+    estimate = jv.estimate(model, x, device="cpu")  # default loss: the sum of the output
+    assert abs(estimate.peak_bytes - truth) <= 0.005 * truth, (estimate.peak_bytes, truth)
+
+
+@pytest.mark.parametrize("expanded", ["scalar", "row"])
+def test_broadcast_matmul_operands_are_copied_inside_the_op(expanded: str) -> None:
+    from jupyter_vram.estimator.kernels import broadcast_operand_copies
+
+    g = (torch.ones(()) if expanded == "scalar" else torch.randn(1, 256)).expand(512, 256)
+    w = torch.randn(256, 1024)
+    out_bytes = 512 * 1024 * 4
+    # the allocator sees the output, then a 512 x 256 x 4 B copy made and freed inside mm
+    assert true_peak(lambda: g.mm(w)) == out_bytes + 512 * 256 * 4
+    assert broadcast_operand_copies(torch.ops.aten.mm.default, (g, w)) == [512 * 256 * 4]
+    assert broadcast_operand_copies(torch.ops.aten.mm.default, (g.contiguous(), w)) == []

@@ -120,7 +120,7 @@ def accumulate_in_place(profile: Profile, segments: list[tuple[int, int]]) -> tu
         lo, hi = np.searchsorted(sorted_seq, [start, end])
         rows = [int(r) for r in order[lo:hi] if is_add[r]][-sums:]
         for row in rows:
-            first = _first_gradient(row, allocs, free_seq, keep, sorted_seq)
+            first = _first_gradient(row, start, allocs, free_seq, keep, sorted_seq)
             if first is None:
                 continue
             free_seq[first], free_ns[first] = free_seq[row], free_ns[row]
@@ -140,20 +140,24 @@ def accumulate_in_place(profile: Profile, segments: list[tuple[int, int]]) -> tu
 
 def _first_gradient(
     row: int,
+    segment_start: int,
     allocs: Allocations,
     free_seq: np.ndarray[Any, Any],
     keep: np.ndarray[Any, Any],
     sorted_seq: np.ndarray[Any, Any],
 ) -> int | None:
-    """The buffer the sum at ``row`` would have been written into: the earlier gradient of
-    the same size that was freed right after the sum (before any other allocation)."""
+    """The buffer the sum at ``row`` would have been written into: a gradient of the same
+    size that arrived before this node ran (so not the node's own output) and was freed right
+    after the sum, before any other allocation — i.e. nothing else held it. A gradient one
+    node passed to two places (``a + b`` hands the same tensor to both) is still held after
+    the sum, and the real program sums it out of place too."""
     seq = allocs.alloc_seq[row]
     following = sorted_seq[np.searchsorted(sorted_seq, seq, side="right") :]
     next_alloc = int(following[0]) if len(following) else np.iinfo(np.int64).max
     candidates = np.flatnonzero(
         keep
         & (allocs.size == allocs.size[row])
-        & (allocs.alloc_seq < seq)
+        & (allocs.alloc_seq < segment_start)
         & (allocs.alloc_seq >= 0)
         & (free_seq > seq)
         & (free_seq < next_alloc)
