@@ -273,6 +273,13 @@ class VramMagics(Magics):
         except RecordingError as error:
             print(f"%%vram: {error}; the cell runs unrecorded", file=sys.stderr)
             return
+        if args.amp or args.checkpoint or args.offload or args.compare:
+            print(
+                "%%vram: --amp, --checkpoint, --offload and --compare need a cell without "
+                "top-level await; the cell runs unrecorded",
+                file=sys.stderr,
+            )
+            return
         if RECORDING_LOCK.locked():
             print("%%vram: already recording; this nested cell runs without its own recording")
             return

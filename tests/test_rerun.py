@@ -246,3 +246,23 @@ def test_offload_moves_activations_off_the_device() -> None:
     assert variant.peak_bytes < baseline.peak_bytes  # not just named otherwise: gone
     first, rerun_grads = ns["grads"]
     assert all(torch.equal(a, b) for a, b in zip(first, rerun_grads, strict=True))
+
+
+def test_flags_on_a_cell_with_top_level_await_say_why_and_run_it() -> None:
+    import asyncio
+
+    shell = ipython_shell()
+    shell.run_line_magic("load_ext", "jupyter_vram")
+    # see tests/test_robustness.py: an earlier test's library may leave a running-loop mark
+    leftover = asyncio.events._get_running_loop()
+    asyncio.events._set_running_loop(None)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            result = shell.run_cell(
+                "%%vram --amp bf16\nimport asyncio\nawait asyncio.sleep(0)\nawaited = 1\n"
+            )
+    finally:
+        asyncio.events._set_running_loop(leftover)
+    assert result.success and shell.user_ns["awaited"] == 1
+    assert "need a cell without top-level await; the cell runs unrecorded" in err.getvalue()
