@@ -398,13 +398,15 @@ def rerun(
     raises (the error propagates) or is interrupted. Raises :class:`RerunError` when the change
     cannot apply.
     """
-    from .capture import interrupts_deferred
+    from .capture import RECORDING_LOCK, interrupts_deferred
     from .session import run_code
     from .transforms import state as state_module
     from .transforms.checkpointing import checkpoint_blocks
 
     __tracebackhide__ = True
     plan = _plan(profile, amp, checkpoint, offload)
+    if RECORDING_LOCK.locked():
+        raise RerunError("a rerun cannot run inside another recording (%%vram / jv.record)")
     cell = plan.cell
     say = progress or (lambda _message: None)
     notes = warnings_for(plan.facts)
@@ -450,8 +452,8 @@ def rerun(
                 saved.restore()
         restore_seconds = time.perf_counter() - restore_start
         namespace.clear()
-    if result is None:  # nested inside another recording: the code ran unrecorded
-        raise RerunError("a rerun cannot run inside another recording")
+    if result is None:  # a recording started meanwhile (another thread): ran unrecorded
+        raise RerunError("a rerun cannot run inside another recording (%%vram / jv.record)")
     notes.append(f"restore: {restore_seconds:.2f} s; cell: {time.perf_counter() - start:.2f} s")
     variant = Variant(
         amp=plan.amp,

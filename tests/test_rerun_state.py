@@ -349,3 +349,13 @@ def test_a_cell_that_swaps_modules_and_converts_the_model_is_undone(
     assert ns["model"].head is head
     assert {p.dtype for p in ns["model"].parameters()} == {torch.float32}
     assert_unchanged(ns, before)
+
+
+def test_a_rerun_inside_a_recording_is_refused_before_anything_runs(
+    trained: tuple[dict[str, Any], jv.Profile],
+) -> None:
+    ns, baseline = trained
+    before = snapshot(ns)
+    with jv.record(namespace={}), pytest.raises(RerunError, match="inside another recording"):
+        rerun(baseline)
+    assert_unchanged(ns, before)
