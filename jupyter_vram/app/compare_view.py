@@ -113,7 +113,7 @@ def summary_table(results: list[VariantResult]) -> str:
     variant with its change."""
     baseline = column(results[0].by_category, "baseline_bytes")
     variants = [column(r.by_category, "variant_bytes") for r in results]
-    head = "".join(f"<th>{html.escape(r.title)}</th>" for r in results)
+    head = "".join(f"<th>#{i + 1}: {html.escape(r.title)}</th>" for i, r in enumerate(results))
     rows = []
     for name, base in baseline.items():
         if not base and not any(v.get(name, 0) for v in variants):
@@ -198,7 +198,7 @@ class CompareView(w.VBox):  # type: ignore[misc]
         self.verdicts.add_class("jv-verdicts-box")
         self.table = w.HTML()
         self.table.add_class("jv-compare-summary")
-        self.bars = w.Box()
+        self.bars = w.VBox(layout=w.Layout(width="100%", max_width="900px"))
         self.bars.add_class("jv-compare-bars")
         self.pick = w.Dropdown(description="variant", layout=w.Layout(width="420px"))
         self.pick.add_class("jv-compare-pick")
@@ -237,13 +237,13 @@ class CompareView(w.VBox):  # type: ignore[misc]
         _latest_variant[:] = [variant]
         self.verdicts.value = verdicts_html(self.results)
         self.table.value = summary_table(self.results)
-        runs = [("baseline", column(result.by_category, "baseline_bytes"))]
+        runs = [("base", column(result.by_category, "baseline_bytes"))]
         for i, r in enumerate(self.results):
-            runs.append((f"{i + 1}: {r.title}", column(r.by_category, "variant_bytes")))
+            runs.append((f"#{i + 1}", column(r.by_category, "variant_bytes")))
         bars = category_bars_figure(runs)
         apply_theme(bars)
         self.bars.children = [BokehModel(bars, combine_events=True)]
-        self.pick.options = [(f"{i + 1}: {r.title}", i) for i, r in enumerate(self.results)]
+        self.pick.options = [(f"#{i + 1}: {r.title}", i) for i, r in enumerate(self.results)]
         self.pick.value = len(self.results) - 1
         self._show_variant(self.pick.value)
         return result

@@ -256,8 +256,8 @@ class RerunBar(w.VBox):  # type: ignore[misc]
         self.pending = True
         self.button.disabled = True
         self.status.value = (
-            "<span class='jv-running'><i class='fa fa-spinner fa-spin'></i> waiting for the "
-            "kernel (a running cell finishes first)</span>"
+            "<span class='jv-running'><i class='fa fa-spinner fa-spin'></i> queued: starts "
+            "when the kernel is free (after the cell that is executing)</span>"
         )
         loop.add_callback(self.run_interruptibly)
 

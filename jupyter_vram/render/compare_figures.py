@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Range1d
+from bokeh.models import ColumnDataSource, DataRange1d, FactorRange, HoverTool, Range1d
 from bokeh.plotting import figure
 
 from ..analysis.flame import FlameNode
@@ -164,35 +164,33 @@ def diff_flame_figure(source: ColumnDataSource, depth: int, *, title: str = "") 
 
 
 def category_bars_figure(runs: Sequence[tuple[str, Mapping[str, int]]]) -> Any:
-    """Grouped horizontal bars: for the peak and each category, one bar per run (baseline
-    first). ``runs``: (name, {"peak" and category -> bytes}). Bars take the category's
-    colour; the baseline's are paler."""
+    """Grouped bars: for the peak and each category, one bar per run, baseline first.
+    ``runs``: (short name drawn under the bar, {"peak" and category -> bytes}); hover a bar
+    for its bytes. Bars take the category's colour; the baseline's are paler."""
     rows = ["peak", *(c for c in CATEGORIES if any(r.get(c) for _, r in runs))]
-    names = [name for name, _ in runs]
     top = max((int(r.get(k, 0)) for _, r in runs for k in rows), default=0)
     unit, per = byte_unit(top)
-    data: dict[str, Any] = {k: [] for k in ("y", "value", "color", "alpha", "text", "run")}
+    data: dict[str, Any] = {k: [] for k in ("x", "value", "color", "alpha", "text", "run")}
     for row in rows:
         for i, (name, values) in enumerate(runs):
             n = int(values.get(row, 0))
-            data["y"].append((row, name))
+            data["x"].append((row, name))
             data["value"].append(n / per)
             data["color"].append(ROOT_COLOR if row == "peak" else CATEGORY_COLORS[row])
-            data["alpha"].append(0.5 if i == 0 and len(runs) > 1 else 1.0)
+            data["alpha"].append(0.45 if i == 0 and len(runs) > 1 else 1.0)
             data["text"].append(format_bytes(n))
-            data["run"].append(f"{name}, {row}")
-    factors = [(row, name) for row in rows for name in names]
+            data["run"].append(f"{row}, {name}")
     fig = figure(
-        y_range=FactorRange(factors=factors[::-1], group_padding=0.6, factor_padding=0.05),
-        height=60 + 22 * len(factors) + 14 * len(rows), sizing_mode="stretch_width",
-        tools="", toolbar_location=None, x_axis_label=unit, min_border_left=10,
+        x_range=FactorRange(factors=list(data["x"]), group_padding=1.0, factor_padding=0.1),
+        height=260, sizing_mode="stretch_width", tools="", toolbar_location=None,
+        y_range=DataRange1d(start=0), y_axis_label=unit, min_border_left=40,
         title="Peak, and the most each category held at once",
     )  # fmt: skip
-    bars = fig.hbar(
-        y="y", right="value", height=0.8, source=ColumnDataSource(data),
+    bars = fig.vbar(
+        x="x", top="value", width=0.85, source=ColumnDataSource(data),
         fill_color="color", fill_alpha="alpha", line_color=None,
     )  # fmt: skip
     fig.add_tools(HoverTool(renderers=[bars], tooltips=[("", "@run"), ("bytes", "@text")]))
-    fig.ygrid.visible = False
-    fig.yaxis.major_label_text_font_size = "9pt"
+    fig.xgrid.visible = False
+    fig.xaxis.major_label_text_font_size = "8pt"
     return fig
