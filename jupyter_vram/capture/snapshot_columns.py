@@ -171,22 +171,15 @@ def _forward_fill(values: IntArray) -> IntArray:
     return np.where(last >= 0, values[np.maximum(last, 0)], OTHER_PHASE)
 
 
-def _first_after(
-    group_start: IntArray, keys: IntArray, targets_mask: npt.NDArray[np.bool_]
-) -> IntArray:
-    """For each position of a grouped, sorted sequence: the position of the next event
-    (strictly after it, in the same group) where ``targets_mask`` holds; -1 if none."""
-    n = len(keys)
-    pos = np.arange(n)
-    nxt = np.where(targets_mask, pos, n)
-    # suffix minimum of target positions, shifted by one (strictly after)
-    suffix = np.minimum.accumulate(nxt[::-1])[::-1]
-    after = np.append(suffix[1:], n)
-    group_end = np.append(group_start[1:], n) if len(group_start) else group_start
-    # the end of each position's group
-    gid = np.searchsorted(group_start, pos, side="right") - 1
-    end = group_end[gid]
-    return np.where(after < end, after, -1)
+def _first_after(group_end: IntArray, targets: npt.NDArray[np.bool_], at: IntArray) -> IntArray:
+    """For positions ``at`` of a grouped sequence (``group_end``: where each position's group
+    ends): the next position strictly after, in the same group, where ``targets`` holds; -1
+    if none."""
+    m = len(targets)
+    nxt = np.where(targets, np.arange(m), m)
+    suffix = np.minimum.accumulate(nxt[::-1])[::-1]  # first target at or after each position
+    after = np.append(suffix[1:], m)[at]
+    return np.where(after < group_end[at], after, -1)
 
 
 def profile_from_columns(
@@ -196,16 +189,17 @@ def profile_from_columns(
     b = ProfileBuilder()
     device = f"cuda:{device_index}"
     device_id = b.devices(device)
-    action = np.frombuffer(cols.action, np.int8).astype(np.int64)
+    action = np.frombuffer(cols.action, np.int8)
     addr = np.frombuffer(cols.addr, np.int64)
     req = np.frombuffer(cols.size, np.int64)
     time_us = np.frombuffer(cols.time_us, np.int64)
-    stack_of = np.frombuffer(cols.stack, np.int32).astype(np.int64)
-    meta_of = np.frombuffer(cols.meta, np.int32).astype(np.int64)
-    n = len(action)
-    seq = np.arange(n, dtype=np.int64)
+    stack_of = np.frombuffer(cols.stack, np.int32)
+    meta_of = np.frombuffer(cols.meta, np.int32)
+    n = len(action)  # sequence numbers are trace indices
     t0 = int(time_us[0]) if n else 0
-    ns = (time_us - t0) * 1000
+
+    def ns(index: IntArray) -> IntArray:
+        return (time_us[index] - t0) * 1000
 
     settings = snapshot.get("allocator_settings") or {}
     divisions = _divisions(settings)
@@ -227,7 +221,8 @@ def profile_from_columns(
     # -- rows: openers are allocs and free_requests at addresses with no open row --------------
     marker = np.asarray([t.startswith(MARKER_PREFIX) for t in cols.metas], bool)
     mem = np.flatnonzero((action <= FREE_COMPLETED) & ~marker[meta_of])
-    order = mem[np.lexsort((seq[mem], addr[mem]))]
+    order = mem[np.argsort(addr[mem], kind="stable")]  # by address, then trace order
+    del mem
     a_addr, a_act = addr[order], action[order]
     m = len(order)
     starts = np.flatnonzero(np.r_[True, a_addr[1:] != a_addr[:-1]]) if m else np.zeros(0, int)
@@ -243,9 +238,11 @@ def profile_from_columns(
     completed = a_act == FREE_COMPLETED
     requested = a_act == FREE_REQUESTED
     # first completion after each opener, owned by it (no opener in between)
-    next_done = _first_after(starts, a_addr, completed)[rows]
-    next_open = _first_after(starts, a_addr, opener)[rows]
-    next_req = _first_after(starts, a_addr, requested)[rows]
+    group_end = np.repeat(np.append(starts[1:], m), np.diff(np.append(starts, m)))
+    next_done = _first_after(group_end, completed, rows)
+    next_open = _first_after(group_end, opener, rows)
+    next_req = _first_after(group_end, requested, rows)
+    del group_end, completed, requested
     done_ok = (next_done >= 0) & ((next_open < 0) | (next_done < next_open))
     # a request that was the opener itself counts as the request
     req_pos = np.where(pre_open[rows], rows, next_req)
@@ -256,10 +253,12 @@ def profile_from_columns(
     inconsistencies = int(((~done_ok) & (next_open >= 0) & is_alloc[next_open.clip(0)]).sum())
 
     src = order[rows]  # trace index of each row's opening event
-    alloc_seq = np.where(is_alloc[rows], seq[src], -1)
-    free_seq = np.where(free_pos >= 0, seq[order[free_pos.clip(0)]], -1)
-    free_ns = np.where(free_pos >= 0, ns[order[free_pos.clip(0)]], -1)
-    alloc_ns = np.where(is_alloc[rows], ns[src], 0)  # as the converter: 0 before the trace
+    alloc_seq = np.where(is_alloc[rows], src, -1)
+    free_at = order[free_pos.clip(0)]
+    free_seq = np.where(free_pos >= 0, free_at, -1)
+    free_ns = np.where(free_pos >= 0, ns(free_at), -1)
+    alloc_ns = np.where(is_alloc[rows], ns(src), 0)  # as the converter: 0 before the trace
+    del free_at, order
     uniq, inv = np.unique(req[src], return_inverse=True)
     size = np.asarray([round_size(int(s), divisions) for s in uniq], np.int64)[inv]
     row_addr = addr[src]
@@ -276,8 +275,9 @@ def profile_from_columns(
     for t_start, t_end in _optimizer_spans(snapshot, device_index):
         inside = (time_us[allocs] >= t_start) & (time_us[allocs] <= t_end)
         phase_by_alloc[inside] = OPTIMIZER
-    phase_at = np.full(n, OTHER_PHASE, np.int64)
+    phase_at = np.full(n, OTHER_PHASE, np.int8)
     phase_at[allocs] = phase_by_alloc
+    del allocs, slot, phase_seen, phase_by_alloc
     phase_col = np.where(is_alloc[rows], phase_at[src], OTHER_PHASE)
 
     module_of_meta = np.asarray([0] + [b.modules(name) for name in cols.metas[1:]], np.int64)
@@ -346,7 +346,7 @@ def profile_from_columns(
     is_add = np.isin(action, _SEGMENT_ADD)
     is_remove = np.isin(action, _SEGMENT_REMOVE)
     seg_mask = is_add | is_remove
-    seg_seq = seq[seg_mask]
+    seg_seq = np.flatnonzero(seg_mask).astype(np.int64)
     seg_delta = np.where(is_add, req, -req)[seg_mask]
     if "segments" in snapshot:
         end_reserved = sum(int(s["total_size"]) for s in _device_segments(snapshot, device_index))
