@@ -19,6 +19,7 @@ import jupyter_vram as jv
 from jupyter_vram.analysis.compare import verdict
 from jupyter_vram.app import ProfileApp
 from jupyter_vram.app.compare_view import TITLE, CompareView, compare_app
+from jupyter_vram.app.flame_view import FlameView
 from jupyter_vram.app.rerun_view import AUTO, RerunBar
 from jupyter_vram.model import CATEGORIES
 from jupyter_vram.render.compare_figures import GROW, SAME
@@ -283,3 +284,33 @@ def test_a_click_on_a_subshell_reruns_on_the_main_thread_interruptibly(
         signal.signal(signal.SIGINT, ignoring)
     assert seen and all(s == (signal.default_int_handler, "MainThread") for s in seen), seen
     assert not bar.pending and not bar.running and "Compare tab" in bar.status.value
+
+
+def test_a_block_zoomed_to_in_the_flame_graph_can_be_checkpointed(
+    shell: InteractiveShell,
+) -> None:
+    baseline = record_cell(shell, STEP)
+    app = ProfileApp(baseline)
+    bar = bar_of(app)
+    flame = app.tabs.children[0]
+    assert isinstance(flame, FlameView)
+    assert bar.pick.layout.display == "none"
+    tree = flame.tree
+    assert tree is not None
+    root = "Blocks"  # the model's class name, as the recording names its modules
+    inside = (root, "blocks", "2", "0")  # a Linear inside the third block
+    assert tree.find(list(inside)) is not None
+    flame.zoom(inside)
+    assert bar.pick.layout.display == "" and bar.pick.description == f"checkpoint {root}.blocks.2"
+    bar.pick.click()
+    assert bar.checkpoint.value and bar.blocks.value == (f"{root}.blocks.2",)
+    assert bar.options()["checkpoint"] == [f"{root}.blocks.2"]
+    flame.zoom((root,))  # not inside a block: nothing offered
+    assert bar.pick.layout.display == "none"
+    bar.button.click()
+    view = app.compare_view
+    assert view is not None
+    variant = view.variants[-1]
+    assert variant is not None and variant.variant is not None
+    assert variant.variant.checkpointed == (f"{root}.blocks.2",)
+    assert view.results[-1].title == "checkpointing 1 block"

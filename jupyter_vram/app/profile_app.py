@@ -137,7 +137,7 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         self.header.add_class("jv-header-box")
         handle = self._handle
         self._builders: dict[int, Callable[[Profile], w.Widget]] = {
-            0: lambda p: FlameView(handle),
+            0: self._flame_with_picks,
             1: self._breakdown,
             2: self._timeline,
             3: self._sites,
@@ -231,6 +231,15 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         self.compare_view.add(base, variant)
         self.tabs.selected_index = len(self.tabs.children) - 1
         return self.compare_view
+
+    def _flame_with_picks(self, profile: Profile) -> w.Widget:
+        """The flame graph; a block zoomed to in it is offered in the rerun row."""
+        from .rerun_view import RerunBar, link_flame
+
+        view = FlameView(self._handle)
+        if isinstance(self.reruns, RerunBar):
+            link_flame(self.reruns, view)
+        return view
 
     def _on_rerun(self, baseline: Profile, variant: Profile) -> None:
         self.add_variant(variant, baseline)

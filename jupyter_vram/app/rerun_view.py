@@ -192,8 +192,40 @@ class RerunBar(w.VBox):  # type: ignore[misc]
              self.amp_dtype, self.checkpoint, self.offload, self.button, self.status],
         )  # fmt: skip
         row.add_class("jv-rerun-row")
-        super().__init__([w.HTML(STYLE), row, self.blocks, self.cancel])
+        # a block clicked in the flame graph is offered here (see link_flame)
+        self.pick = w.Button(icon="plus", layout=w.Layout(display="none", width="auto"))
+        self.pick.add_class("jv-rerun-pick")
+        self.pick.on_click(lambda _: self.add_block(self.pick.tooltip))
+        super().__init__([w.HTML(STYLE), row, self.pick, self.blocks, self.cancel])
         self.add_class("jv-rerun")
+
+    def block_of(self, flame_path: tuple[str, ...]) -> str | None:
+        """The checkpointable block a flame graph node lies in (``Blocks > blocks > 2 >
+        addmm`` -> ``Blocks.blocks.2``), or None; backward / optimizer nodes count too."""
+        names = [n for n in flame_path if not n.startswith("[")]
+        offered = {value for _, value in self.blocks.options}
+        for end in range(len(names), 0, -1):
+            path = ".".join(names[:end])
+            if path in offered and path != AUTO:
+                return path
+        return None
+
+    def offer_block(self, flame_path: tuple[str, ...]) -> None:
+        """Offer to checkpoint the block under the flame graph node the user zoomed to."""
+        block = self.block_of(flame_path)
+        usable = block is not None and not self.checkpoint.disabled
+        self.pick.layout.display = "" if usable else "none"
+        self.pick.description = f"checkpoint {block}" if usable else ""
+        self.pick.tooltip = block if usable and block else ""
+
+    def add_block(self, block: str) -> None:
+        """Switch checkpointing on with ``block`` among the blocks picked."""
+        if not block or self.checkpoint.disabled:
+            return
+        picked = [v for v in self.blocks.value if v != AUTO]
+        self.blocks.value = tuple(dict.fromkeys([*picked, block]))
+        self.checkpoint.value = True
+        self._on_change()
 
     def options(self) -> dict[str, Any]:
         """The rerun's keyword arguments as the toggles are set now."""
@@ -313,6 +345,12 @@ class RerunBar(w.VBox):  # type: ignore[misc]
             )
             self._on_variant(baseline, variant)
         return variant
+
+
+def link_flame(bar: RerunBar, flame: Any) -> None:
+    """Offer the block the user zooms to in ``flame`` (a FlameView) for checkpointing: its
+    breadcrumb changes on every zoom, and ``flame.focus`` is the node zoomed to."""
+    flame.crumbs.observe(lambda _: bar.offer_block(tuple(flame.focus)), "value")
 
 
 def main_loop() -> Any:
