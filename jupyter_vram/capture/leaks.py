@@ -83,9 +83,12 @@ class SizeMatcher:
 
 
 def storage_keys(namespace: Mapping[str, Any] | None, device_type: str) -> dict[int, Any]:
-    """Weak references to the storages the notebook reaches now (memory from before a cell)."""
+    """Weak references to the storages the notebook reaches now (memory from before a cell).
+
+    Every recording calls this, so it reads no frame's locals (``frame.f_locals`` leaves a
+    cached copy on the frame): memory only an old traceback holds is not in it."""
     out: dict[int, Any] = {}
-    for _, _, value in roots(namespace):
+    for _, _, value in roots(namespace, tracebacks=False):
         for storage in held_storages({"v": value}, device_type):
             with contextlib.suppress(TypeError):
                 out.setdefault(storage._cdata, weakref.ref(storage))
@@ -112,8 +115,11 @@ def _shell() -> Any:
     return module.get_ipython() if module is not None else None
 
 
-def roots(namespace: Mapping[str, Any] | None) -> Iterator[tuple[str, str, Any]]:
-    """(kind, name, value) of everything the notebook names that can hold memory."""
+def roots(
+    namespace: Mapping[str, Any] | None, *, tracebacks: bool = True
+) -> Iterator[tuple[str, str, Any]]:
+    """(kind, name, value) of everything the notebook names that can hold memory (with
+    ``tracebacks``, the locals of the last error's frames too)."""
     if namespace is None:
         return
     items = list(namespace.items())
@@ -133,6 +139,8 @@ def roots(namespace: Mapping[str, Any] | None) -> Iterator[tuple[str, str, Any]]
                     yield "closure", f"{name} (free variable {var!r})", cell.cell_contents
         elif not name.startswith("_"):
             yield "variable", name, value
+    if not tracebacks:
+        return
     keep = FrameFilter().keep
     seen: set[int] = set()
     for tb in _tracebacks():
