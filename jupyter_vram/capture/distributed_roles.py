@@ -8,9 +8,10 @@
   unsharded parameter, a reduce-scatter buffer / sharded gradient, or a collective's
   temporary (:class:`DistributedRoles.read` walks the event tree for them).
 * DDP's reducer allocates one flat gradient bucket per bucket (at construction, and again
-  when it rebuilds them in its first forward). A global forward hook reads the bucket sizes
-  from each ``DistributedDataParallel`` it sees run; ``empty`` allocations of exactly those
-  sizes made by DDP itself (outside its wrapped module) are the buckets.
+  when it rebuilds them in a forward of the first steps, before the wrapped module runs).
+  A global forward hook reads the construction-time bucket sizes from each
+  ``DistributedDataParallel`` it sees run; ``empty`` allocations DDP makes in its own forward,
+  and construction-time ones of exactly a bucket's size, are the buckets.
 
 The finer name of each labelled allocation goes to ``profile.meta["kinds"]`` (kind -> row
 indices), and its category is set to the role's (gradient for buckets and sharded gradients,
@@ -220,20 +221,31 @@ class DistributedRoles:
         return profile.replace(allocations=allocations, meta=meta)
 
     def _ddp_buckets(self, profile: Profile, rows: np.ndarray) -> list[int]:
-        """``empty`` allocations of a bucket's size made by DDP itself: at construction (no
-        module running) or in its forward before the wrapped module runs (a rebuild)."""
+        """``empty`` allocations DDP makes itself: at construction (no module running) of
+        exactly a bucket's size as DDP logs them, and in its forward before the wrapped module
+        runs, a run of consecutive ones holding all the buckets' bytes together (a rebuild
+        regroups the gradients, so the sizes change but their total does not)."""
         a = profile.allocations
-        empty = {i for i, name in enumerate(profile.ops) if name in ("empty", "zeros")}
-        ddp_modules = {
-            i for i, name in enumerate(profile.modules) if name in ("", "DistributedDataParallel")
-        }
-        found = []
-        for row in rows.tolist():
-            if (
-                int(a.size[row]) in self._bucket_sizes
-                and int(a.op[row]) in empty
-                and int(a.module[row]) in ddp_modules
-                and int(a.category[row]) in _WEAK
-            ):
+        empty = {i for i, name in enumerate(profile.ops) if name == "empty"}
+        own = {i for i, name in enumerate(profile.modules) if name == "DistributedDataParallel"}
+        total = sum(self._bucket_sizes)
+        found: list[int] = []
+        rebuilt: list[int] = []
+        for row in rows[np.argsort(a.alloc_seq[rows], kind="stable")].tolist():
+            if int(a.op[row]) not in empty or int(a.category[row]) not in _WEAK:
+                continue
+            module = int(a.module[row])
+            if module == 0 and int(a.size[row]) in self._bucket_sizes:
                 found.append(row)
-        return found
+            elif module in own:
+                rebuilt.append(row)
+        start, held = 0, 0
+        for end, row in enumerate(rebuilt):  # consecutive runs summing to the total
+            held += int(a.size[row])
+            while held > total and start <= end:
+                held -= int(a.size[rebuilt[start]])
+                start += 1
+            if held == total and total:
+                found.extend(rebuilt[start : end + 1])
+                start, held = end + 1, 0
+        return sorted(found)
