@@ -278,6 +278,19 @@ def _plan(
     from .transforms.state import available_host_bytes, host_bytes_needed
 
     cell = cell_of(profile)
+    variant = profile.variant
+    if variant is not None:
+        from .analysis.compare import describe_change
+
+        if cell is None:
+            raise RerunError(
+                f"this profile is a rerun ({describe_change(profile)}): rerun the profile of "
+                f"{variant.baseline_cell or 'its cell'}"
+            )
+        raise RerunError(
+            f"this cell was recorded with {describe_change(profile)}: rerun a plain %%vram "
+            "profile of it, to compare with"
+        )
     if cell is None:
         raise RerunError(NOT_A_CELL)
     facts = read_cell(cell.source, cell.namespace)

@@ -223,6 +223,10 @@ def test_magic_flags_record_the_change_and_compare() -> None:
     assert variant.checkpointed == ("Sequential.2", "Sequential.3")
     assert variant.amp == "bf16"
     assert all("forward" not in m.__dict__ for m in shell.user_ns["net"].modules())
+    assert jv.rerun_unavailable(shell.user_ns["_vram"], amp="bf16") == (
+        "this cell was recorded with checkpointing 2 blocks + bf16 autocast: rerun a plain "
+        "%%vram profile of it, to compare with"
+    )
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         shell.run_cell("%%vram --compare amp,speed\ncounter += 1\n")

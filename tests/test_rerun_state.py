@@ -231,6 +231,10 @@ def test_refusals_are_one_line_and_touch_nothing(
     with pytest.raises(RerunError, match="rerun needs a profile made by %%vram"):
         rerun(rec.profile)
     assert "host memory (CPU)" in str(rerun_unavailable(baseline, offload=True))
+    variant = rerun(baseline, amp="bf16")
+    assert rerun_unavailable(variant) == (
+        "this profile is a rerun (bf16 autocast): rerun the profile of <vram-cell>"
+    )
     with pytest.raises(RerunError, match="AMP dtype"):
         rerun(baseline, amp="int8")
     with pytest.raises(RerunError, match="no module 'nope'"):
