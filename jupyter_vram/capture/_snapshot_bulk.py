@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["read_run"]
 
 U8 = npt.NDArray[np.uint8]
-I64 = npt.NDArray[np.int64]
+I64 = npt.NDArray[Any]  # integer arrays (positions, opcodes, values)
 Mask = npt.NDArray[np.bool_]
 
 _H, _J, _K, _M, _BININT, _LONG1 = 0x68, 0x6A, 0x4B, 0x4D, 0x4A, 0x8A
@@ -42,26 +42,33 @@ _STR_KEYS = {"action", "compile_context", "user_metadata"}
 
 
 def _at(arr: U8, idx: I64) -> I64:
-    return arr[np.minimum(idx, len(arr) - 1)].astype(np.int64)
+    """The bytes at ``idx`` (clipped to the buffer: anything read past it fails a check)."""
+    return arr.take(idx, mode="clip")
+
+
+def _at64(arr: U8, idx: I64) -> I64:
+    return arr.take(idx, mode="clip").astype(np.int64)
 
 
 def _ref_index(arr: U8, p: I64, op: I64) -> I64:
     """The memo index of a BINGET / LONG_BINGET at ``p`` (-1 elsewhere)."""
-    four = _at(arr, p + 1) | _at(arr, p + 2) << 8 | _at(arr, p + 3) << 16 | _at(arr, p + 4) << 24
-    return np.where(op == _H, _at(arr, p + 1), np.where(op == _J, four, -1))
+    one = _at64(arr, p + 1)
+    four = one | _at64(arr, p + 2) << 8 | _at64(arr, p + 3) << 16 | _at64(arr, p + 4) << 24
+    return np.where(op == _H, one, np.where(op == _J, four, -1))
 
 
 def _int_value(arr: U8, p: I64, op: I64) -> I64:
     """Integers written as BININT1 / BININT2 / BININT / LONG1 (up to 8 bytes) at ``p``."""
-    n = _at(arr, p + 1)
+    n = _at64(arr, p + 1)
     value = np.zeros(len(p), np.int64)
     for k in range(8):
-        value |= np.where(k < n, _at(arr, p + 2 + k), 0) << (8 * k)
+        value |= np.where(k < n, _at64(arr, p + 2 + k), 0) << (8 * k)
     negative = (n > 0) & (n < 8) & (_at(arr, p + 1 + n) >= 0x80)
     value = np.where(negative, value - (np.int64(1) << (8 * n.clip(0, 7))), value)
-    small = _at(arr, p + 1)
-    two = small | _at(arr, p + 2) << 8
-    four = (two | _at(arr, p + 3) << 16 | _at(arr, p + 4) << 24).astype(np.uint32).view(np.int32)
+    small = _at64(arr, p + 1)
+    two = small | _at64(arr, p + 2) << 8
+    four = two | _at64(arr, p + 3) << 16 | _at64(arr, p + 4) << 24
+    four = four.astype(np.uint32).view(np.int32)
     return np.where(op == _K, small, np.where(op == _M, two, np.where(op == _BININT, four, value)))
 
 
@@ -98,13 +105,12 @@ def read_run(reader: _Reader, layout: _Layout, target: list[Any]) -> bool:
             p = p + len(ref)
         op = _at(arr, p)
         if key in _INT_KEYS:
-            size = np.select(
-                [op == _K, op == _M, op == _BININT, op == _LONG1], [2, 3, 5, 2 + _at(arr, p + 1)], 0
-            )
+            long1 = 2 + _at64(arr, p + 1)
+            size = np.select([op == _K, op == _M, op == _BININT, op == _LONG1], [2, 3, 5, long1], 0)
             ok &= (size > 0) & ((op != _LONG1) | (_at(arr, p + 1) <= 8))
         elif key in _STR_KEYS:
             inline = op == _SHORT_STR
-            size = np.select([op == _H, op == _J, inline], [2, 5, 3 + _at(arr, p + 1)], 0)
+            size = np.select([op == _H, op == _J, inline], [2, 5, 3 + _at64(arr, p + 1)], 0)
             ok &= (size > 0) & (~inline | (_at(arr, p + size - 1) == _MEMOIZE))
             if key in ("action", "user_metadata"):  # their values must be references
                 ok &= ~inline | ((key == "user_metadata") & (_at(arr, p + 1) == 0))
