@@ -37,6 +37,8 @@ export function trackWidgetModels(sessionContext: ISessionContext): Set<string> 
       if (content.target_name === WIDGET_TARGET) {
         seen.add(content.comm_id);
       }
+    } else if (msg.header.msg_type === 'comm_close') {
+      seen.delete((msg as KernelMessage.ICommCloseMsg).content.comm_id);
     }
   });
   sessionContext.kernelChanged.connect(() => seen.clear());

@@ -6,7 +6,9 @@ an endless "Loading widget" / "loading…"; and no BokehJS fetched for it."""
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +29,7 @@ from .lab import (
 
 pytestmark = pytest.mark.browser
 
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 PROFILE_MIME = "application/vnd.jupyter-vram.profile+json"
 SEP = " \u203a "
 
@@ -113,6 +116,8 @@ def check_saved_view(page: Page, payload: dict[str, Any]) -> None:
     expect(tip.locator(".jp-VramProfile-tipPath")).to_have_text(first)
 
     # Click zooms: the clicked node spans the whole width, the crumbs lead back.
+    if os.environ.get("JV_SCREENSHOT") and page.url.split("?")[0].count("/lab/"):
+        output.screenshot(path=str(DOCS / "saved-profile.png"))
     block.click()
     expect(flame).to_have_attribute("data-zoom", first)
     box = flame.locator(".jp-VramProfile-flameCanvas").bounding_box()
