@@ -363,3 +363,28 @@ def test_a_rerun_inside_a_recording_is_refused_before_anything_runs(
     with jv.record(namespace={}), pytest.raises(RerunError, match="inside another recording"):
         rerun(baseline)
     assert_unchanged(ns, before)
+
+
+def test_one_object_that_refuses_its_restore_does_not_stop_the_others() -> None:
+    from jupyter_vram.transforms import state
+
+    class Stubborn(torch.optim.lr_scheduler.StepLR):
+        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+            raise RuntimeError("refuses")
+
+    plain = notebook()
+    ns = {"stubborn": Stubborn(plain["opt"], step_size=1), **plain}  # restored before sched
+    weight = ns["model"].head.weight
+    values = weight.detach().clone()
+    epoch = ns["sched"].last_epoch
+    copy = state.take(ns)
+    with torch.no_grad():
+        weight.add_(1)
+    ns["model"].eval()
+    ns["opt"].step()  # no gradients: changes nothing but the order torch expects
+    ns["sched"].step()
+    with pytest.raises(RuntimeError, match="refuses"):
+        copy.restore()
+    assert torch.equal(weight, values)
+    assert ns["model"].training
+    assert ns["sched"].last_epoch == epoch  # the next object of the same kind, still restored

@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,6 +198,10 @@ class _OptimizerState:
     group_params: list[list[torch.Tensor]]
 
 
+#: a tensor the cell names: the tensor, its values, requires_grad, its .grad's values
+_NamedTensor = tuple[torch.Tensor, _TensorCopy, bool, _TensorCopy | None]
+
+
 @dataclass
 class StateCopy:
     """Everything copied before a rerun; :meth:`restore` puts it back."""
@@ -206,28 +210,27 @@ class StateCopy:
     modules: list[_ModuleState] = field(default_factory=list)
     optimizers: list[_OptimizerState] = field(default_factory=list)
     stateful: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)
-    named_tensors: list[tuple[torch.Tensor, _TensorCopy, bool, _TensorCopy | None]] = field(
-        default_factory=list
-    )
+    named_tensors: list[_NamedTensor] = field(default_factory=list)
     random: RandomState | None = None
     configs: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)
     host_bytes: int = 0
     seconds: float = 0.0
 
     def restore(self) -> None:
-        """Put everything back. Each part is restored even if another fails; the first error
-        is raised at the end (nothing is left half-done because of it)."""
+        """Put everything back. Every item is restored even if another fails; the first error
+        is raised at the end, so one odd object never leaves the others half-done."""
         errors: list[BaseException] = []
-        for part in (
-            self._restore_modules,
-            self._restore_parameters,
-            self._restore_optimizers,
-            self._restore_stateful,
-            self._restore_named,
-            self._restore_configs,
-        ):
+        steps: list[tuple[Callable[[Any], None], Any]] = [
+            *((self._restore_module, m) for m in self.modules),
+            *((self._restore_parameter, p) for p in self.parameters),
+            *((self._restore_optimizer, o) for o in self.optimizers),
+            *((self._restore_stateful, s) for s in self.stateful),
+            *((self._restore_named, n) for n in self.named_tensors),
+            *((self._restore_config, c) for c in self.configs),
+        ]
+        for restore_one, item in steps:
             try:
-                part()
+                restore_one(item)
             except Exception as error:  # noqa: BLE001 - restore the rest, report the first
                 errors.append(error)
         if self.random is not None:
@@ -235,92 +238,89 @@ class StateCopy:
         if errors:
             raise errors[0]
 
-    def _restore_modules(self) -> None:
-        for m in self.modules:
-            module = m.module
-            for attr, saved in (
-                (module._parameters, m.parameters),
-                (module._buffers, m.buffers),
-                (module._modules, m.children),
-            ):
-                if list(attr) != list(saved) or any(attr[k] is not v for k, v in saved.items()):
-                    attr.clear()
-                    attr.update(saved)  # type: ignore[arg-type]
-            for name, copy in m.buffer_values.items():
-                buffer = module._buffers.get(name)
-                restored = copy.into(buffer)
-                if restored is not buffer:
-                    module._buffers[name] = restored
-            for name, value in m.instance_attrs.items():
-                if value is _MISSING:
-                    module.__dict__.pop(name, None)
+    def _restore_module(self, m: _ModuleState) -> None:
+        module = m.module
+        for attr, saved in (
+            (module._parameters, m.parameters),
+            (module._buffers, m.buffers),
+            (module._modules, m.children),
+        ):
+            if list(attr) != list(saved) or any(attr[k] is not v for k, v in saved.items()):
+                attr.clear()
+                attr.update(saved)  # type: ignore[arg-type]
+        for name, copy in m.buffer_values.items():
+            buffer = module._buffers.get(name)
+            restored = copy.into(buffer)
+            if restored is not buffer:
+                module._buffers[name] = restored
+        for name, value in m.instance_attrs.items():
+            if value is _MISSING:
+                module.__dict__.pop(name, None)
+            else:
+                module.__dict__[name] = value
+        module.training = m.training
+
+    def _restore_parameter(self, p: _ParameterState) -> None:
+        param = p.parameter
+        data = param.data
+        restored = p.values.into(data)
+        if restored is not data:
+            param.data = restored
+        if param.requires_grad != p.requires_grad:
+            param.requires_grad_(p.requires_grad)
+        if p.grad is None:
+            param.grad = None
+        else:
+            grad = p.grad.into(param.grad)
+            if grad is not param.grad:
+                param.grad = grad
+
+    def _restore_optimizer(self, o: _OptimizerState) -> None:
+        opt = o.optimizer
+        current = opt.state
+        for param in [p for p in current if p not in o.state]:
+            del current[param]  # state the rerun created
+        for param, saved in o.state.items():
+            now = current.setdefault(param, {})
+            for key in [k for k in now if k not in saved]:
+                del now[key]
+            for key, value in saved.items():
+                now[key] = _restore_value(now.get(key), value)
+        del opt.param_groups[len(o.groups) :]
+        for i, (settings, params) in enumerate(zip(o.groups, o.group_params, strict=True)):
+            if i >= len(opt.param_groups):
+                opt.param_groups.append({})
+            group = opt.param_groups[i]
+            for key in [k for k in group if k not in settings]:
+                del group[key]
+            for key, value in settings.items():
+                if key == "params":
+                    value[:] = params
+                    group[key] = value
                 else:
-                    module.__dict__[name] = value
-            module.training = m.training
+                    group[key] = _restore_value(group.get(key), value)
 
-    def _restore_parameters(self) -> None:
-        for p in self.parameters:
-            param = p.parameter
-            data = param.data
-            restored = p.values.into(data)
-            if restored is not data:
-                param.data = restored
-            if param.requires_grad != p.requires_grad:
-                param.requires_grad_(p.requires_grad)
-            if p.grad is None:
-                param.grad = None
-            else:
-                grad = p.grad.into(param.grad)
-                if grad is not param.grad:
-                    param.grad = grad
+    def _restore_stateful(self, item: tuple[Any, dict[str, Any]]) -> None:
+        obj, state = item
+        obj.load_state_dict(state)
 
-    def _restore_optimizers(self) -> None:
-        for o in self.optimizers:
-            opt = o.optimizer
-            current = opt.state
-            for param in [p for p in current if p not in o.state]:
-                del current[param]  # state the rerun created
-            for param, saved in o.state.items():
-                now = current.setdefault(param, {})
-                for key in [k for k in now if k not in saved]:
-                    del now[key]
-                for key, value in saved.items():
-                    now[key] = _restore_value(now.get(key), value)
-            del opt.param_groups[len(o.groups) :]
-            for i, (settings, params) in enumerate(zip(o.groups, o.group_params, strict=True)):
-                if i >= len(opt.param_groups):
-                    opt.param_groups.append({})
-                group = opt.param_groups[i]
-                for key in [k for k in group if k not in settings]:
-                    del group[key]
-                for key, value in settings.items():
-                    if key == "params":
-                        value[:] = params
-                        group[key] = value
-                    else:
-                        group[key] = _restore_value(group.get(key), value)
+    def _restore_named(self, item: _NamedTensor) -> None:
+        tensor, values, requires_grad, grad = item
+        if _same_layout(tensor, values.values) and tensor.device == values.device:
+            _put_values(tensor, values.values)
+        else:
+            fresh = values.values.to(values.device, copy=True)
+            with torch.no_grad():
+                tensor.set_(fresh.untyped_storage(), 0, fresh.shape, fresh.stride())
+        if tensor.is_leaf and tensor.requires_grad != requires_grad:
+            tensor.requires_grad_(requires_grad)
+        if tensor.is_leaf:
+            tensor.grad = None if grad is None else grad.into(tensor.grad)
 
-    def _restore_stateful(self) -> None:
-        for obj, state in self.stateful:
-            obj.load_state_dict(state)
-
-    def _restore_named(self) -> None:
-        for tensor, values, requires_grad, grad in self.named_tensors:
-            if _same_layout(tensor, values.values) and tensor.device == values.device:
-                _put_values(tensor, values.values)
-            else:
-                fresh = values.values.to(values.device, copy=True)
-                with torch.no_grad():
-                    tensor.set_(fresh.untyped_storage(), 0, fresh.shape, fresh.stride())
-            if tensor.is_leaf and tensor.requires_grad != requires_grad:
-                tensor.requires_grad_(requires_grad)
-            if tensor.is_leaf:
-                tensor.grad = None if grad is None else grad.into(tensor.grad)
-
-    def _restore_configs(self) -> None:
-        for config, values in self.configs:
-            for key, value in values.items():
-                setattr(config, key, value)
+    def _restore_config(self, item: tuple[Any, dict[str, Any]]) -> None:
+        config, values = item
+        for key, value in values.items():
+            setattr(config, key, value)
 
 
 def _copy_value(value: Any, counter: list[int]) -> Any:
