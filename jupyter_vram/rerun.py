@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from .session import Cell
+    from .transforms.state import StateCopy
 
 AmpName = Literal["bf16", "fp16"]
 Checkpoint = Literal["auto"] | Sequence[str] | None
@@ -460,9 +461,11 @@ def rerun(
             say("restoring")
         finally:
             with interrupts_deferred():
-                if undo is not None:
-                    undo()
-                saved.restore()
+                try:
+                    if undo is not None:
+                        undo()
+                finally:
+                    _restore(saved)
         restore_seconds = time.perf_counter() - restore_start
         namespace.clear()
     if result is None:  # a recording started meanwhile (another thread): ran unrecorded
@@ -483,6 +486,18 @@ def rerun(
         "restore_seconds": round(restore_seconds, 6),
     }
     return result.replace(meta=meta)
+
+
+def _restore(saved: StateCopy) -> None:
+    """Put the notebook's state back; one object that refuses is named in one line (every
+    other object is restored regardless, see transforms.state.StateCopy.restore)."""
+    try:
+        saved.restore()
+    except Exception as error:
+        raise RerunError(
+            f"the rerun could not put one object back ({type(error).__name__}: {error}); "
+            "everything else is as before"
+        ) from error
 
 
 # -- first runs with a change (`%%vram --amp bf16 --checkpoint auto --offload`) --------------

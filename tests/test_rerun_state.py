@@ -388,3 +388,23 @@ def test_one_object_that_refuses_its_restore_does_not_stop_the_others() -> None:
     assert torch.equal(weight, values)
     assert ns["model"].training
     assert ns["sched"].last_epoch == epoch  # the next object of the same kind, still restored
+
+
+def test_a_rerun_names_the_object_it_could_not_put_back() -> None:
+    class Stubborn(torch.optim.lr_scheduler.StepLR):
+        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+            raise RuntimeError("refuses")
+
+    ns = notebook()
+    baseline = run_code(TRAIN_STEP, ns).profile
+    assert baseline is not None
+    ns["stubborn"] = Stubborn(ns["opt"], step_size=1)
+    weight = ns["model"].head.weight
+    values = weight.detach().clone()
+    with pytest.raises(RerunError) as error:
+        rerun(baseline)
+    assert str(error.value) == (
+        "the rerun could not put one object back (RuntimeError: refuses); "
+        "everything else is as before"
+    )
+    assert torch.equal(weight, values)
