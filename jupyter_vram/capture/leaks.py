@@ -173,7 +173,8 @@ def held(
     """Storages on ``device_type`` made since ``before`` (storage id -> weakref) that fit one
     of the run's never-freed sizes (see :class:`SizeMatcher`), each with everything found
     holding it. The garbage collector's objects are searched only for sizes the named roots
-    did not account for, within ``budget_s`` seconds."""
+    did not account for, within ``budget_s`` seconds; what holds each one found there is
+    walked for at most ``budget_s / 2``; everything ends within ``2 * budget_s``."""
     found: dict[int, tuple[int, list[Holder]]] = {}
 
     def is_new(storage: Any) -> bool:
@@ -215,7 +216,9 @@ def held(
     ignore = {id(candidates)}
     for i, (tensor, key, _) in enumerate(candidates):
         ignore.add(id(candidates[i]))
-        found[key][1].append(_unnamed_holder(tensor, deadline, ignore))
+        # each walk gets its own bound: the scan may have used the first one up
+        walk_until = min(time.monotonic() + budget_s / 2, deadline + budget_s)
+        found[key][1].append(_unnamed_holder(tensor, walk_until, ignore))
     del candidates
     return [HeldStorage(k, n, tuple(h)) for k, (n, h) in found.items()]
 
