@@ -70,3 +70,10 @@ export function layoutFlame(
 export function layoutDepth(rects: readonly IFlameRect[]): number {
   return rects.reduce((d, r) => Math.max(d, r.depth + 1), 0);
 }
+
+/** What a block shows: the name, with a module's class after it ("0: Linear"). */
+export function nodeLabel(flame: IFlameColumns, index: number): string {
+  const name = index === 0 ? 'all' : flame.name[index];
+  const kind = flame.type?.[index];
+  return kind && kind !== name ? `${name}: ${kind}` : name;
+}

@@ -20,6 +20,8 @@ export interface IFlameColumns {
   count: number[];
   category: number[];
   mix: [number, number][][];
+  /** A module node's class name ("Linear"), else "" (added within version 1; may be absent). */
+  type?: string[];
 }
 
 export interface ITimeline {

@@ -4,7 +4,7 @@
  * the top modules. Plain DOM and SVG: no BokehJS, no kernel, safe in untrusted notebooks (all
  * text goes in through textContent / attributes, never as HTML).
  */
-import { layoutDepth, layoutFlame, pathOf } from './flame';
+import { layoutDepth, layoutFlame, nodeLabel, pathOf } from './flame';
 import { formatBytes, formatShare, formatX } from './format';
 import type { IProfilePayload } from './payload';
 
@@ -134,7 +134,7 @@ function flameGraph(p: IProfilePayload): HTMLElement {
     box.dataset.zoom = root === 0 ? '' : pathOf(f, root).join(SEP);
     const trail = [0, ...ancestors(root)];
     trail.forEach((node, i) => {
-      const c = el('button', 'jp-VramProfile-crumb', node === 0 ? 'all' : f.name[node]);
+      const c = el('button', 'jp-VramProfile-crumb', nodeLabel(f, node));
       c.disabled = i === trail.length - 1;
       c.onclick = () => draw(node);
       crumbs.appendChild(c);
@@ -145,7 +145,7 @@ function flameGraph(p: IProfilePayload): HTMLElement {
     const rects = layoutFlame(f, root);
     canvas.style.height = `${Math.max(1, layoutDepth(rects)) * ROW_PX}px`;
     for (const r of rects) {
-      const block = el('div', 'jp-VramProfile-block', r.index === 0 ? 'all' : f.name[r.index]);
+      const block = el('div', 'jp-VramProfile-block', nodeLabel(f, r.index));
       block.style.left = `${100 * r.x}%`;
       block.style.width = `${100 * r.width}%`;
       block.style.top = `${r.depth * ROW_PX}px`;
@@ -183,6 +183,7 @@ function tooltipRows(p: IProfilePayload, i: number, peak: number): HTMLElement[]
   const f = p.flame;
   const rows = [
     el('div', 'jp-VramProfile-tipPath', i === 0 ? 'all' : pathOf(f, i).join(SEP)),
+    ...(f.type?.[i] ? [el('div', 'jp-VramProfile-tipType', f.type[i])] : []),
     el('div', 'jp-VramProfile-tipBytes', `${formatBytes(f.bytes[i])} (${formatShare(f.bytes[i], peak)} of the peak)`)
   ];
   if (f.count?.[i] !== undefined) {

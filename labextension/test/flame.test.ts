@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import { childrenOf, layoutDepth, layoutFlame, pathOf } from '../src/flame';
+import { childrenOf, layoutDepth, layoutFlame, nodeLabel, pathOf } from '../src/flame';
 import type { IFlameColumns } from '../src/payload';
 
 // all (100) -> encoder (60) -> [attn (40) -> addmm (40)], [mlp (20)]; head (30); tiny (0.05)
@@ -54,5 +54,17 @@ describe('flame layout', () => {
     const t = tree();
     t.bytes = t.bytes.map(() => 0);
     expect(layoutFlame(t)).toEqual([]);
+  });
+});
+
+describe('block labels', () => {
+  it('adds a module class when the payload has one', () => {
+    const t = tree();
+    expect(nodeLabel(t, 1)).toBe('encoder'); // no type column (older payloads)
+    t.type = ['', 'Encoder', 'Attention', '', 'Mlp', 'head', ''];
+    expect(nodeLabel(t, 0)).toBe('all');
+    expect(nodeLabel(t, 1)).toBe('encoder: Encoder');
+    expect(nodeLabel(t, 3)).toBe('addmm');
+    expect(nodeLabel(t, 5)).toBe('head'); // same as the name: not repeated
   });
 });
