@@ -99,19 +99,8 @@ def cmd_report(args: argparse.Namespace, progress: Progress) -> int:
 
 
 def compare_tables(a: Profile, b: Profile) -> list[tuple[str, pd.DataFrame]]:
-    """(title, table) of the differences by category, module and op (``Profile.compare``);
-    without it, the bytes live at each run's peak by category."""
-    compare = getattr(a, "compare", None)
-    if compare is not None:
-        return [(f"by {by}", compare(b, by=by)) for by in ("category", "module", "op")]
-    import pandas as pd
-
-    before, after = a.peak_breakdown(), b.peak_breakdown()
-    rows = [(name, before[name], after[name], after[name] - before[name]) for name in before]
-    rows.append(("peak", a.peak_bytes, b.peak_bytes, b.peak_bytes - a.peak_bytes))
-    columns = ["category", "baseline_bytes", "variant_bytes", "change_bytes"]
-    table = pd.DataFrame(rows, columns=columns).set_index("category")
-    return [("at the peak, by category", table)]
+    """(title, table) of the differences by category, module and op (``Profile.compare``)."""
+    return [(f"by {by}", a.compare(b, by=by)) for by in ("category", "module", "op")]
 
 
 def cmd_compare(args: argparse.Namespace, progress: Progress) -> int:
