@@ -242,6 +242,11 @@ def test_diff_of_two_profiles_by_hand() -> None:
     red = [int(data["color"][i][k : k + 2], 16) for k in (1, 3, 5)]
     assert red[0] > SAME[0] and red[0] <= GROW[0] + 1  # toward the growth red, not grey
     assert len(view.results) == 1 and view.text().startswith("Reruns:")
+    # any two profiles in an app: jv.show(first).add_variant(second)
+    app = ProfileApp(first)
+    tab = app.add_variant(second)
+    assert app.tabs.get_title(app.tabs.selected_index) == TITLE
+    assert [r.verdict for r in tab.results] == [verdict(first, second)]
     del a, b
 
 
