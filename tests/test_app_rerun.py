@@ -199,6 +199,23 @@ def test_cancel_is_an_interrupt_and_leaves_state_intact(shell: InteractiveShell)
     assert bar.run() is not None  # and it runs again afterwards
 
 
+def test_a_cell_that_raises_in_the_rerun_is_reported_on_the_bar(
+    shell: InteractiveShell,
+) -> None:
+    shell.user_ns["rr_fail"] = False
+    baseline = record_cell(shell, STEP + "if rr_fail:\n    raise ValueError('boom')\n")
+    shell.user_ns["rr_fail"] = True  # the rerun will raise where the first run did not
+    before = state(shell)
+    app = ProfileApp(baseline)
+    bar = bar_of(app)
+    bar.checkpoint.value = True
+    bar.button.click()
+    assert "ValueError: boom" in plain(bar.status.value), bar.status.value
+    assert app.compare_view is None and not bar.running and not bar.button.disabled
+    assert same_state(before, state(shell))
+    del shell.user_ns["rr_fail"]
+
+
 def test_a_toggle_that_cannot_apply_is_greyed_with_the_reason(shell: InteractiveShell) -> None:
     profile = record_cell(shell, NO_GRAD)
     bar = bar_of(ProfileApp(profile))

@@ -333,6 +333,13 @@ class RerunBar(w.VBox):  # type: ignore[misc]
             )
         except RerunError as error:
             self.status.value = f"<span class='jv-failed'>{html.escape(str(error))}</span>"
+        except Exception as error:  # noqa: BLE001 (the cell raised: say so, on the bar)
+            first = (str(error).splitlines() or [""])[0]
+            self.status.value = (
+                f"<span class='jv-failed'>The cell raised during the rerun: "
+                f"{html.escape(type(error).__name__)}: {html.escape(first)}; the notebook's "
+                "state is as the cell left it.</span>"
+            )
         finally:
             self.running = False
             self.cancel.layout.display = "none"
