@@ -873,9 +873,20 @@ class _ThreadWatch:
         busy = set(self._started)
         with contextlib.suppress(Exception):
             threads = {t.ident: t.name for t in threading.enumerate()}
-            for ident, frame in sys._current_frames().items():
-                if ident != self._me and ident in self._before and _running_user_code(frame):
-                    busy.add(threads.get(ident, str(ident)))
+            frames = sys._current_frames()
+            try:
+                for ident in list(frames):
+                    if (
+                        ident != self._me
+                        and ident in self._before
+                        and _running_user_code(frames[ident])
+                    ):
+                        busy.add(threads.get(ident, str(ident)))
+            finally:
+                # this function's own frame is among them: holding it in a local would make
+                # a cycle that keeps the caller's locals (the cell's value) alive until a gc
+                frames.clear()
+                del frames
         self.names = sorted(busy)
 
 

@@ -61,7 +61,7 @@ class _Worker:
         self.lines: queue.Queue[bytes] = queue.Queue()
         self.key = ""  # the job it holds (a digest of its payload), "" while empty
         self.ready: dict[str, Any] = {}
-        self.results: OrderedDict[str, Profile] = OrderedDict()
+        self.results: OrderedDict[str, Path] = OrderedDict()  # request -> its saved profile
         self.runs = 0
         stderr = self.stderr_path.open("wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -162,7 +162,8 @@ WARM = WarmWorkers()
 #: Libraries a spare imports ahead when the kernel has them (a model's unpickling needs them).
 PRELOADED = ("transformers", "torchvision", "timm", "diffusers", "peft")
 
-#: Profiles a loaded worker's results keep, newest last (a largest-batch search makes ~10).
+#: Profiles a loaded worker keeps on disk (in its job folder), newest last; a largest-batch
+#: search makes about ten.
 KEPT_RESULTS = 16
 
 
@@ -249,9 +250,9 @@ class EstimatorProcess:
             raise EstimateError("the estimator process is not running")
         request_key = json.dumps([settings.to_dict(), batch_size], sort_keys=True)
         known = worker.results.get(request_key)
-        if known is not None:
+        if known is not None and known.exists():
             worker.results.move_to_end(request_key)
-            return known
+            return Profile.load(known)  # a new object: the caller may drop it
         worker.runs += 1
         out = worker.dir / f"run{worker.runs}.json"
         request = {"settings": settings.to_dict(), "batch_size": batch_size, "out": str(out)}
@@ -262,10 +263,9 @@ class EstimatorProcess:
         what = f"running the step at batch size {batch_size}" if batch_size else "running the step"
         self._receive(what)
         profile = Profile.load(out)
-        out.unlink(missing_ok=True)
-        worker.results[request_key] = profile
+        worker.results[request_key] = out
         while len(worker.results) > KEPT_RESULTS:
-            worker.results.popitem(last=False)
+            worker.results.popitem(last=False)[1].unlink(missing_ok=True)
         return profile
 
     def _receive(self, what: str) -> dict[str, Any]:
