@@ -75,9 +75,16 @@ def load_profile(path: str, *, device: str | None, progress: Progress) -> Profil
         except ProfileFileError as exc:
             if "not a jupyter_vram profile" not in str(exc):
                 raise UsageError(str(exc)) from None
-    progress(f"reading snapshot {file.name} ({file.stat().st_size / 2**20:,.0f} MiB)")
+    from .capture.snapshot_file import profile_from_snapshot_source
+
+    total = file.stat().st_size / 2**20
+
+    def reading(done: int) -> None:
+        progress(f"reading snapshot {file.name}: {done / 2**20:,.0f} / {total:,.0f} MiB")
+
+    reading(0)
     try:
-        return Profile.from_snapshot(file, device=device)
+        return profile_from_snapshot_source(file, device=device, progress=reading)
     except ProfileFileError as exc:
         raise UsageError(str(exc)) from None
 

@@ -33,7 +33,7 @@ import io
 import json
 import pickle
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -184,13 +184,15 @@ def profile_from_snapshot_source(
     *,
     device: int | str | None = None,
     stream: bool | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> Profile:
     """The Profile of one device of a snapshot (a path, or a ``_snapshot()`` dict).
 
     ``device``: an index or ``"cuda:N"``; ``None`` takes the only device that holds memory
     and refuses a snapshot with several (their traces are separate runs of separate
     allocators, so they are never merged). ``stream``: read a pickle with the streaming reader
-    (None: when it is at least ``STREAM_MIN_BYTES``).
+    (None: when it is at least ``STREAM_MIN_BYTES``); ``progress`` is then called with the
+    bytes read so far, every 16 MiB.
     """
     if isinstance(source, Mapping):
         where = "the snapshot"
@@ -199,7 +201,7 @@ def profile_from_snapshot_source(
         where = str(source)
         if stream if stream is not None else _is_big_pickle(Path(source)):
             try:
-                return _from_stream(Path(source), device)
+                return _from_stream(Path(source), device, progress)
             except UnsupportedPickle:
                 pass  # an old text-protocol pickle: read it whole
         data = load_snapshot(source)
@@ -218,12 +220,14 @@ def _is_big_pickle(path: Path) -> bool:
         return False
 
 
-def _from_stream(path: Path, device: int | str | None) -> Profile:
+def _from_stream(
+    path: Path, device: int | str | None, progress: Callable[[int], None] | None = None
+) -> Profile:
     """Read with :mod:`.snapshot_stream` (trace entries straight to columns)."""
     where = str(path)
     try:
         with _open_maybe_gzip(path) as fh:
-            rest, traces = read_snapshot_stream(fh)
+            rest, traces = read_snapshot_stream(fh, progress)
     except ProfileFileError as exc:
         raise ProfileFileError(f"{where}: {exc}") from None
     except OSError as exc:
