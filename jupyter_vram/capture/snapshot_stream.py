@@ -9,11 +9,13 @@ builds everything but the trace entries as usual, and writes each entry of a dev
 Speed comes from the shape ``pickle.dump`` gives those entries: each is
 ``EMPTY_DICT MEMOIZE MARK (key value)* SETITEMS`` with the keys memo references to the same
 strings, and most values references or short literals. Once the first entry has shown the keys,
-a compiled regular expression matches a whole entry at once (one per key layout), and the
-Python code only decodes the matched groups. An entry the expression does not match (a frame
-seen for the first time, a long string, a pickle frame boundary inside it) goes through the
-general interpreter, with the same result. Frame lists are interned by their memo references:
-a deep stack costs one dict lookup per allocation.
+long runs of entries are decoded with array operations (:mod:`._snapshot_bulk`); shorter ones
+by a compiled regular expression per key layout that matches a whole entry at once. An entry
+neither matches (a frame seen for the first time, a long string, a pickle frame boundary
+inside it) goes through the general interpreter, with the same result. Frame lists are
+interned by their memo references: a deep stack costs one dict lookup per allocation, and the
+memo keeps only what later entries refer back to (frame dicts, the stack id of each frame list
+in an int32 array by slot, action names), never the entries themselves.
 """
 
 from __future__ import annotations
