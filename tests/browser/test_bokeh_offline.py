@@ -159,3 +159,42 @@ def test_other_bokehjs_on_the_page_is_kept_and_reported(
     scripts = [u for u in page_log.requests if "/jupyter-vram/bokehjs/" in u]
     assert [urlsplit(u).path.rsplit("/", 1)[-1] for u in scripts] == ["manifest.json"]
     assert any("BokehJS 2.4.3" in w for w in page_log.console_warnings)
+
+
+INJECT_BOKEHJS = """
+async () => {
+  const base = new URL('jupyter-vram/bokehjs/', document.baseURI.replace(/lab.*$/, ''));
+  const manifest = await (await fetch(new URL('manifest.json', base))).json();
+  await Promise.all(manifest.files.map(f => new Promise((ok, fail) => {
+    const s = document.createElement('script');
+    s.src = new URL(f.name + '?v=' + f.hash, base).href;
+    s.async = false; s.onload = ok; s.onerror = fail;
+    document.head.appendChild(s);
+  })));
+  return window.Bokeh.version;
+}
+"""
+
+
+@pytest.mark.slow
+def test_same_version_bokehjs_on_the_page_is_used(lab: Lab, page: Page, page_log: PageLog) -> None:
+    """A BokehJS of the same version already in the page (as another library would load it)
+    is used as it is: no second copy, no note, and the app's figures draw with it."""
+    name = "bokeh_shared.ipynb"
+    write_notebook(lab.root_dir, name, [PROFILE, RECORD])
+    open_notebook(page, lab, name)
+    assert page.evaluate(INJECT_BOKEHJS) == bokeh.__version__
+    assert run_all_cells(page, name), "a cell raised"
+    output = page.locator(".jp-VramOutput")
+    expect(output).to_have_attribute("data-vram-view", "widget", timeout=30_000)
+    expect(output.locator("canvas").first).to_be_visible(timeout=20_000)
+    info = page.evaluate("async () => await window.jupyterVramBokehJS")
+    assert info == {"version": bokeh.__version__, "source": "page", "urls": [], "conflict": None}
+    expect(page.locator(".jp-VramOutput-conflict")).to_have_count(0)
+    scripts = [
+        urlsplit(u).path.rsplit("/", 1)[-1]
+        for u in page_log.requests
+        if "/jupyter-vram/bokehjs/" in u and not u.split("?")[0].endswith("manifest.json")
+    ]
+    assert sorted(scripts) == sorted(SCRIPTS)  # each once: the page's copy only
+    assert widget_errors(page) == []
