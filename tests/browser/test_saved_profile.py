@@ -175,3 +175,40 @@ def test_reload_with_live_kernel_shows_the_app_again(
     expect(output.locator(".jp-VramProfile")).to_have_count(0)
     assert widget_errors(page) == []
     assert shut_down_kernels_of(lab, name) == 1
+
+
+def test_notebook_from_elsewhere_shows_the_saved_profile(
+    lab: Lab, page: Page, page_log: PageLog
+) -> None:
+    """A notebook made elsewhere (unsigned, so untrusted; its widget unknown to any kernel
+    here), as one downloaded from GitHub: the saved profile, with a kernel running."""
+    import nbformat
+    import torch
+
+    import jupyter_vram as jv
+    from jupyter_vram.render.mime import profile_payload
+
+    with jv.record(device="cpu") as rec:
+        kept = torch.ones(256, 256)
+    payload = profile_payload(rec.profile)
+    del kept
+    name = "from_elsewhere.ipynb"
+    path = write_notebook(lab.root_dir, name, ["%%vram\nkept = torch.ones(256, 256)"])
+    nb = read_notebook(lab.root_dir, name)
+    widget = {"model_id": "0123456789abcdef", "version_major": 2, "version_minor": 0}
+    nb.cells[0].outputs = [
+        nbformat.v4.new_output(
+            "display_data",
+            data={
+                "application/vnd.jupyter.widget-view+json": widget,
+                PROFILE_MIME: payload,
+                "text/plain": "jupyter_vram profile",
+            },
+        )
+    ]
+    nbformat.write(nb, path)
+    open_notebook(page, lab, name)
+    check_saved_view(page, payload)
+    # 4 x 65536 bytes, the one tensor the cell made: the header says so
+    expect(page.locator(".jp-VramProfile-facts")).to_contain_text("256.0 KiB")
+    assert [u for u in page_log.requests if "/jupyter-vram/bokehjs/" in u] == []
