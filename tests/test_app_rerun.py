@@ -134,6 +134,9 @@ def test_checkpointing_toggle_and_rerun_make_the_compare_tab(shell: InteractiveS
     variant = view.variants[-1]
     assert isinstance(variant, jv.Profile) and variant.variant is not None
     assert len(variant.variant.checkpointed) >= 1
+    # the tab names the blocks that were wrapped
+    wrapped = "checkpointed: " + ", ".join(variant.variant.checkpointed)
+    assert wrapped in plain(view.verdicts.value)
     # the verdict shown is the engine's, for these two profiles
     expected = verdict(baseline, variant)
     shown = re.findall(r"<div class='jv-verdict'>(.*?)</div>", view.verdicts.value)

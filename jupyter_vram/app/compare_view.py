@@ -79,7 +79,11 @@ def compare_result(baseline: Profile, variant: Profile) -> VariantResult:
     at each run's peak (module -> op)."""
     from ..analysis.compare import describe_change, verdict
 
-    notes = getattr(getattr(variant, "variant", None), "notes", ()) or ()
+    applied = getattr(variant, "variant", None)
+    notes = [str(n) for n in getattr(applied, "notes", ()) or ()]
+    blocks = getattr(applied, "checkpointed", ()) or ()
+    if blocks:  # which blocks were wrapped, first
+        notes.insert(0, "checkpointed: " + ", ".join(str(b) for b in blocks))
     return VariantResult(
         title=describe_change(variant),
         verdict=verdict(baseline, variant),
@@ -88,7 +92,7 @@ def compare_result(baseline: Profile, variant: Profile) -> VariantResult:
         ops=top_movers(baseline.compare(variant, by="op")),
         baseline_wall_ns=baseline.wall_ns,
         variant_wall_ns=variant.wall_ns,
-        notes=tuple(str(n) for n in notes),
+        notes=tuple(notes),
         diff=diff_tree(
             flame_tree(baseline, "module", "peak"), flame_tree(variant, "module", "peak")
         ),
