@@ -22,7 +22,10 @@ def main(argv: list[str] | None = None) -> int:
         from .cli import main as cli_main
 
         return cli_main(args_in)
-    parser = argparse.ArgumentParser(prog="python -m jupyter_vram")
+    parser = argparse.ArgumentParser(
+        prog="python -m jupyter_vram",
+        epilog="also: report, compare, run (the jupyter-vram command's; see jupyter-vram --help)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="record two training steps of a small GPT and report")
     demo.add_argument("--device", default=None, help="default: cuda if available, else cpu")
