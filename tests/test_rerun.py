@@ -40,6 +40,20 @@ def quiet_transformers() -> Any:
     logger.setLevel(level)
 
 
+@pytest.fixture
+def shell() -> Any:
+    """IPython's shared test shell; the names a test adds are taken out again (other test
+    files count what the namespace holds)."""
+    shell = ipython_shell()
+    shell.run_line_magic("load_ext", "jupyter_vram")
+    before = set(shell.user_ns)
+    yield shell
+    for name in set(shell.user_ns) - before:
+        del shell.user_ns[name]
+    shell.user_ns.pop("_vram", None)
+    shell.user_ns.pop("_vram_variants", None)
+
+
 def activation_max(frame: Any) -> tuple[int, int]:
     row = frame.loc["activation"]
     return int(row["baseline_bytes"]), int(row["variant_bytes"])
@@ -175,9 +189,7 @@ def test_conv_net_with_batchnorm() -> None:
         assert torch.equal(blk[1].running_mean, mean)
 
 
-def test_magic_flags_record_the_change_and_compare() -> None:
-    shell = ipython_shell()
-    shell.run_line_magic("load_ext", "jupyter_vram")
+def test_magic_flags_record_the_change_and_compare(shell: Any) -> None:
     torch.manual_seed(0)
     shell.user_ns.update(
         torch=torch,
@@ -252,11 +264,9 @@ def test_offload_moves_activations_off_the_device() -> None:
     assert all(torch.equal(a, b) for a, b in zip(first, rerun_grads, strict=True))
 
 
-def test_flags_on_a_cell_with_top_level_await_say_why_and_run_it() -> None:
+def test_flags_on_a_cell_with_top_level_await_say_why_and_run_it(shell: Any) -> None:
     import asyncio
 
-    shell = ipython_shell()
-    shell.run_line_magic("load_ext", "jupyter_vram")
     # see tests/test_robustness.py: an earlier test's library may leave a running-loop mark
     leftover = asyncio.events._get_running_loop()
     asyncio.events._set_running_loop(None)
