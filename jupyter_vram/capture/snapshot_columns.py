@@ -59,7 +59,7 @@ _OPTIM = re.compile(r"[\\/]torch[\\/]optim[\\/]")
 _BACKWARD = re.compile(r"[\\/]torch[\\/](?:autograd[\\/]|_tensor\.py$)")
 _MODULE_CALL = re.compile(r"[\\/]torch[\\/]nn[\\/]modules[\\/]module\.py$")
 
-IntArray = npt.NDArray[np.int64]
+IntArray = npt.NDArray[np.integer[Any]]
 
 
 @dataclass
@@ -176,7 +176,7 @@ def _first_after(group_end: IntArray, targets: npt.NDArray[np.bool_], at: IntArr
     ends): the next position strictly after, in the same group, where ``targets`` holds; -1
     if none."""
     m = len(targets)
-    nxt = np.where(targets, np.arange(m), m)
+    nxt = np.where(targets, np.arange(m, dtype=np.int32), np.int32(m))
     suffix = np.minimum.accumulate(nxt[::-1])[::-1]  # first target at or after each position
     after = np.append(suffix[1:], m)[at]
     return np.where(after < group_end[at], after, -1)
@@ -220,17 +220,19 @@ def profile_from_columns(
 
     # -- rows: openers are allocs and free_requests at addresses with no open row --------------
     marker = np.asarray([t.startswith(MARKER_PREFIX) for t in cols.metas], bool)
-    mem = np.flatnonzero((action <= FREE_COMPLETED) & ~marker[meta_of])
-    order = mem[np.argsort(addr[mem], kind="stable")]  # by address, then trace order
+    # positions as int32 (a trace of 2**31 entries is far past any snapshot): half the memory
+    mem = np.flatnonzero((action <= FREE_COMPLETED) & ~marker[meta_of]).astype(np.int32)
+    order = mem[np.argsort(addr[mem], kind="stable").astype(np.int32)]  # by address, then time
     del mem
     a_addr, a_act = addr[order], action[order]
     m = len(order)
-    starts = np.flatnonzero(np.r_[True, a_addr[1:] != a_addr[:-1]]) if m else np.zeros(0, int)
+    first_in_group = np.r_[True, a_addr[1:] != a_addr[:-1]] if m else np.zeros(0, bool)
+    del a_addr
+    starts = np.flatnonzero(first_in_group).astype(np.int32)
     is_alloc = a_act == ALLOC
     # a free_requested with nothing open at its address (first there, or right after a
     # completed free) is a block from before the trace
     prev_act = np.r_[-1, a_act[:-1]] if m else a_act
-    first_in_group = np.r_[True, a_addr[1:] != a_addr[:-1]] if m else is_alloc
     pre_open = (a_act == FREE_REQUESTED) & (first_in_group | (prev_act == FREE_COMPLETED))
     opener = is_alloc | pre_open
 
@@ -238,7 +240,7 @@ def profile_from_columns(
     completed = a_act == FREE_COMPLETED
     requested = a_act == FREE_REQUESTED
     # first completion after each opener, owned by it (no opener in between)
-    group_end = np.repeat(np.append(starts[1:], m), np.diff(np.append(starts, m)))
+    group_end = np.repeat(np.append(starts[1:], m).astype(np.int32), np.diff(np.append(starts, m)))
     next_done = _first_after(group_end, completed, rows)
     next_open = _first_after(group_end, opener, rows)
     next_req = _first_after(group_end, requested, rows)
