@@ -40,6 +40,15 @@ def quiet_transformers() -> Any:
     logger.setLevel(level)
 
 
+@pytest.fixture(autouse=True)
+def forget_cells() -> Any:
+    """The kernel's latest profile keeps its cell's namespace: let go of this test's models."""
+    yield
+    from jupyter_vram import session
+
+    session._history.clear()
+
+
 @pytest.fixture
 def shell() -> Any:
     """IPython's shared test shell; the names a test adds are taken out again (other test

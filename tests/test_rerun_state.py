@@ -28,6 +28,15 @@ step += 1
 """
 
 
+@pytest.fixture(autouse=True)
+def forget_cells() -> Any:
+    """The kernel's latest profile keeps its cell's namespace: let go of this test's models."""
+    yield
+    from jupyter_vram import session
+
+    session._history.clear()
+
+
 class ConvNet(nn.Module):
     """Three same-typed conv blocks with BatchNorm (running statistics) and dropout."""
 
