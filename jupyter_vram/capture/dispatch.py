@@ -106,6 +106,38 @@ class DispatchRecorder:
         """The next event sequence number: a point in the event order to refer to later."""
         return next(self._seq)
 
+    def watch_sums(self, sums: dict[int, tuple[int, bool]] | None) -> None:
+        """While ``sums`` is a dict, record each out-of-place tensor sum (``aten.add.Tensor``)
+        in it: the sum's allocation row -> (the first operand's row or -1, whether that
+        operand is a whole dense buffer of its own). None stops watching."""
+        if sums is None:
+            self._mode.inspect = None
+            return
+        add = torch.ops.aten.add.Tensor
+
+        def inspect(func: Any, args: tuple[Any, ...], out: Any) -> None:
+            try:
+                if func is not add or not isinstance(out, torch.Tensor):
+                    return
+                row = self._live.get(out.untyped_storage()._cdata)
+                first = args[0]
+                if row is None or not isinstance(first, torch.Tensor):
+                    return
+                storage = first.untyped_storage()
+                whole = (
+                    first.storage_offset() == 0
+                    and storage.nbytes() == first.numel() * first.element_size()
+                    and (
+                        first.is_contiguous()
+                        or first.is_contiguous(memory_format=torch.channels_last)
+                    )
+                )
+                sums[row] = (self._live.get(storage._cdata, -1), whole)
+            except Exception:  # noqa: BLE001 - never raise from bookkeeping
+                pass
+
+        self._mode.inspect = inspect
+
     # -- hot path ----------------------------------------------------------------------------
 
     def _op_info(self, func: Any) -> tuple[int, int]:

@@ -23,6 +23,9 @@ class ObservingMode(TorchDispatchMode):  # type: ignore[misc]
         super().__init__()  # type: ignore[no-untyped-call]
         self._before = before
         self._after = after
+        #: optional ``inspect(func, args, out)`` after ``after``, for callers that need the
+        #: arguments too (set only while they watch, so the usual path pays nothing for it)
+        self.inspect: Callable[[Any, tuple[Any, ...], Any], None] | None = None
 
     def __torch_dispatch__(
         self,
@@ -36,4 +39,6 @@ class ObservingMode(TorchDispatchMode):  # type: ignore[misc]
         out = func(*args, **kwargs) if kwargs else func(*args)
         if self._after is not None:
             self._after(func, out)
+        if self.inspect is not None:
+            self.inspect(func, args, out)
         return out

@@ -120,7 +120,7 @@ class Simulator:
                     # optimizer state (and any lazy state) exist, as in a second step
                     self._warm_up(optimizer, args, kwargs, settings)
                 with record(device="meta", stacks=settings.stacks) as rec:
-                    watch = AccumulationWatch(cast_recorder(rec.recorder).mark)
+                    watch = AccumulationWatch(cast_recorder(rec.recorder))
                     self._step(optimizer, args, kwargs, settings, watch.around_backward)
                 host_counters = _step_counters(optimizer, host_only=True)
                 all_counters = _step_counters(optimizer, host_only=False)
@@ -150,7 +150,7 @@ class Simulator:
         if settings.optimizer in EIGHT_BIT:
             info["state_itemsizes"] = state_itemsizes
             info["step_counters"] = all_counters
-        raw, sums = accumulate_in_place(rec.profile, watch.segments)
+        raw, sums = accumulate_in_place(rec.profile, watch.segments, watch.sums)
         info["in_place_sums"] = sums
         return finish_profile(raw, settings, info)
 
