@@ -274,7 +274,6 @@ def _plan(
 ) -> _Plan:
     from .analysis.compare import activation_bytes_by_module
     from .session import cell_of
-    from .transforms.amp import amp_dtype
     from .transforms.offload import offload_unavailable
     from .transforms.state import available_host_bytes, host_bytes_needed
 
@@ -295,17 +294,7 @@ def _plan(
     if cell is None:
         raise RerunError(NOT_A_CELL)
     facts = read_cell(cell.source, cell.namespace)
-    amp_name: AmpName | None = None
-    if amp is not None:
-        try:
-            amp_dtype(amp)
-        except ValueError as error:
-            raise RerunError(str(error)) from None
-        amp_name = "fp16" if amp.lower() in ("fp16", "float16", "half") else "bf16"
-        if facts.autocast_line is not None:
-            raise RerunError(
-                f"the cell already runs under autocast (line {facts.autocast_line}): AMP is on"
-            )
+    amp_name = _amp_choice(amp, facts)
     ran_modules = [m for m in profile.modules if m]
     saved_any = bool(activation_bytes_by_module(profile))
     blocks: list[tuple[str, nn.Module]] = []
@@ -538,23 +527,12 @@ def run_changed(
     the session's CellRun; its profile's ``variant`` says what was applied."""
     from .capture import parse_device
     from .session import run_code
-    from .transforms.amp import amp_dtype
     from .transforms.checkpointing import checkpoint_blocks
     from .transforms.offload import offload_unavailable
 
     name = parse_device(device)
     facts = read_cell(source, namespace)
-    amp_name: AmpName | None = None
-    if amp is not None:
-        try:
-            amp_dtype(amp)
-        except ValueError as error:
-            raise RerunError(str(error)) from None
-        amp_name = "fp16" if amp.lower() in ("fp16", "float16", "half") else "bf16"
-        if facts.autocast_line is not None:
-            raise RerunError(
-                f"the cell already runs under autocast (line {facts.autocast_line}): AMP is on"
-            )
+    amp_name = _amp_choice(amp, facts)
     if offload and (reason := offload_unavailable(name)) is not None:
         raise RerunError(reason)
     blocks: list[tuple[str, nn.Module]] = []
@@ -631,3 +609,21 @@ def rerun_each(
         except RerunError as error:
             out.append(f"{technique}: {error}")
     return out
+
+
+def _amp_choice(amp: str | None, facts: Any) -> AmpName | None:
+    """The AMP dtype asked for, by its short name; RerunError if it is unknown or the cell
+    already runs under autocast."""
+    if amp is None:
+        return None
+    from .transforms.amp import amp_dtype
+
+    try:
+        amp_dtype(amp)
+    except ValueError as error:
+        raise RerunError(str(error)) from None
+    if facts.autocast_line is not None:
+        raise RerunError(
+            f"the cell already runs under autocast (line {facts.autocast_line}): AMP is on"
+        )
+    return "fp16" if amp.lower() in ("fp16", "float16", "half") else "bf16"
