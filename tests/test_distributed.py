@@ -189,7 +189,12 @@ def test_a_hung_collective_ends_at_the_timeout_and_leaves_nothing() -> None:
     elapsed = time.monotonic() - started
     assert timeout <= elapsed < timeout + 15
     results = info.value.results
-    assert results[1].exitcode is None and "timeout" in (results[1].error or "")
+    # the hung rank is killed: at the launch's timeout, or (whichever comes first under load)
+    # 10 s after the other rank's collective timed out
+    assert results[1].exitcode is None
+    assert "timeout" in (results[1].error or "") or "after another rank failed" in (
+        results[1].error or ""
+    )
     assert results[0].error is not None
     assert_ranks_gone([r.pid for r in results], None, before)
 
