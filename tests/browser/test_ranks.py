@@ -3,8 +3,11 @@ peaks side by side, and the rank selector switching the profile app below."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from playwright.sync_api import Page, expect
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from .lab import (
     Lab,
@@ -39,6 +42,9 @@ def test_rank_selector_and_side_by_side_peaks(lab: Lab, page: Page, page_log: Pa
     write_notebook(lab.root_dir, name, [SETUP, RANKS])
     open_notebook(page, lab, name)
     ran = run_all_cells(page, name, timeout_ms=120_000)
+    if ran:  # the app appears once the lab extension has loaded BokehJS for it
+        with contextlib.suppress(PlaywrightTimeout):
+            page.locator(".jv-ranks-app").first.wait_for(timeout=60_000)
     if not ran or page.locator(".jv-ranks-app").count() == 0:
         save_notebook(page, name)
         cells = read_notebook(lab.root_dir, name).cells
