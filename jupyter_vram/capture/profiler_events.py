@@ -895,13 +895,21 @@ _LIBRARY_DIRS = tuple(
 )
 
 
+#: jupyter_vram's own files: its helper threads (the estimator's pipe readers, ...) make no
+#: tensors, wherever the package is installed
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
+
+
 def _running_user_code(frame: Any, depth: int = 8) -> bool:
-    """A thread's innermost frames include torch or code outside the Python installation."""
+    """A thread's innermost frames include torch or code outside the Python installation
+    (jupyter_vram's own helper threads excepted)."""
     torch_dir = os.path.dirname(torch.__file__) + os.sep
     for _ in range(depth):
         if frame is None:
             return False
         filename = os.path.realpath(frame.f_code.co_filename)
+        if filename.startswith(_OWN_DIR):
+            return False
         if filename.startswith(torch_dir) or not (
             filename.startswith(_LIBRARY_DIRS) or filename.startswith("<")
         ):
