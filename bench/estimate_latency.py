@@ -123,7 +123,8 @@ def main() -> int:
         with open(args.json, "w") as fh:
             json.dump(old + rows, fh, indent=1)
     print(
-        "\n| case | input | first call (s) | second (s) | third (s) | max_batch_size (s) | target |"
+        "\n| case | input | first call (s) | same again (s) | optimizer sgd (s) "
+        "| max_batch_size (s) | target (second) |"
     )
     print("|---|---|--:|--:|--:|--:|---|")
     for r in rows:
