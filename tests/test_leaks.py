@@ -47,7 +47,9 @@ def test_variable(shell: Any) -> None:
     assert done == ["deleted variable leak_var"]
     assert "leak_var" not in shell.user_ns
     assert ref() is None  # nothing else (the leak table included) kept it
-    assert profile.leaks().empty
+    # the released storage is no longer listed (leaks are matched by size: another storage
+    # of the same size made since, e.g. garbage in a cycle from other code, may still be)
+    assert "leak_var" not in set(profile.leaks()["holders"])
 
 
 def test_output(shell: Any) -> None:
