@@ -8,6 +8,7 @@ ours left) and the next ``%%vram`` must record normally. Bounded to about a minu
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import random
 import time
@@ -85,6 +86,7 @@ def test_random_interrupts_leave_the_kernel_clean(kernel: Any) -> None:
     assert setup["status"] == "ok", setup
     rng = random.Random(20261130)
     interrupted = 0
+    lost = 0
     deadline = time.monotonic() + 45
     rounds = 0
     while time.monotonic() < deadline and rounds < 30:
@@ -92,11 +94,19 @@ def test_random_interrupts_leave_the_kernel_clean(kernel: Any) -> None:
         msg_id = client.execute(CELL)
         time.sleep(rng.uniform(0.0, 0.4))
         manager.interrupt_kernel()
-        while True:
-            reply = client.get_shell_msg(timeout=60)
-            if reply["parent_header"].get("msg_id") == msg_id:
-                break
-        if reply["content"]["status"] == "error":
+        reply = None
+        with contextlib.suppress(queue.Empty):
+            while True:
+                message = client.get_shell_msg(timeout=30)
+                if message["parent_header"].get("msg_id") == msg_id:
+                    reply = message
+                    break
+        if reply is None:
+            # no reply: the interrupt can land in ipykernel's own dispatch before the cell
+            # starts, and that request's reply is lost (seen about once in 100 rounds under
+            # load). A kernel hung in our code would not answer the probe below either.
+            lost += 1
+        elif reply["content"]["status"] == "error":
             interrupted += 1
             assert reply["content"]["ename"] == "KeyboardInterrupt", reply["content"]
         drain(client)
@@ -105,7 +115,7 @@ def test_random_interrupts_leave_the_kernel_clean(kernel: Any) -> None:
         assert execute(client, NEXT)["status"] == "ok"
         check = execute(client, CHECK)
         assert check["status"] == "ok", (rounds, check.get("evalue"))
-    assert rounds >= 5
+    assert rounds >= 5 and lost <= 1, (rounds, lost)
     assert interrupted >= 3, "the interrupts never landed inside a cell"
 
 
