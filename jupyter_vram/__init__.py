@@ -5,11 +5,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .leaks import release_leaks
-from .model import CATEGORIES, Frame, Profile, ProfileFileError
-from .recording import Recording, record
-from .rerun import RerunError, Variant, rerun, rerun_unavailable
-from .session import last_profile
+from . import model as _model
+from ._profile_services import Services as _Services
+
+# Profile's conveniences come from the layers above the data model (see model.py): install
+# them before anything else of the package runs.
+_model.install_services(_Services())
+
+from .leaks import release_leaks  # noqa: E402
+from .model import CATEGORIES, Frame, Profile, ProfileFileError  # noqa: E402
+from .recording import Recording, record  # noqa: E402
+from .rerun import RerunError, Variant, rerun, rerun_unavailable  # noqa: E402
+from .session import last_profile  # noqa: E402
 
 __all__ = [
     "CATEGORIES",

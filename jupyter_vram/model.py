@@ -9,6 +9,16 @@ alloc and free events, the op / module / phase / Python stack that made it and t
 played. Sequence numbers are shared by alloc and free events of one run, so sorting by them
 replays the run. Allocations that existed before recording started have ``alloc_seq == -1``
 (the baseline); allocations still alive at the end have ``free_seq == -1``.
+
+The data model is the bottom of the package: at run time it imports no other jupyter_vram
+module but the leaf ``_units``. Its conveniences (``peak_bytes``, ``peak_breakdown()``,
+``to_dataframe()``, ``to_html()``, ``compare()``, ``leaks()``, ``from_snapshot()`` ...) are
+declared here, where users look for them, and delegate to :class:`ProfileServices`: the
+layers above (analysis, render, capture's snapshot files) provide them, and the package
+installs them when it is imported (``jupyter_vram/_profile_services.py``, from
+``jupyter_vram/__init__.py``; importing any ``jupyter_vram.*`` module imports the package
+first). So the arrows run one way, the methods keep their names and signatures, and mypy
+checks the services against the Protocol.
 """
 
 from __future__ import annotations
@@ -19,10 +29,12 @@ import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
+
+from ._units import format_bytes
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -144,6 +156,45 @@ class SegmentEvents:
     baseline: int = 0  # bytes reserved before recording started
 
 
+class ProfileServices(Protocol):
+    """What the layers above the data model do for :class:`Profile`'s conveniences."""
+
+    def replay(self, profile: Profile) -> Timeline: ...
+    def allocations_frame(self, profile: Profile) -> pd.DataFrame: ...
+    def top_sites(
+        self, profile: Profile, limit: int, by: Literal["peak", "allocated"]
+    ) -> pd.DataFrame: ...
+    def oom_report(self, profile: Profile) -> OomReport | None: ...
+    def find_leaks(self, profile: Profile) -> pd.DataFrame: ...
+    def write_report(
+        self, profile: Profile, path: str | Path, resources: Literal["inline", "cdn"]
+    ) -> Path: ...
+    def variant(self, info: Mapping[str, Any]) -> Variant: ...
+    def compare(
+        self, baseline: Profile, other: Profile, by: Literal["category", "module", "op"]
+    ) -> pd.DataFrame: ...
+    def from_snapshot(
+        self, source: str | Path | Mapping[str, Any], device: int | str | None
+    ) -> Profile: ...
+    def to_snapshot(self, profile: Profile, path: str | Path) -> Path: ...
+    def load_ranks(self, folder: str | Path) -> list[Profile]: ...
+
+
+_services: ProfileServices | None = None
+
+
+def install_services(services: ProfileServices) -> None:
+    """Provide :class:`Profile`'s conveniences (the package does it once, at import)."""
+    global _services
+    _services = services
+
+
+def _the_services() -> ProfileServices:
+    if _services is None:  # only if the package's __init__ was bypassed
+        raise RuntimeError("jupyter_vram is not fully imported: `import jupyter_vram` first")
+    return _services
+
+
 class Profile:
     """A recorded (or simulated) run: allocations plus the tables their ids point into.
 
@@ -237,9 +288,7 @@ class Profile:
     def timeline(self) -> Timeline:
         """Live bytes per category after every event on the profile's device (cached)."""
         if self._timeline is None:
-            from .analysis.timeline import replay
-
-            self._timeline = replay(self)
+            self._timeline = _the_services().replay(self)
         return self._timeline
 
     @property
@@ -253,42 +302,32 @@ class Profile:
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per allocation: op, module, phase, category, bytes, device, times, stack."""
-        from .analysis.tables import allocations_frame
-
-        return allocations_frame(self)
+        return _the_services().allocations_frame(self)
 
     def top_sites(
         self, limit: int = 20, *, by: Literal["peak", "allocated"] = "peak"
     ) -> pd.DataFrame:
         """Allocation sites (Python line + op) ranked by bytes live at the peak or allocated."""
-        from .analysis.tables import top_sites
-
-        return top_sites(self, limit, by=by)
+        return _the_services().top_sites(self, limit, by)
 
     @property
     def oom(self) -> OomReport | None:
         """None, or the post-mortem of the ``torch.OutOfMemoryError`` that ended the run: the
         request, what was live by category and module, the allocator's state (CUDA) and
         suggestions ranked by the bytes they save. Saved with the profile (``meta``)."""
-        from .analysis.oom import oom_report
-
-        return oom_report(self)
+        return _the_services().oom_report(self)
 
     def leaks(self) -> pd.DataFrame:
         """Memory this run made that is still alive, with what holds it (variables, ``Out[n]``,
         the last traceback, closures, cycles); release with ``jv.release_leaks(profile)``."""
-        from .leaks import find_leaks
-
-        return find_leaks(self)
+        return _the_services().find_leaks(self)
 
     def to_html(self, path: str | Path, *, resources: Literal["inline", "cdn"] = "inline") -> Path:
         """Write a standalone interactive report (flame graphs, breakdown, timeline, sites).
 
         With the default inline resources the file works offline.
         """
-        from .render.html import write_report
-
-        return write_report(self, path, resources=resources)
+        return _the_services().write_report(self, path, resources)
 
     @property
     def variant(self) -> Variant | None:
@@ -297,9 +336,7 @@ class Profile:
         info = self.meta.get("variant")
         if not isinstance(info, Mapping):
             return None
-        from .rerun import Variant
-
-        return Variant.from_dict(info)
+        return _the_services().variant(info)
 
     def compare(
         self, other: Profile, by: Literal["category", "module", "op"] = "category"
@@ -307,9 +344,7 @@ class Profile:
         """This profile (the baseline) against ``other`` (a variant): bytes held at most per
         category and the peak (``by="category"``), or the modules / ops that moved most;
         columns baseline_bytes, variant_bytes, change_bytes, change_pct."""
-        from .analysis.compare import compare
-
-        return compare(self, other, by)
+        return _the_services().compare(self, other, by)
 
     def stack_of(self, stack_id: int) -> tuple[Frame, ...]:
         if stack_id < 0:
@@ -317,8 +352,6 @@ class Profile:
         return tuple(self.frames[i] for i in self.stacks[stack_id])
 
     def __repr__(self) -> str:
-        from .render.text import format_bytes
-
         return (
             f"<Profile {self.device} ({self.source}): peak {format_bytes(self.peak_bytes)}, "
             f"{len(self.allocations)} allocations, {self.event_count} events>"
@@ -432,17 +465,13 @@ class Profile:
         recovered from the snapshot's frames, annotations and user metadata where it has them
         (``meta["categories_inferred"]``).
         """
-        from .capture.snapshot_file import profile_from_snapshot_source
-
-        return profile_from_snapshot_source(source, device=device)
+        return _the_services().from_snapshot(source, device)
 
     def to_snapshot(self, path: str | Path) -> Path:
         """Write a pickle in ``_dump_snapshot``'s format that PyTorch's memory viewer and
         ``torch.cuda._memory_viz`` read, and :meth:`from_snapshot` reads back to the same
         peak and categories (addresses are synthesized: see ``capture/snapshot_file.py``)."""
-        from .capture.snapshot_file import write_snapshot
-
-        return write_snapshot(self, path)
+        return _the_services().to_snapshot(self, path)
 
     def save(self, path: str | Path) -> Path:
         """Write JSON; a path ending in ``.gz`` is gzip-compressed. Missing folders are made."""
@@ -458,9 +487,7 @@ class Profile:
     def load_ranks(cls, folder: str | Path) -> list[Profile]:
         """The per-rank profiles a distributed recording wrote into ``folder`` (``rank<N>.json.gz``,
         from ``torchrun -m jupyter_vram.distributed.run``), in rank order."""
-        from .distributed.files import load_ranks
-
-        return load_ranks(folder)
+        return _the_services().load_ranks(folder)
 
     @classmethod
     def load(cls, path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> Profile:

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from .._units import format_bytes
 from ..model import Int64Array
-from ..render.text import format_bytes
 
 if TYPE_CHECKING:
     from ..model import Profile

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from .._units import format_bytes
 from ..model import CATEGORIES, CATEGORY_INDEX
-from ..render.text import format_bytes
 
 if TYPE_CHECKING:
     import pandas as pd

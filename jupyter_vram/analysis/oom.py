@@ -365,6 +365,6 @@ def _batch(profile: Profile, report: OomReport) -> Suggestion | None:
 
 
 def _mb(n: int) -> str:
-    from ..render.text import format_bytes
+    from .._units import format_bytes
 
     return format_bytes(n)

@@ -75,7 +75,7 @@ def parse_capacity(value: int | float | str) -> int:
 
 def out_of_memory_message(requested: int, capacity: int, in_use: int, op: str) -> str:
     """Worded like the CUDA allocator's error, so code that reads it behaves the same."""
-    from ..render.text import format_bytes
+    from .._units import format_bytes
 
     return (
         f"Out of memory (jupyter_vram capacity). Tried to allocate {format_bytes(requested)} "
@@ -240,7 +240,7 @@ class CudaCapacity:
         index = self.device.index if self.device.index is not None else 0
         total = int(torch.cuda.get_device_properties(index).total_memory)
         if self.capacity > total:
-            from ..render.text import format_bytes
+            from .._units import format_bytes
 
             raise ValueError(
                 f"capacity {format_bytes(self.capacity)} is more than this device has "

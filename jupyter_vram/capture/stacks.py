@@ -17,14 +17,14 @@ def _package_dir(module: object) -> str:
     return os.path.dirname(os.path.abspath(getattr(module, "__file__", "") or "")) + os.sep
 
 
+# jupyter_vram's own folder (capture/'s parent: no import of the package, which sits above)
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # The built-in example workload is user code as far as stacks are concerned.
-_EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples.py")
+_EXAMPLES = os.path.join(_PACKAGE_DIR, "examples.py")
 
 
 def _hidden_prefixes() -> tuple[str, ...]:
-    import jupyter_vram
-
-    prefixes = [_package_dir(torch), _package_dir(jupyter_vram)]
+    prefixes = [_package_dir(torch), _PACKAGE_DIR]
     try:
         import IPython  # optional: capture also runs in plain Python (GPU benches, scripts)
     except ImportError:

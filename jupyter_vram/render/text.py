@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+# re-exported (PEP 484's `as` form): the renderers and users import it from here
+from .._units import format_bytes as format_bytes  # noqa: PLC0414
+
 if TYPE_CHECKING:
     from ..analysis.oom import OomReport
     from ..model import Profile
@@ -16,17 +19,6 @@ SOURCE_NAMES = {
     "cuda_snapshot": "CUDA allocator",
     "estimate": "estimate: fake-tensor run",
 }
-
-
-def format_bytes(n: float) -> str:
-    """Human-readable binary size: 1536 -> '1.5 KiB'."""
-    sign = "-" if n < 0 else ""
-    n = abs(float(n))
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def _pct(part: int, whole: int) -> str:
