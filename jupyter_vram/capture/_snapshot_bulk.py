@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from .snapshot_columns import ACTION_CODE
-from .snapshot_stream import UnsupportedPickle
+from .snapshot_columns import ACTION_CODE, UnsupportedPickle
 
 if TYPE_CHECKING:
     from .snapshot_stream import _Layout, _Reader

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from ..model import Profile
-from . import RecordingError
+from ._common import RecordingError
 from .builder import Interner, ProfileBuilder
 from .cuda_convert import MARKER_PREFIX, SOURCE, Role, profile_from_snapshot
 from .modes import ObservingMode

@@ -256,7 +256,7 @@ class ProfilerRecorder:
         import torch.profiler  # noqa: F401 - imported here, not inside the recorded cell
 
         if profiler_busy():
-            from . import RecordingError
+            from ._common import RecordingError
 
             raise RecordingError("a torch profiler is already running")
         if entry_frame is not None:
@@ -367,7 +367,7 @@ class ProfilerRecorder:
         would hold gigabytes. Called between two top-level module calls, where no op runs and
         no range of ours is open, so nothing is missed; only our compact rows are kept.
         """
-        from . import interrupts_deferred
+        from ._common import interrupts_deferred
 
         self._flushing = True
         try:

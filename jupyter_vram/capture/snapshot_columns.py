@@ -62,6 +62,11 @@ _MODULE_CALL = re.compile(r"[\\/]torch[\\/]nn[\\/]modules[\\/]module\.py$")
 IntArray = npt.NDArray[np.integer[Any]]
 
 
+class UnsupportedPickle(Exception):
+    """A pickle opcode the stream reader does not interpret (old text protocols): load it
+    whole. (Here, below both readers: the stream reader and its bulk loop raise it.)"""
+
+
 @dataclass
 class TraceColumns:
     """One device's trace: one value per entry in each column.

@@ -28,7 +28,7 @@ from typing import IO, Any
 import numpy as np
 
 from ..model import ProfileFileError
-from .snapshot_columns import ACTION_CODE, TraceColumns
+from .snapshot_columns import ACTION_CODE, TraceColumns, UnsupportedPickle
 
 __all__ = ["UnsupportedPickle", "read_snapshot_stream"]
 
@@ -40,10 +40,6 @@ _REFUSED = {
     0x83: "EXT2", 0x84: "EXT4", b"P"[0]: "PERSID", b"Q"[0]: "BINPERSID",
     0x97: "NEXT_BUFFER", 0x98: "READONLY_BUFFER",
 }  # fmt: skip
-
-
-class UnsupportedPickle(Exception):
-    """A pickle opcode this reader does not interpret (old text protocols): load it whole."""
 
 
 class _Consumed:
