@@ -5,12 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from . import _display
 from . import model as _model
 from ._profile_services import Services as _Services
+from ._profile_services import estimate_text as _estimate_text
 
-# Profile's conveniences come from the layers above the data model (see model.py): install
-# them before anything else of the package runs.
+# Profile's conveniences come from the layers above the data model (see model.py), and an
+# Estimate's text view from the renderer (see _display.py): install them before anything
+# else of the package runs.
 _model.install_services(_Services())
+_display.register("estimate", _estimate_text)
 
 from .leaks import release_leaks  # noqa: E402
 from .model import CATEGORIES, Frame, Profile, ProfileFileError  # noqa: E402

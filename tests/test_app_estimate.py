@@ -23,13 +23,13 @@ from jupyter_vram.app.estimate_view import (
     TITLE,
     EstimateView,
     estimate_facts,
-    what_if_fits,
     what_if_html,
 )
 from jupyter_vram.app.timeline_view import TimelineView
 from jupyter_vram.estimator import GPUS, Comparison, Estimate, EstimateError, estimate, find_gpu
-from jupyter_vram.estimator.api import Allowance
-from jupyter_vram.render.estimate_text import model_weights, settings_text
+from jupyter_vram.estimator.api import Allowance, model_weights
+from jupyter_vram.estimator.whatif import what_if_fits
+from jupyter_vram.render.estimate_text import settings_text
 from jupyter_vram.render.text import format_bytes
 
 WIDTH = 16384  # wide enough that the smallest GPU's largest batch is a real number
@@ -415,8 +415,8 @@ def test_magic_puts_the_gpu_answer_in_the_app(monkeypatch: pytest.MonkeyPatch) -
     """%vram_estimate --gpu: the answer is in the app's first line, not printed below it."""
     from IPython.core.magic_arguments import parse_argstring
 
-    from jupyter_vram.estimator.magic import run_estimate_magic
     from jupyter_vram.magics import VramMagics
+    from jupyter_vram.magics_estimate import run_estimate_magic
 
     shown: list[Any] = []
     printed: list[str] = []

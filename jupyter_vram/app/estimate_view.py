@@ -16,18 +16,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import ipywidgets as w
 
-from ..estimator.api import RUNTIME_OVERHEAD, Allowance, Estimate, RunSummary
+from ..estimator.api import RUNTIME_OVERHEAD, Allowance, Estimate, RunSummary, model_weights
 from ..estimator.gpus import GPUS, RUNTIME_HIDDEN_BYTES, Gpu, find_gpu
 from ..estimator.search import format_batch
 from ..estimator.step import StepSettings
+from ..estimator.whatif import variants, what_if_fits
 from ..model import CATEGORIES, Profile
-from ..render.estimate_text import (
-    MODELLED,
-    NOT_MODELLED,
-    format_count,
-    model_weights,
-    settings_text,
-)
+from ..render.estimate_text import MODELLED, NOT_MODELLED, format_count, settings_text
 from ..render.html import facts_html
 from ..render.text import format_bytes
 
@@ -114,16 +109,14 @@ def allowance_text(allowance: Allowance) -> str:
 
 
 def smallest_gpu(estimate: Estimate, gpus: Sequence[Gpu], *, simulate: bool = True) -> str:
-    """The first of ``gpus`` (ascending by memory) the step fits, by :meth:`Estimate.fits`.
-
-    ``simulate=False``: only the cards the estimate answers without another run (those
-    running the same attention kernel as the simulated step); the answer says so.
-    """
-    checked = [g for g in gpus if simulate or estimate.settings_for(g) == estimate.settings]
-    first = next((g.name for g in checked if estimate.fits(g)), "none listed")
-    skipped = [g.name for g in gpus if g not in checked]
-    if skipped:
-        return f"{first} (not checked: {', '.join(skipped)}, which run another attention kernel)"
+    """The first of ``gpus`` (ascending by memory) the step fits, in words (the estimator's
+    :meth:`Estimate.first_fit`; ``simulate=False``: without another run, and the answer
+    names the cards that would need one)."""
+    found = estimate.first_fit(gpus, simulate=simulate)
+    first = found.gpu or "none listed"
+    if found.skipped:
+        skipped = ", ".join(found.skipped)
+        return f"{first} (not checked: {skipped}, which run another attention kernel)"
     return first
 
 
@@ -343,35 +336,6 @@ def what_if_html(
     )
 
 
-def what_if_fits(estimate: Estimate, frame: pd.DataFrame, gpu: Gpu) -> list[bool | None]:
-    """Whether each what-if row fits ``gpu``, by the estimator's rule.
-
-    The estimated step: :meth:`Estimate.fits`. A simulated variant: its device used on that
-    card (:meth:`Estimate.used_on` with its settings: that card's attention kernel and cuBLAS
-    workspaces) within :attr:`Gpu.usable_bytes`. An arithmetic row (sharding), computed from
-    the estimated step: its device used plus what that card adds to the estimated step's.
-    A row that could not run: None.
-    """
-    from ..estimator.whatif import variants
-
-    settings = {f"as estimated: {estimate.settings.describe()}": estimate.settings}
-    settings.update(variants(estimate.settings))
-    card_extra = estimate.used_on(gpu) - estimate.device_used_bytes
-    answers: list[bool | None] = []
-    for row in _records(frame):
-        used = row["device_used_bytes"]
-        chosen = settings.get(str(row["what_if"]))
-        if row.get("note") or used != used:  # could not run (NaN)
-            answers.append(None)
-        elif chosen == estimate.settings:
-            answers.append(estimate.fits(gpu))
-        elif chosen is not None and row["kind"] == "simulated":
-            answers.append(estimate.used_on(gpu, settings=chosen) <= gpu.usable_bytes)
-        else:
-            answers.append(int(used) + card_extra <= gpu.usable_bytes)
-    return answers
-
-
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return [{str(k): v for k, v in row.items()} for row in frame.to_dict("records")]
 
@@ -563,8 +527,6 @@ class EstimateView(w.VBox):  # type: ignore[misc]
 
     def compute_what_ifs(self) -> pd.DataFrame | None:
         """Simulate the what-if variants, add the sharding rows; show the table."""
-        from ..estimator.whatif import variants
-
         progress = self.what_if_progress
         gpus = int(self.data_parallel.value)
         estimate = self.estimate

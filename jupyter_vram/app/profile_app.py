@@ -33,8 +33,6 @@ from .holder import GONE, ProfileHandle
 from .rerun_view import rerun_bar
 from .timeline_view import AXES, TimelineView
 
-CUDA_CONTEXT = 1 << 30  # what the CUDA context and libraries take on a device, about
-
 if TYPE_CHECKING:
     from ..estimator.api import Comparison, Estimate
     from ..estimator.gpus import Gpu
@@ -487,6 +485,7 @@ def simulated_html(profile: Profile) -> str:
     facts = "".join(_row(k, v, e) for k, v, e in tracker_facts(profile))
     out = f"<h4>What the tensor tracker saw</h4><table class='jv-table'>{facts}</table>"
     try:
+        from ..estimator.api import RUNTIME_OVERHEAD_BYTES
         from ..estimator.cuda_model import simulate, to_cuda_profile
 
         sim = simulate(profile)
@@ -496,7 +495,7 @@ def simulated_html(profile: Profile) -> str:
             out
             + f"<p class='jv-error'>The CUDA allocator model failed: {html.escape(str(exc))}</p>"
         )
-    used = sim.peak_reserved + CUDA_CONTEXT
+    used = sim.peak_reserved + RUNTIME_OVERHEAD_BYTES  # the estimator's device-used rule
     rows = "".join(
         [
             _row("allocated (peak)", format_bytes(sim.peak_allocated),

@@ -10,7 +10,7 @@ device used adds a fixed allowance for the CUDA context and library workspaces.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -18,8 +18,10 @@ import numpy as np
 import numpy.typing as npt
 from torch import nn
 
-from ..model import CATEGORY_INDEX, Allocations, Profile
-from .gpus import GPUS, Gpu, find_gpu
+from .. import _display
+from .._units import format_bytes
+from ..model import CATEGORIES, CATEGORY_INDEX, Allocations, Profile
+from .gpus import GPUS, RUNTIME_HIDDEN_BYTES, Gpu, find_gpu
 from .inputs import make_batch_spec
 from .job import Job
 from .runner import DEFAULT_TIMEOUT_S, EstimateError, EstimatorProcess, pack_job
@@ -134,7 +136,34 @@ class Estimate:
         runtime allowance) within what the CUDA runtime offers (:attr:`Gpu.usable_bytes`),
         with the attention kernel that card runs."""
         target = _gpu(gpu)
-        return self.used_on(target) <= target.usable_bytes
+        return target.fits(self.used_on(target))
+
+    @property
+    def fitting_gpus(self) -> tuple[str, ...]:
+        """The GPUs of :data:`GPUS` this step fits at this batch size (:meth:`fits`); on a
+        card that runs another attention kernel that takes another simulated run (cached)."""
+        return tuple(g.name for g in GPUS if self.fits(g))
+
+    def first_fit(self, gpus: Sequence[Gpu], *, simulate: bool = True) -> FirstFit:
+        """The first of ``gpus`` (ascending by memory) the step fits, by :meth:`fits`.
+
+        ``simulate=False``: only the cards answered without another run (those running the
+        same attention kernel as the simulated step); the others are listed as skipped.
+        """
+        checked = [g for g in gpus if simulate or self.settings_for(g) == self.settings]
+        first = next((g.name for g in checked if self.fits(g)), None)
+        return FirstFit(first, tuple(g.name for g in gpus if g not in checked))
+
+    @property
+    def runtime_hidden_bytes(self) -> int:
+        """What a card's driver keeps of its memory, left out of every fit (a guess:
+        :data:`~.gpus.RUNTIME_HIDDEN_BYTES`)."""
+        return RUNTIME_HIDDEN_BYTES
+
+    @property
+    def weights(self) -> str | None:
+        """The dtype of the model's weights in the simulated step (:func:`model_weights`)."""
+        return model_weights(self.profile)
 
     def used_on(self, gpu: str | Gpu, batch_size: int | None = None,
                 settings: StepSettings | None = None) -> int:  # fmt: skip
@@ -304,17 +333,23 @@ class Estimate:
     # -- display --------------------------------------------------------------------------------
 
     def __repr__(self) -> str:
-        from ..render.text import format_bytes
-
         return (
             f"<Estimate {self.model_name} batch {self.batch_size} on {self.settings.device}: "
             f"peak {format_bytes(self.peak_bytes)}, reserved {format_bytes(self.reserved_bytes)}>"
         )
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        from ..render.estimate_text import estimate_summary
+        # the summary is the renderer's; the package registers it (see _display.py)
+        printer.text(_display.text("estimate", self))
 
-        printer.text(estimate_summary(self))
+
+@dataclass(frozen=True)
+class FirstFit:
+    """The first GPU of a list a step fits (None: none of them), and the GPUs left
+    unchecked (they run another attention kernel and no more runs were allowed)."""
+
+    gpu: str | None
+    skipped: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -384,6 +419,27 @@ class Comparison:
         return cls(estimate.peak_bytes - workspaces, step.peak_bytes, estimated,
                    step.peak_breakdown(), estimate.settings.device, measured.device,
                    left_out)  # fmt: skip
+
+
+#: Bytes per parameter -> the weights' dtype, for a model estimated in its own dtype.
+ITEMSIZE_NAMES = {8: "fp64", 4: "fp32", 2: "16-bit", 1: "8-bit"}
+BLOCK = 512  # the CUDA caching allocator rounds requests up to this
+
+
+def model_weights(profile: Profile) -> str | None:
+    """The dtype an estimated model's weights had, from the simulated step itself: the one
+    element size that makes the parameters alive before the step as large as they are (each
+    rounded up to the CUDA allocator's 512 B blocks on a CUDA target). None if no size or
+    more than one does, e.g. a model mixing dtypes."""
+    count = int(profile.meta.get("estimate", {}).get("parameters", 0))
+    t = profile.timeline
+    rows = t.live_mask(-1) & (profile.allocations.category == CATEGORIES.index("parameter"))
+    nbytes = int(profile.allocations.size[rows].sum())
+    if count <= 0 or not nbytes:
+        return None
+    slack = BLOCK * int(rows.sum())  # at most 511 B of rounding per allocation
+    names = [name for size, name in ITEMSIZE_NAMES.items() if 0 <= nbytes - size * count < slack]
+    return names[0] if len(names) == 1 else None
 
 
 def _module_rows(profile: Profile, model_name: str) -> npt.NDArray[np.bool_]:
@@ -477,6 +533,8 @@ __all__ = [
     "Comparison",
     "Estimate",
     "EstimateError",
+    "FirstFit",
     "RunSummary",
     "estimate",
+    "model_weights",
 ]

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from .api import Estimate
+    from .gpus import Gpu
 
 _STATE = CATEGORY_INDEX["optimizer_state"]
 _TEMPORARY = CATEGORY_INDEX["temporary"]
@@ -216,3 +217,30 @@ def variants(base: StepSettings) -> list[tuple[str, StepSettings]]:
             seen.add(settings)
             kept.append((name, settings))
     return kept
+
+
+def what_if_fits(estimate: Estimate, frame: pd.DataFrame, gpu: Gpu) -> list[bool | None]:
+    """Whether each row of :func:`what_if_table`'s ``frame`` fits ``gpu``, by the fit rule
+    (:meth:`Gpu.fits`).
+
+    The estimated step: :meth:`Estimate.fits`. A simulated variant: its device used on that
+    card (:meth:`Estimate.used_on` with its settings: that card's attention kernel and cuBLAS
+    workspaces). An arithmetic row (sharding), computed from the estimated step: its device
+    used plus what that card adds to the estimated step's. A row that could not run: None.
+    """
+    settings = {f"as estimated: {estimate.settings.describe()}": estimate.settings}
+    settings.update(variants(estimate.settings))
+    card_extra = estimate.used_on(gpu) - estimate.device_used_bytes
+    answers: list[bool | None] = []
+    for row in frame.to_dict("records"):
+        used = row["device_used_bytes"]
+        chosen = settings.get(str(row["what_if"]))
+        if row.get("note") or used != used:  # could not run (NaN)
+            answers.append(None)
+        elif chosen == estimate.settings:
+            answers.append(estimate.fits(gpu))
+        elif chosen is not None and row["kind"] == "simulated":
+            answers.append(gpu.fits(estimate.used_on(gpu, settings=chosen)))
+        else:
+            answers.append(gpu.fits(int(used) + card_extra))
+    return answers

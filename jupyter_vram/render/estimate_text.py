@@ -2,20 +2,104 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .text import format_bytes
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ..estimator.api import Comparison, Estimate
-    from ..estimator.step import StepSettings
-    from ..model import Profile
 
-#: Bytes per parameter -> the weights' dtype, for a model estimated in its own dtype.
-ITEMSIZE_NAMES = {8: "fp64", 4: "fp32", 2: "16-bit", 1: "8-bit"}
-BLOCK = 512  # the CUDA caching allocator rounds requests up to this
+# What the text reads of an estimate, declared here so that the renderer needs none of the
+# estimator's classes: the estimator's StepSettings, Allowance, Estimate and Comparison have
+# these members (mypy checks it where they are passed in). All of them are plain data the
+# estimator computed (the fits included); the text only formats them.
+
+
+class SettingsData(Protocol):
+    """A simulated step's settings (the estimator's ``StepSettings``)."""
+
+    @property
+    def device(self) -> str: ...
+    @property
+    def dtype(self) -> str | None: ...
+    @property
+    def amp(self) -> str | None: ...
+    @property
+    def checkpoint(self) -> bool: ...
+    @property
+    def optimizer(self) -> str: ...
+    @property
+    def inference(self) -> bool: ...
+    @property
+    def flash_attention(self) -> bool: ...
+    @property
+    def target_type(self) -> str: ...
+
+
+class AllowanceData(Protocol):
+    """A fixed amount the estimator adds to a prediction (``Allowance``)."""
+
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def guessed(self) -> bool: ...
+    @property
+    def note(self) -> str: ...
+
+
+class EstimateData(Protocol):
+    """An estimate's numbers (``Estimate``)."""
+
+    @property
+    def settings(self) -> SettingsData: ...
+    @property
+    def model_name(self) -> str: ...
+    @property
+    def parameters(self) -> int: ...
+    @property
+    def input(self) -> str: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def peak_bytes(self) -> int: ...
+    @property
+    def reserved_bytes(self) -> int: ...
+    @property
+    def device_used_bytes(self) -> int: ...
+    @property
+    def runtime_overhead(self) -> AllowanceData: ...
+    @property
+    def weights(self) -> str | None: ...
+    @property
+    def fitting_gpus(self) -> tuple[str, ...]: ...
+    @property
+    def runtime_hidden_bytes(self) -> int: ...
+    def peak_breakdown(self) -> dict[str, int]: ...
+
+
+class ComparisonData(Protocol):
+    """An estimate against a measurement (``Comparison``)."""
+
+    @property
+    def estimated_bytes(self) -> int: ...
+    @property
+    def measured_bytes(self) -> int: ...
+    @property
+    def estimated(self) -> dict[str, int]: ...
+    @property
+    def measured(self) -> dict[str, int]: ...
+    @property
+    def estimated_device(self) -> str: ...
+    @property
+    def measured_device(self) -> str: ...
+    @property
+    def unrelated_bytes(self) -> int: ...
+    @property
+    def same_device(self) -> bool: ...
+    @property
+    def error(self) -> float: ...
+
 
 #: What the simulation models and what it does not; shown with every estimate.
 MODELLED = (
@@ -33,16 +117,14 @@ NOT_MODELLED = (
 )
 
 
-def estimate_summary(estimate: Estimate) -> str:
+def estimate_summary(estimate: EstimateData) -> str:
     """The estimate in a few lines: settings, peak, reserved, device used, breakdown, fits."""
-    from ..estimator.gpus import GPUS, RUNTIME_HIDDEN_BYTES
-
     s = estimate.settings
     params = f"{format_count(estimate.parameters)} parameters"
     lines = [
         f"jupyter_vram estimate · {estimate.model_name} ({params}) · input {estimate.input}",
         f"{'inference' if s.inference else 'training step'} on {s.device}: "
-        + settings_text(s, model_weights(estimate.profile)),
+        + settings_text(s, estimate.weights),
         f"peak allocated {format_bytes(estimate.peak_bytes)}"
         + (
             f", reserved {format_bytes(estimate.reserved_bytes)}, device used "
@@ -63,12 +145,12 @@ def estimate_summary(estimate: Estimate) -> str:
         if nbytes:
             lines.append(f"  {name:<16}{format_bytes(nbytes):>12} {100 * nbytes / peak:5.1f}%")
     if s.target_type == "cuda":
-        fits = [g.name for g in GPUS if estimate.fits(g)]
+        fits = estimate.fitting_gpus
         lines.append(
             "fits at this batch size: "
             + (", ".join(fits) if fits else "none of the GPUs")
             + f" (device used within the card's memory less the "
-            f"{format_bytes(RUNTIME_HIDDEN_BYTES)} the driver keeps, also a guess)"
+            f"{format_bytes(estimate.runtime_hidden_bytes)} the driver keeps, also a guess)"
         )
     else:
         lines.append("a CPU estimate: use device='cuda' (--device cuda) for the GPUs it fits")
@@ -76,27 +158,9 @@ def estimate_summary(estimate: Estimate) -> str:
     return "\n".join(lines)
 
 
-def model_weights(profile: Profile) -> str | None:
-    """The dtype an estimated model's weights had, from the simulated step itself: the one
-    element size that makes the parameters alive before the step as large as they are (each
-    rounded up to the CUDA allocator's 512 B blocks on a CUDA target). None if no size or
-    more than one does, e.g. a model mixing dtypes."""
-    from ..model import CATEGORIES
-
-    count = int(profile.meta.get("estimate", {}).get("parameters", 0))
-    t = profile.timeline
-    rows = t.live_mask(-1) & (profile.allocations.category == CATEGORIES.index("parameter"))
-    nbytes = int(profile.allocations.size[rows].sum())
-    if count <= 0 or not nbytes:
-        return None
-    slack = BLOCK * int(rows.sum())  # at most 511 B of rounding per allocation
-    names = [name for size, name in ITEMSIZE_NAMES.items() if 0 <= nbytes - size * count < slack]
-    return names[0] if len(names) == 1 else None
-
-
-def settings_text(settings: StepSettings, weights: str | None = None) -> str:
+def settings_text(settings: SettingsData, weights: str | None = None) -> str:
     """The simulated step's settings in words: 'weights fp32 (the model's), no autocast,
-    optimizer adamw'. ``weights``: the model's own dtype (see :func:`model_weights`), used
+    optimizer adamw'. ``weights``: the model's own dtype (the estimator's ``model_weights``), used
     when the estimate kept it (no ``dtype`` given)."""
     if settings.dtype:
         parts = [f"weights cast to {settings.dtype}"]
@@ -150,7 +214,7 @@ def what_if_text(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def comparison_text(comparison: Comparison) -> str:
+def comparison_text(comparison: ComparisonData) -> str:
     """Estimated vs measured peak, and where they differ."""
     lines = [
         f"estimate {format_bytes(comparison.estimated_bytes)} vs measured "

@@ -76,8 +76,8 @@ from .html import header_facts
 from .text import SOURCE_NAMES
 
 if TYPE_CHECKING:
-    from ..estimator.api import Estimate
     from ..model import Profile
+    from .estimate_text import EstimateData
 
 Axis = Literal["time", "event"]
 PROFILE_MIME = "application/vnd.jupyter-vram.profile+json"
@@ -88,7 +88,7 @@ TIMELINE_BUCKETS = 300  # at most two steps per bucket: <= ~600 points
 TOP = 20  # rows of the top-modules and top-sites lists
 
 
-def profile_payload(profile: Profile, estimate: Estimate | None = None) -> dict[str, Any]:
+def profile_payload(profile: Profile, estimate: EstimateData | None = None) -> dict[str, Any]:
     """The saved profile (schema in the module docstring); ``estimate``: the Estimate behind
     an estimate's profile, for its summary and predicted reserved / device-used bytes."""
     from .text import format_bytes
