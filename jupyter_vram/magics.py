@@ -343,7 +343,7 @@ class VramMagics(Magics):
     @line_magic
     def vram_estimate(self, line: str) -> None:
         """Predict a training step's memory without a GPU, and what it fits on."""
-        from .estimator.magic import run_estimate_magic
+        from .magics_estimate import run_estimate_magic
 
         args = parse_argstring(self.vram_estimate, line)
         shell = self.shell

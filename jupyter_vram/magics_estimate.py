@@ -1,4 +1,8 @@
-"""What `%vram_estimate` does once its arguments are parsed (magics.py stays a thin shell)."""
+"""What `%vram_estimate` does once its arguments are parsed (magics.py stays a thin shell).
+
+Display code (it prints, shows the app, binds ``_vram_estimate``), so it lives with the
+magics, above the estimator it calls and the renderers it shows.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,13 @@ from argparse import Namespace
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .api import Estimate, estimate
-from .gpus import find_gpu
-from .inputs import InputError
-from .runner import EstimateError
-from .search import format_batch
-from .step import StepError
-from .whatif import check_gpus
+from .estimator.api import Estimate, estimate
+from .estimator.gpus import find_gpu
+from .estimator.inputs import InputError
+from .estimator.runner import EstimateError
+from .estimator.search import format_batch
+from .estimator.step import StepError
+from .estimator.whatif import check_gpus
 
 #: Failures that deserve a one-paragraph message, not a traceback.
 EXPECTED_ERRORS = (EstimateError, InputError, StepError)
@@ -49,7 +53,7 @@ def run_estimate_magic(args: Namespace, namespace: dict[str, Any]) -> Estimate |
     """Run the estimate, show it, and bind it to ``_vram_estimate``; errors become messages."""
     from IPython.display import display
 
-    from ..session import remember_estimate
+    from .session import remember_estimate
 
     progress = _progress_line()
     try:
@@ -84,7 +88,7 @@ def run_estimate_magic(args: Namespace, namespace: dict[str, Any]) -> Estimate |
         return None
     progress("")
     if args.text:
-        from ..render.estimate_text import estimate_summary, what_if_text
+        from .render.estimate_text import estimate_summary, what_if_text
 
         print(estimate_summary(result))
         if what_ifs is not None:
@@ -96,13 +100,13 @@ def run_estimate_magic(args: Namespace, namespace: dict[str, Any]) -> Estimate |
                 f"largest batch that fits: {format_batch(largest)}"
             )
     else:
-        from ..app import ProfileApp
+        from .app import ProfileApp
 
         # the answer to --gpu is the app's first line (and its row is highlighted)
         app = ProfileApp(result.profile, estimate=result, gpu=gpu, largest_batch=largest)
         display(app)  # type: ignore[no-untyped-call]
         if what_ifs is not None:
-            from ..render.estimate_text import what_if_text
+            from .render.estimate_text import what_if_text
 
             print(what_if_text(what_ifs))
     return result

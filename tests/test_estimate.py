@@ -540,8 +540,8 @@ def test_data_parallel_gpus_must_be_positive(
     # the magic says so in one line, before any estimator process starts
     from IPython.core.magic_arguments import parse_argstring
 
-    from jupyter_vram.estimator.magic import run_estimate_magic
     from jupyter_vram.magics import VramMagics
+    from jupyter_vram.magics_estimate import run_estimate_magic
 
     args = parse_argstring(VramMagics.vram_estimate, f"m --input 2x64 --what-if --gpus {gpus}")
     before = {p.pid for p in psutil.Process().children(recursive=True)}
@@ -557,8 +557,8 @@ def test_data_parallel_gpus_must_be_positive(
 def test_quoted_magic_arguments_lose_their_quotes() -> None:
     from IPython.core.magic_arguments import parse_argstring
 
-    from jupyter_vram.estimator.magic import resolve_inputs, unquote
     from jupyter_vram.magics import VramMagics
+    from jupyter_vram.magics_estimate import resolve_inputs, unquote
 
     line = "m --input \"a=4x128,b=4x128\" --gpu 'A100 80GB' --optimizer 'sgd'"
     args = parse_argstring(VramMagics.vram_estimate, line)
