@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from ..allocator_rules import is_small
 from ..model import Int64Array
 from ..render.text import format_bytes
 
@@ -16,7 +17,6 @@ if TYPE_CHECKING:
 
 FRAGMENTATION_ADVICE_THRESHOLD = 0.2  # share of reserved memory beyond the allocated peak
 EXPANDABLE_MIN_RESERVED = 256 * 2**20
-LARGE_REQUEST = 1 << 20  # larger requests come from the large pool (smaller: 2 MiB segments)
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def stranded_requests(profile: Profile) -> list[StrandedRequest]:
             continue
         event = int(allocs[j])
         size = int(t.delta[event])
-        if size <= LARGE_REQUEST:
+        if is_small(size):  # small-pool requests share 2 MiB segments
             continue
         free = int(reserved_before[k]) - t.total_at(event - 1)
         if free >= size:

@@ -22,16 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from ..allocator_rules import UNLIMITED_SPLIT, is_small_segment, round_size
 from ..model import CATEGORY_INDEX, PHASES, Frame, Profile, SegmentEvents
 from .builder import OTHER, TEMPORARY, UNKNOWN, ProfileBuilder
-from .cuda_allocator import (
-    _SMALL_BUFFER,
-    _active_blocks,
-    _AllocatorModel,
-    _device_segments,
-    _divisions,
-    round_size,
-)
+from .cuda_allocator import _active_blocks, _AllocatorModel, _device_segments, _divisions
 from .dispatch import BASELINE_OP
 from .stacks import _hidden_prefixes
 from .tagging import PHASE_OTHER
@@ -202,7 +196,7 @@ class _Converter:
         divisions = _divisions(settings)
         self.round: Callable[[int], int] = lambda size: round_size(size, divisions)
         max_split = int(settings.get("max_split_size", -1) or -1)
-        self.max_split = max_split if max_split > 0 else 1 << 62
+        self.max_split = max_split if max_split > 0 else UNLIMITED_SPLIT
         self.expandable = bool(settings.get("expandable_segments")) or any(
             e.get("action") in ("segment_map", "segment_unmap") for e in self.trace
         )
@@ -325,7 +319,7 @@ class _Converter:
                 seg_seq.append(seq)
                 seg_delta.append(int(entry["size"]))
                 if model is not None:
-                    small = int(entry["size"]) == _SMALL_BUFFER
+                    small = is_small_segment(int(entry["size"]))
                     model.add_segment(int(entry["addr"]), int(entry["size"]), small)
             elif action in ("segment_free", "segment_unmap"):
                 seg_seq.append(seq)
