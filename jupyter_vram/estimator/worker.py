@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..capture.dispatch import DispatchRecorder
+from ..capture.stacks import FrameFilter
 from ..model import Allocations, Profile
 from .accumulation import AccumulationWatch, accumulate_in_place
 from .inputs import BatchSpec, parse_dtype, with_default_labels
@@ -517,11 +518,11 @@ def describe_error(error: BaseException) -> str:
 
 
 def _user_frame(error: BaseException) -> str | None:
-    """The innermost traceback frame outside torch and jupyter_vram."""
-    skip = (os.sep + "torch" + os.sep, os.sep + "jupyter_vram" + os.sep)
+    """The innermost traceback frame of the user's code (not torch, jupyter_vram, ...)."""
+    keep = FrameFilter().keep
     found = None
     for frame in traceback.extract_tb(error.__traceback__):
-        if not any(s in frame.filename for s in skip):
+        if keep(frame.filename):
             found = f"{frame.filename}:{frame.lineno} in {frame.name}: {frame.line or ''}".strip()
     return found
 
