@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..allocator_rules import UNLIMITED_SPLIT, is_small_segment, round_size
-from ..model import CATEGORY_INDEX, PHASES, Frame, Profile, SegmentEvents
+from ..model import PHASES, Frame, Profile, SegmentEvents
 from .builder import OTHER, TEMPORARY, UNKNOWN, ProfileBuilder
 from .cuda_allocator import _active_blocks, _AllocatorModel, _device_segments, _divisions
 from .dispatch import BASELINE_OP
@@ -43,9 +43,6 @@ MARKER_PREFIX = "jv-marker|"
 #: (storage address, category, owning module id, marker index). Marker 0: observed before the
 #: trace started; -1: not placed (no marker support), matched against the end of the trace.
 Role = tuple[int, int, int, int]
-
-ACTIVATION = CATEGORY_INDEX["activation"]
-INPUT = CATEGORY_INDEX["input"]
 
 _MAX_FRAMES = 48  # user frames kept per stack, as on the CPU path
 _METADATA = re.compile(r"(\d+)\|(\d+)\|(.+)", re.DOTALL)
@@ -374,8 +371,6 @@ class _Converter:
             seqs, rows = found
             i = bisect.bisect_right(seqs, at)
             row = rows[i - 1] if i else rows[0]
-            if category == ACTIVATION and b.alloc_seq[row] < 0:
-                category = INPUT  # data from before the cell that autograd also saved
             b.promote(row, category)
             if module and not b.module[row]:
                 b.module[row] = self.module_id(module)
