@@ -21,7 +21,7 @@ from bokeh.transform import stack
 from ..analysis.flame import FlameNode
 from ..analysis.timeline import Timeline
 from ..model import CATEGORIES
-from .text import format_bytes
+from .text import format_bytes, format_moment
 
 #: One colour per category (colour-blind-safe set), in CATEGORIES order.
 CATEGORY_COLORS: dict[str, str] = dict(
@@ -285,10 +285,7 @@ def timeline_data(
         "x": x.tolist(),
         "x_end": [*x[1:].tolist(), float(x[-1])],
         "index": idx.tolist(),
-        "when": [
-            "before the first event" if i < 0 else f"{t / 1e6:.3f} ms, event {i + 1:,}"
-            for i, t in zip(idx.tolist(), times.tolist(), strict=True)
-        ],
+        "when": [format_moment(t, i) for i, t in zip(idx.tolist(), times.tolist(), strict=True)],
         "total": (totals / per).tolist(),
         "total_h": [format_bytes(int(v)) for v in totals.tolist()],
     }
@@ -437,7 +434,8 @@ def report_panels(profile: Any) -> list[tuple[str, Any]]:
             flames.append(fig)
     panels.append(("Flame graphs", column(flames, sizing_mode="stretch_width")))
     t = profile.timeline
-    peak = (float(t.time_ns[t.peak_index] / 1e6), t.peak_bytes) if t.peak_index >= 0 else None
+    x_peak = t.peak_x()
+    peak = (x_peak, t.peak_bytes) if x_peak is not None else None
     chart = timeline_figure(
         ColumnDataSource(timeline_data(t)), peak, peak_bytes=t.peak_bytes, legend=True
     )
