@@ -178,8 +178,36 @@ def flame_figure(
 ) -> Any:
     """The icicle figure over a source filled by :func:`flame_layout`. The app shows the
     category legend as HTML beside it; ``legend=True`` draws one in the figure (the report)."""
+    fig = icicle_figure(
+        source,
+        depth,
+        [
+            ("block", "@full"),
+            ("bytes", "@bytes_h (@bytes{0,0} B)"),
+            ("of peak", "@pct_peak"),
+            ("allocations", "@count{0,0}"),
+            ("categories", "@mix"),
+        ],
+        title=title,
+        extra_height=60 if legend else 0,
+    )
+    if legend:
+        _category_legend(fig)
+    return fig
+
+
+def icicle_figure(
+    source: ColumnDataSource,
+    depth: int,
+    tooltips: list[tuple[str, str]],
+    *,
+    title: str = "",
+    extra_height: int = 0,
+) -> Any:
+    """An icicle of labelled blocks (columns left, right, top, bottom, color, label) with
+    ``tooltips`` on hover: the flame graph and the comparison's diff flame graph."""
     fig = figure(
-        height=flame_height(depth) + (60 if legend else 0),
+        height=flame_height(depth) + extra_height,
         sizing_mode="stretch_width",
         x_range=Range1d(start=0, end=1),
         y_range=Range1d(start=-max(depth, 1), end=0),
@@ -198,23 +226,10 @@ def flame_figure(
         x="left", y="top", text="label", source=source, x_offset=4, y_offset=5,
         text_font_size="9pt", text_baseline="top", text_color="white",
     )  # fmt: skip
-    fig.add_tools(
-        HoverTool(
-            renderers=[quads],
-            tooltips=[
-                ("block", "@full"),
-                ("bytes", "@bytes_h (@bytes{0,0} B)"),
-                ("of peak", "@pct_peak"),
-                ("allocations", "@count{0,0}"),
-                ("categories", "@mix"),
-            ],
-        ),
-    )
+    fig.add_tools(HoverTool(renderers=[quads], tooltips=tooltips))
     fig.axis.visible = False
     fig.grid.visible = False
     fig.outline_line_color = None
-    if legend:
-        _category_legend(fig)
     return fig
 
 
