@@ -15,7 +15,7 @@ from ..render.text import format_bytes
 if TYPE_CHECKING:
     from ..model import Profile
 
-FRAGMENTATION_ADVICE_THRESHOLD = 0.2  # share of reserved memory beyond the allocated peak
+EXCESS_RESERVED_ADVICE_SHARE = 0.2  # share of reserved memory beyond the allocated peak
 EXPANDABLE_MIN_RESERVED = 256 * 2**20
 
 
@@ -189,7 +189,7 @@ def allocator_state(profile: Profile) -> AllocatorState:
         stranded
         and not expandable
         and peak_reserved >= EXPANDABLE_MIN_RESERVED
-        and excess > FRAGMENTATION_ADVICE_THRESHOLD * peak_reserved
+        and excess > EXCESS_RESERVED_ADVICE_SHARE * peak_reserved
     ):
         big = stranded[0]
         advice.append(
