@@ -11,7 +11,7 @@ from typing import Any
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
-class ObservingMode(TorchDispatchMode):  # type: ignore[misc]
+class ObservingMode(TorchDispatchMode):
     """Calls ``before(func)`` ahead of each aten op and ``after(func, out)`` once it returns.
 
     Hooks must never raise (an exception inside a dispatch mode can abort the process when it
@@ -51,7 +51,7 @@ class ObservingMode(TorchDispatchMode):  # type: ignore[misc]
 Rewrite = Callable[[Any, tuple[Any, ...], dict[str, Any], Any], Any]
 
 
-class RewritingMode(TorchDispatchMode):  # type: ignore[misc]
+class RewritingMode(TorchDispatchMode):
     """Runs each aten op, then returns ``rewrite(func, args, kwargs, out)`` in its place: for
     code that adds to what ops allocate or return (the estimator's kernel-made buffers)."""
 
