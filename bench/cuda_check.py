@@ -37,9 +37,9 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import jupyter_vram as jv  # noqa: E402
-from jupyter_vram.capture.builder import ProfileBuilder  # noqa: E402
-from jupyter_vram.capture.cuda_convert import _Stacks, profile_from_snapshot  # noqa: E402
+from jupyter_vram.capture.cuda_convert import profile_from_snapshot  # noqa: E402
 from jupyter_vram.capture.cuda_snapshot import CudaSnapshotRecorder  # noqa: E402
+from jupyter_vram.capture.stacks import FrameFilter  # noqa: E402
 from jupyter_vram.model import Profile  # noqa: E402
 
 MIB = 1 << 20
@@ -72,12 +72,12 @@ def history_is_off() -> bool:
 
 def trim_frames(raw: dict[str, Any], level: int) -> dict[str, Any]:
     """Level 1: keep user frames and the innermost frame; level 2: drop all frames."""
-    stacks = _Stacks(ProfileBuilder())
+    keep = FrameFilter().keep
 
     def trim(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if level >= 2 or not frames:
             return []
-        return [frames[0]] + [f for f in frames[1:] if not stacks.is_hidden(str(f["filename"]))]
+        return [frames[0]] + [f for f in frames[1:] if keep(str(f["filename"]))]
 
     def walk(obj: Any) -> Any:
         if isinstance(obj, dict):

@@ -28,7 +28,7 @@ def synthetic_profile(events: int, *, seed: int = 0) -> Profile:
     free_seq[np.isfinite(end)] = seq_of[n:]
     n_modules, n_ops, n_stacks = 200, 60, 2000
     modules = ["", *(f"Model.blocks.{i // 10}.layer{i % 10}" for i in range(n_modules - 1))]
-    frames = [Frame(f"/work/model_{i % 40}.py", i, f"fn{i % 97}") for i in range(400)]
+    frames = [Frame(f"/project/model_{i % 40}.py", i, f"fn{i % 97}") for i in range(400)]
     stacks = [tuple(int(x) for x in rng.choice(400, size=6)) for _ in range(n_stacks)]
     # one Python line allocates through one to three ops, inside one module: as in real runs
     stack = rng.integers(-1, n_stacks, n).astype(np.int32)

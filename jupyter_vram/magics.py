@@ -225,7 +225,7 @@ class VramMagics(Magics):
             from .app import ProfileApp
 
             app = ProfileApp(baseline)
-            display(app)  # type: ignore[no-untyped-call]
+            display(app)
         for technique in techniques:
             (variant,) = rerun_each(baseline, [technique])
             if isinstance(variant, str):

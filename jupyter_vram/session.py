@@ -16,13 +16,14 @@ from .recording import record
 if TYPE_CHECKING:
     from .estimator.api import Estimate
 
-_history: list[Profile] = []
+_last_profile: Profile | None = None  # the latest %%vram run's (keeps its cell alive)
 _estimates: list[Estimate] = []  # newest last
 _KEPT_ESTIMATES = 8
 
 
 def remember(profile: Profile) -> None:
-    _history[:] = [profile]
+    global _last_profile
+    _last_profile = profile
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def matching_estimate(profile: Profile) -> Estimate | None:
 
 def last_profile() -> Profile | None:
     """The Profile of the latest `%%vram` run in this kernel (None before the first)."""
-    return _history[-1] if _history else None
+    return _last_profile
 
 
 class RecordingNotStarted(RecordingError):

@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 import jupyter_vram as jv
+from jupyter_vram.allocator_rules import round_size
 from jupyter_vram.capture import RECORDING_LOCK, RecordingError
-from jupyter_vram.capture.cuda_allocator import round_size
 from jupyter_vram.capture.cuda_convert import profile_from_snapshot
 from jupyter_vram.capture.cuda_snapshot import CudaSnapshotRecorder
 from jupyter_vram.model import CATEGORIES, CATEGORY_INDEX, Frame, Profile

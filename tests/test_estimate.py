@@ -1,6 +1,6 @@
 """The estimator: transport, input specs, batch search, what-if arithmetic, and the process.
 
-End-to-end runs start a real estimator process; model accuracy against measured runs of
+End-to-end runs start a real estimator process; how close models come to measured runs of
 transformers models is in test_estimate_models.py.
 """
 

@@ -46,7 +46,7 @@ def forget_cells() -> Any:
     yield
     from jupyter_vram import session
 
-    session._history.clear()
+    session._last_profile = None
 
 
 @pytest.fixture

@@ -9,14 +9,14 @@ import numpy as np
 import numpy.typing as npt
 
 from .._units import format_bytes
+from ..allocator_rules import is_small
 from ..model import Int64Array
 
 if TYPE_CHECKING:
     from ..model import Profile
 
-FRAGMENTATION_ADVICE_THRESHOLD = 0.2  # share of reserved memory beyond the allocated peak
+EXCESS_RESERVED_ADVICE_SHARE = 0.2  # share of reserved memory beyond the allocated peak
 EXPANDABLE_MIN_RESERVED = 256 * 2**20
-LARGE_REQUEST = 1 << 20  # larger requests come from the large pool (smaller: 2 MiB segments)
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def stranded_requests(profile: Profile) -> list[StrandedRequest]:
             continue
         event = int(allocs[j])
         size = int(t.delta[event])
-        if size <= LARGE_REQUEST:
+        if is_small(size):  # small-pool requests share 2 MiB segments
             continue
         free = int(reserved_before[k]) - t.total_at(event - 1)
         if free >= size:
@@ -189,7 +189,7 @@ def allocator_state(profile: Profile) -> AllocatorState:
         stranded
         and not expandable
         and peak_reserved >= EXPANDABLE_MIN_RESERVED
-        and excess > FRAGMENTATION_ADVICE_THRESHOLD * peak_reserved
+        and excess > EXCESS_RESERVED_ADVICE_SHARE * peak_reserved
     ):
         big = stranded[0]
         advice.append(

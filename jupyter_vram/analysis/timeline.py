@@ -114,6 +114,15 @@ class Timeline:
             return np.maximum.accumulate(self.time_ns.astype(np.float64) / 1e6)
         return np.arange(1, len(self.seq) + 1, dtype=np.float64)
 
+    def peak_x(self, axis: Literal["time", "event"] = "time") -> float | None:
+        """The peak's x on a chart (as :meth:`x_values` places it); None: the peak is the
+        baseline, before the first event."""
+        if self.peak_index < 0:
+            return None
+        if axis == "time":
+            return float(self.time_ns[: self.peak_index + 1].max() / 1e6)
+        return float(self.peak_index + 1)
+
     def bucket_peaks(
         self,
         buckets: int = 600,

@@ -23,6 +23,8 @@ from ..render.figures import (
     flame_layout,
 )
 from ..render.html import legend_html
+from ..render.mime import module_types
+from ..render.svg_flame import display_name
 from ..render.text import format_bytes
 from ..render.theme import apply_theme
 from .holder import GONE, ProfileHandle, handle_of
@@ -34,12 +36,6 @@ MODES: dict[str, Mode] = {"live at peak": "peak", "cumulative allocated": "cumul
 _TREES: weakref.WeakKeyDictionary[Profile, dict[tuple[Hierarchy, Mode], FlameNode]] = (
     weakref.WeakKeyDictionary()
 )
-
-
-def module_display(profile: Profile) -> dict[str, str]:
-    """Module path -> class name, where the recording kept them (``meta["module_types"]``)."""
-    types = profile.meta.get("module_types")
-    return {str(k): str(v) for k, v in types.items()} if isinstance(types, dict) else {}
 
 
 def on_click(fig: Any, handler: Callable[[float, float], None]) -> None:
@@ -69,7 +65,7 @@ class FlameView(w.VBox):  # type: ignore[misc]
         prof = self._handle.get()
         assert prof is not None
         self.peak_bytes = prof.peak_bytes
-        self._types = module_display(prof)
+        self._types = module_types(prof)
         self.focus: tuple[str, ...] = ()
         fit = {"button_width": "auto"}
         self.hierarchy = w.ToggleButtons(options=list(HIERARCHIES), style=fit)
@@ -121,8 +117,7 @@ class FlameView(w.VBox):  # type: ignore[misc]
         if not name.isdigit() or not self._types:
             return name
         modules = [p for p in path if not p.startswith("[")]
-        kind = self._types.get(".".join(modules))
-        return f"{name}: {kind}" if kind else name
+        return display_name(name, self._types.get(".".join(modules), ""))
 
     def _tree(self, profile: Profile) -> FlameNode:
         key = (HIERARCHIES[self.hierarchy.value], MODES[self.mode.value])

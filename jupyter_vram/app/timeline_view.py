@@ -17,7 +17,7 @@ from ..analysis.groups import group
 from ..model import Profile
 from ..render.figures import byte_unit, timeline_data, timeline_figure
 from ..render.html import breakdown_table, groups_table, legend_html
-from ..render.text import format_bytes
+from ..render.text import format_bytes, format_moment
 from ..render.theme import apply_theme
 from .flame_view import on_click
 from .holder import GONE, ProfileHandle, handle_of
@@ -80,10 +80,8 @@ class TimelineView(w.VBox):  # type: ignore[misc]
     @staticmethod
     def _peak_at(profile: Profile, axis: Literal["time", "event"]) -> tuple[float, int] | None:
         t = profile.timeline
-        if t.peak_index < 0:
-            return None
-        x = float(t.time_ns[t.peak_index] / 1e6) if axis == "time" else float(t.peak_index + 1)
-        return x, t.peak_bytes
+        x = t.peak_x(axis)
+        return (x, t.peak_bytes) if x is not None else None
 
     def _on_axis(self, change: Any) -> None:
         profile = self._handle.get()
@@ -134,12 +132,9 @@ class TimelineView(w.VBox):  # type: ignore[misc]
         t = profile.timeline
         mask = t.live_mask(index)
         total = t.total_at(index)
-        if index < 0:
-            when = "before the first event"
-        elif profile.source == "estimate":  # a fake run's time says nothing about a GPU's
-            when = f"event {index + 1:,}"
-        else:
-            when = f"{t.time_ns[index] / 1e6:.3f} ms, event {index + 1:,}"
+        # a fake run's time says nothing about a GPU's
+        time_ns = int(t.time_ns[index]) if index >= 0 else 0
+        when = format_moment(time_ns, index, timed=profile.source != "estimate")
         self.moment.value = (
             f"<div class='jv-moment-title'>Live at {label} (<span class='jv-when'>{when}</span>):"
             f" <b class='jv-moment-total'>{format_bytes(total)}</b></div>"

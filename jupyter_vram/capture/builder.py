@@ -11,6 +11,8 @@ import numpy as np
 from ..model import CATEGORY_INDEX, Allocations, Frame, Profile, SegmentEvents
 
 UNKNOWN = "(unknown)"
+_ACTIVATION = CATEGORY_INDEX["activation"]
+_INPUT = CATEGORY_INDEX["input"]
 
 
 class Interner:
@@ -93,7 +95,13 @@ class ProfileBuilder:
         self.free_ns[row] = ns
 
     def promote(self, row: int, category: int) -> None:
-        """Give a row a stronger role (a lower category index wins)."""
+        """Give a row the role a hook saw, if stronger (a lower category index wins).
+
+        The one place of the rule that an activation which existed before recording (a
+        baseline row) is an input: data from before the cell that autograd also saved.
+        """
+        if category == _ACTIVATION and self.alloc_seq[row] < 0:
+            category = _INPUT
         if category < self.category[row]:
             self.category[row] = category
 

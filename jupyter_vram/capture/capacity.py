@@ -124,7 +124,7 @@ def held_storages(namespace: Mapping[str, Any] | None, device_type: str) -> list
     return list(found.values())
 
 
-class CapacityGuard(TorchDispatchMode):  # type: ignore[misc]
+class CapacityGuard(TorchDispatchMode):
     """Counts live bytes on one device and refuses the op output that would pass ``capacity``.
 
     Bookkeeping never raises; only the capacity check does, with the outputs already dropped

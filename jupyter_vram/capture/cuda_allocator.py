@@ -2,8 +2,8 @@
 
 The allocator's trace logs the *requested* size of each allocation, while
 ``max_memory_allocated`` counts whole blocks (rounded up, or a whole cached block when splitting
-it would leave too little). :func:`round_size` and :class:`_AllocatorModel` redo the allocator's
-rounding and block layout (c10/cuda/CUDACachingAllocator.cpp) to recover each block's real size;
+it would leave too little). :class:`_AllocatorModel` redoes the allocator's block layout
+(with the rules of :mod:`jupyter_vram.allocator_rules`) to recover each block's real size;
 the helpers below read blocks and segments out of a snapshot dict.
 """
 
@@ -14,43 +14,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["round_size"]
-
-# Caching-allocator constants (c10/cuda/CUDACachingAllocator.cpp).
-_MIN_BLOCK = 512  # every request rounds up to a multiple of this
-_SMALL_SIZE = 1 << 20  # requests up to 1 MiB use the small pool
-_SMALL_BUFFER = 2 << 20  # small-pool segments are 2 MiB
+from ..allocator_rules import is_small_segment, should_split
 
 _ACTIVE = "active_allocated"
 _FREE, _ALLOCATED, _PENDING = 0, 1, 2
-
-
-def round_size(size: int, divisions: Sequence[int] = ()) -> int:
-    """The block size the allocator rounds a ``size``-byte request up to.
-
-    ``divisions`` is ``roundup_power2_divisions`` per power-of-two interval from 1 MiB up
-    (``allocator_settings`` in a snapshot); empty or zeros means the default 512-byte rounding.
-    """
-    if size < _MIN_BLOCK:
-        return _MIN_BLOCK
-    if divisions:
-        index = min(max(size.bit_length() - 1 - 20, 0), len(divisions) - 1)
-        parts = int(divisions[index])
-        if parts > 1 and size > _MIN_BLOCK * parts:
-            return _next_power2_division(size, parts)
-    return _MIN_BLOCK * ((size + _MIN_BLOCK - 1) // _MIN_BLOCK)
-
-
-def _next_power2_division(size: int, parts: int) -> int:
-    """Round up to the next of ``parts`` equal steps between two powers of two."""
-    if size & (size - 1) == 0:
-        return size
-    floor = 1 << (size.bit_length() - 1)
-    step = floor >> (parts.bit_length() - 1)
-    if step == 0:
-        return floor << 1
-    rounded = size & ~(step - 1)
-    return size if rounded == size else rounded + step
 
 
 @dataclass
@@ -87,7 +54,7 @@ class _AllocatorModel:
         model = cls(rounding, max_split_size)
         for seg in segments:
             small = seg.get("segment_type", "") == "small" or (
-                "segment_type" not in seg and int(seg["total_size"]) == _SMALL_BUFFER
+                "segment_type" not in seg and is_small_segment(int(seg["total_size"]))
             )
             blocks = [(addr, int(b["size"]), _state(b)) for addr, b in _block_addresses(seg)]
             model.add_segment(int(seg["address"]), int(seg["total_size"]), small, blocks)
@@ -127,11 +94,7 @@ class _AllocatorModel:
             return None
         seg = self._segments[block[2]]
         remaining = block[0] - size
-        if seg.small:
-            split = remaining >= _MIN_BLOCK
-        else:
-            split = size < self._max_split and remaining > _SMALL_SIZE
-        if split:
+        if should_split(seg.small, size, remaining, self._max_split):
             block[0] = size
             self._blocks[addr + size] = [remaining, _FREE, block[2]]
             bisect.insort(seg.starts, addr + size)

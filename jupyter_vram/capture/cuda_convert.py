@@ -22,18 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from ..model import CATEGORY_INDEX, PHASES, Frame, Profile, SegmentEvents
+from ..allocator_rules import UNLIMITED_SPLIT, is_small_segment, round_size
+from ..model import PHASES, Frame, Profile, SegmentEvents
 from .builder import OTHER, TEMPORARY, UNKNOWN, ProfileBuilder
-from .cuda_allocator import (
-    _SMALL_BUFFER,
-    _active_blocks,
-    _AllocatorModel,
-    _device_segments,
-    _divisions,
-    round_size,
-)
+from .cuda_allocator import _active_blocks, _AllocatorModel, _device_segments, _divisions
 from .dispatch import BASELINE_OP
-from .stacks import _hidden_prefixes
+from .stacks import FrameFilter
 from .tagging import PHASE_OTHER
 
 __all__ = [
@@ -50,19 +44,8 @@ MARKER_PREFIX = "jv-marker|"
 #: trace started; -1: not placed (no marker support), matched against the end of the trace.
 Role = tuple[int, int, int, int]
 
-ACTIVATION = CATEGORY_INDEX["activation"]
-INPUT = CATEGORY_INDEX["input"]
-
 _MAX_FRAMES = 48  # user frames kept per stack, as on the CPU path
 _METADATA = re.compile(r"(\d+)\|(\d+)\|(.+)", re.DOTALL)
-# Frames of torch, Jupyter plumbing and this package, recognised on any machine (a snapshot may
-# be converted far from where it was recorded, so local install prefixes are not enough).
-_HIDDEN = re.compile(
-    r"[\\/](?:site|dist)-packages[\\/](?:torch|IPython|ipykernel|tornado|traitlets|zmq|"
-    r"jupyter_client|jupyter_vram)[\\/]"
-    r"|[\\/]jupyter_vram[\\/](?:capture[\\/]|session\.py|recording\.py|magics\.py)"
-    r"|[\\/]python3(?:\.\d+)?[\\/](?:asyncio[\\/]|runpy\.py|contextlib\.py|threading\.py)"
-)
 
 
 class _Stacks:
@@ -79,21 +62,10 @@ class _Stacks:
         bound = [(str(f[0]), int(f[1]), str(f[2])) for f in boundary]
         self._entry = (bound[0][0], bound[0][2]) if bound else None
         self._outer = tuple(bound[1:])
-        self._local = _hidden_prefixes()
-        self._hidden: dict[str, bool] = {}
+        self._keep = FrameFilter().keep
         self._by_id: dict[int, tuple[object, int, str | None]] = {}
         self._by_ids: dict[tuple[int, ...], tuple[int, str | None]] = {}
         self._by_content: dict[tuple[tuple[str, int, str], ...], tuple[int, str | None]] = {}
-
-    def is_hidden(self, filename: str) -> bool:
-        hidden = self._hidden.get(filename)
-        if hidden is None:
-            hidden = self._hidden[filename] = (
-                filename.startswith(self._local)
-                or filename.startswith("<frozen")
-                or _HIDDEN.search(filename) is not None
-            )
-        return hidden
 
     def _inside(self, key: tuple[tuple[str, int, str], ...]) -> tuple[tuple[str, int, str], ...]:
         """Drop the callers of the frame that started recording: the same for every
@@ -126,7 +98,7 @@ class _Stacks:
         )
         found = self._by_content.get(key)
         if found is None:
-            kept = [Frame(*k) for k in self._inside(key) if not self.is_hidden(k[0])]
+            kept = [Frame(*k) for k in self._inside(key) if self._keep(k[0])]
             kept = kept[:_MAX_FRAMES]
             inner = kept[0].name if kept else None
             found = self._by_content[key] = (
@@ -202,7 +174,7 @@ class _Converter:
         divisions = _divisions(settings)
         self.round: Callable[[int], int] = lambda size: round_size(size, divisions)
         max_split = int(settings.get("max_split_size", -1) or -1)
-        self.max_split = max_split if max_split > 0 else 1 << 62
+        self.max_split = max_split if max_split > 0 else UNLIMITED_SPLIT
         self.expandable = bool(settings.get("expandable_segments")) or any(
             e.get("action") in ("segment_map", "segment_unmap") for e in self.trace
         )
@@ -325,7 +297,7 @@ class _Converter:
                 seg_seq.append(seq)
                 seg_delta.append(int(entry["size"]))
                 if model is not None:
-                    small = int(entry["size"]) == _SMALL_BUFFER
+                    small = is_small_segment(int(entry["size"]))
                     model.add_segment(int(entry["addr"]), int(entry["size"]), small)
             elif action in ("segment_free", "segment_unmap"):
                 seg_seq.append(seq)
@@ -399,8 +371,6 @@ class _Converter:
             seqs, rows = found
             i = bisect.bisect_right(seqs, at)
             row = rows[i - 1] if i else rows[0]
-            if category == ACTIVATION and b.alloc_seq[row] < 0:
-                category = INPUT  # data from before the cell that autograd also saved
             b.promote(row, category)
             if module and not b.module[row]:
                 b.module[row] = self.module_id(module)

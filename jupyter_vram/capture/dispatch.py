@@ -24,7 +24,7 @@ from ..model import Profile
 from .builder import OTHER, TEMPORARY, ProfileBuilder
 from .modes import ObservingMode
 from .stacks import StackSampler
-from .tagging import ACTIVATION, INPUT, PHASE_OTHER, Tagger, live_objects
+from .tagging import PHASE_OTHER, Tagger, live_objects
 
 _SKIP, _FRESH, _MUTATES = 0, 1, 2
 BASELINE_OP = "(before recording)"
@@ -256,8 +256,6 @@ class DispatchRecorder:
             row = self._register_existing(tensor, category)
         if row is None:
             return
-        if category == ACTIVATION and self.builder.alloc_seq[row] < 0:
-            category = INPUT  # data that existed before the cell, which autograd also saved
         self.builder.promote(row, category)
         if module and not self.builder.module[row]:
             self.builder.module[row] = module

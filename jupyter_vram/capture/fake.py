@@ -22,7 +22,7 @@ def fake_mode() -> FakeTensorMode:
     return FakeTensorMode()
 
 
-class _ScalarsReadAsOne(TorchDispatchMode):  # type: ignore[misc,no-untyped-call]
+class _ScalarsReadAsOne(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Answers ``.item()`` on fake tensors with 1 instead of failing.
 
     Optimizers read scalars (Adafactor's parameter norm, a grad scaler's inf check) only to

@@ -49,7 +49,6 @@ from .distributed_roles import DistributedRoles
 from .stacks import FrameFilter, cell_name
 from .tagging import (
     ACTIVATION,
-    INPUT,
     PHASE_BACKWARD,
     PHASE_FORWARD,
     PHASE_OPTIMIZER,
@@ -778,8 +777,6 @@ def build_rows(
                 if released is not None:
                     timeline.append((released, 1, row))
                     free_time[row] = released
-            if category == ACTIVATION and builder.alloc_seq[row] < 0:
-                category = INPUT  # data that existed before the run, which autograd also saved
         builder.promote(row, category)
         if module and not builder.module[row]:
             builder.module[row] = module

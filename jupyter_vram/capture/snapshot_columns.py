@@ -30,9 +30,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..allocator_rules import round_size
 from ..model import PHASE_INDEX, Allocations, Profile, SegmentEvents
 from .builder import OTHER, TEMPORARY, UNKNOWN, ProfileBuilder
-from .cuda_allocator import _active_blocks, _device_segments, _divisions, round_size
+from .cuda_allocator import _active_blocks, _device_segments, _divisions
 from .cuda_convert import MARKER_PREFIX, SOURCE, _Stacks
 from .dispatch import BASELINE_OP
 

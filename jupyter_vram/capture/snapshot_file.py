@@ -39,6 +39,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from ..allocator_rules import MIN_BLOCK
 from ..model import (
     CATEGORIES,
     CATEGORY_INDEX,
@@ -66,7 +67,7 @@ _EXTENSION_VERSION = 1
 _LABEL = re.compile(r"\d+\|\d+\|.+", re.DOTALL)
 _BASE_ADDRESS = 0x7F00_0000_0000  # where written blocks start (a typical CUDA VA range)
 _SEGMENT_BASE = 0x7E00_0000_0000  # where written segments of the trace start
-_ALIGN = 512
+_ALIGN = MIN_BLOCK  # written blocks are spaced as the allocator rounds them
 #: Pickles from this size on are read by the streaming reader (bounded memory).
 STREAM_MIN_BYTES = 32 << 20
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from types import CodeType, FrameType
 from typing import cast
@@ -21,6 +22,15 @@ def _package_dir(module: object) -> str:
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # The built-in example workload is user code as far as stacks are concerned.
 _EXAMPLES = os.path.join(_PACKAGE_DIR, "examples.py")
+_EXAMPLES_TAIL = "jupyter_vram/examples.py"
+# Frames of torch, Jupyter plumbing and this package, recognised on any machine (a snapshot may
+# be converted far from where it was recorded, so local install prefixes are not enough).
+_PLUMBING = re.compile(
+    r"[\\/](?:site|dist)-packages[\\/](?:torch|IPython|ipykernel|tornado|traitlets|zmq|"
+    r"jupyter_client|jupyter_vram)[\\/]"
+    r"|[\\/]jupyter_vram[\\/](?:capture[\\/]|session\.py|recording\.py|magics\.py)"
+    r"|[\\/]python3(?:\.\d+)?[\\/](?:asyncio[\\/]|runpy\.py|contextlib\.py|threading\.py)"
+)
 
 
 def _hidden_prefixes() -> tuple[str, ...]:
@@ -53,7 +63,11 @@ def cell_name(filename: str) -> str:
 
 class FrameFilter:
     """The one rule for which frames are the user's: not torch, jupyter_vram, IPython or kernel
-    plumbing (the built-in example workload counts as user code). Cached per filename."""
+    plumbing (the built-in example workload counts as user code). Cached per filename.
+
+    Used for live stacks, torch.profiler stacks, CUDA snapshot frames (which may come from
+    another machine, hence :data:`_PLUMBING`) and the estimator's error messages.
+    """
 
     def __init__(self) -> None:
         self._hidden = _hidden_prefixes()
@@ -67,17 +81,20 @@ class FrameFilter:
     def keep(self, filename: str) -> bool:
         keep = self._keep.get(filename)
         if keep is None:
-            if os.path.isabs(filename):
-                hidden = filename.startswith(self._hidden)
-            else:
-                hidden = filename.startswith(self._hidden_relative)
-            keep = filename == _EXAMPLES or not (hidden or filename.startswith("<frozen"))
-            if not keep and not os.path.isabs(filename) and filename.endswith("examples.py"):
-                keep = filename.replace("/", os.sep).endswith(
-                    os.path.join("jupyter_vram", "examples.py")
-                )
-            self._keep[filename] = keep
+            keep = self._keep[filename] = self._classify(filename)
         return keep
+
+    def _classify(self, filename: str) -> bool:
+        if filename == _EXAMPLES or filename.replace("\\", "/").endswith(_EXAMPLES_TAIL):
+            return True
+        if filename.startswith("<frozen"):
+            return False
+        if os.path.isabs(filename):
+            if filename.startswith(self._hidden):
+                return False
+        elif filename.startswith(self._hidden_relative):
+            return False
+        return _PLUMBING.search(filename) is None
 
 
 class StackSampler:

@@ -46,7 +46,8 @@ RoleCallback = Callable[[torch.Tensor, int, int], None]  # tensor, category, mod
 
 
 def iter_tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
-    """Tensors inside args / outputs (tuples, lists, dicts, dataclass-like outputs)."""
+    """Tensors inside args / outputs (tuples, lists, mappings such as model-output dicts),
+    four levels deep at most. The one walker both recording and the estimator's step use."""
     if isinstance(value, torch.Tensor):
         yield value
     elif depth > 3:
@@ -54,7 +55,7 @@ def iter_tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
     elif isinstance(value, (tuple, list)):
         for item in value:
             yield from iter_tensors(item, depth + 1)
-    elif isinstance(value, dict):
+    elif isinstance(value, Mapping):
         for item in value.values():
             yield from iter_tensors(item, depth + 1)
 

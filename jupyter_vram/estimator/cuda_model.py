@@ -4,9 +4,9 @@ An estimate runs the training step on fake tensors, so it knows every request's 
 and order but not what a GPU would hold: the caching allocator rounds requests up, hands out
 whole cached blocks when splitting them would leave too little, and keeps every segment it
 ever ``cudaMalloc``'d. :func:`simulate` replays a profile's allocations through a model of
-that allocator (c10/cuda/CUDACachingAllocator.cpp, one device, one stream, nothing released)
-to learn each allocation's block size and the reserved memory; :func:`to_cuda_profile` turns
-the result into a profile that reads like one recorded on a GPU.
+that allocator (the rules of :mod:`jupyter_vram.allocator_rules`; one device, one stream,
+nothing released) to learn each allocation's block size and the reserved memory;
+:func:`to_cuda_profile` turns the result into a profile that reads like one recorded on a GPU.
 
 The replay is one pass over the events with per-pool free lists kept sorted by
 (size, address), so best fit is a bisect and a free merges its neighbours in O(1) lookups.
@@ -20,18 +20,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..capture.cuda_allocator import round_size
+from ..allocator_rules import (
+    MIN_BLOCK,
+    UNLIMITED_SPLIT,
+    is_small,
+    round_size,
+    segment_size,
+    should_split,
+    takes_cached_block,
+)
 from ..model import Allocations, Int64Array, Profile, SegmentEvents
 
 __all__ = ["AllocatorSimulation", "simulate", "to_cuda_profile"]
-
-# Caching-allocator constants (c10/cuda/CUDACachingAllocator.cpp).
-MIN_BLOCK = 512  # requests round up to a multiple of this; the least a small split leaves
-SMALL_SIZE = 1 << 20  # rounded requests up to 1 MiB use the small pool
-SMALL_BUFFER = 2 << 20  # small-pool segments
-MIN_LARGE_ALLOC = 10 << 20  # large requests below this get a LARGE_BUFFER segment
-LARGE_BUFFER = 20 << 20
-ROUND_LARGE = 2 << 20  # bigger requests get a segment of their size rounded up to this
 
 # A free block is one int in its pool's sorted list: size in the high bits, address in the
 # low ones, so sorting the ints sorts by (size, address), which is the allocator's best fit.
@@ -40,7 +40,6 @@ _ADDR_MASK = (1 << _ADDR_BITS) - 1
 # Each pool gets its own address range (ties only ever compare addresses within one pool),
 # and the range tells a block's pool without a lookup.
 _SMALL_BASE = 1 << (_ADDR_BITS - 1)
-_UNLIMITED = 1 << 62
 
 
 @dataclass(frozen=True)
@@ -89,7 +88,9 @@ def simulate(
     code = np.concatenate([alloc_rows, ~free_rows])
     order = np.argsort(seq, kind="stable")
 
-    replay = _Replay(rounded.tolist(), _UNLIMITED if max_split_size is None else max_split_size)
+    replay = _Replay(
+        rounded.tolist(), UNLIMITED_SPLIT if max_split_size is None else max_split_size
+    )
     for row in base_rows.tolist():
         replay.alloc(row)
     baseline_reserved = replay.reserved
@@ -193,26 +194,24 @@ class _Replay:
         size = self.rounded[row]
         if size == 0:
             return
-        small = size <= SMALL_SIZE
+        small = is_small(size)
         pool = self.small_free if small else self.large_free
         i = bisect_left(pool, size << _ADDR_BITS)
         addr = -1
         if i < len(pool):
             key = pool[i]
             found = key >> _ADDR_BITS
-            # With max_split_size set, a request below it never takes an oversize block and a
-            # bigger one no block LARGE_BUFFER or more too big (the pool is sorted by size, so
-            # the first candidate decides).
-            if (found < self.max_split) if size < self.max_split else (found < size + LARGE_BUFFER):
+            # The pool is sorted by size, so the first candidate decides.
+            if takes_cached_block(size, found, self.max_split):
                 del pool[i]
                 addr = key & _ADDR_MASK
                 self.free.discard(addr)
         if addr < 0:
+            found = segment_size(size)
             if small:
-                found, addr = SMALL_BUFFER, self.next_small
+                addr = self.next_small
                 self.next_small += found
             else:
-                found = LARGE_BUFFER if size < MIN_LARGE_ALLOC else _round_up(size, ROUND_LARGE)
                 addr = self.next_large
                 self.next_large += found
             if self.next_large >= _SMALL_BASE or self.next_small > _ADDR_MASK:
@@ -222,11 +221,7 @@ class _Replay:
             self.segment_count += 1
             self.new_segments.append((seq, found))
         remaining = found - size
-        if (
-            (remaining >= MIN_BLOCK)
-            if small
-            else (remaining > SMALL_SIZE and size < self.max_split)
-        ):
+        if should_split(small, size, remaining, self.max_split):
             rest = addr + size
             after = addr + found
             if self.prev_of.get(after) == addr:
@@ -273,10 +268,6 @@ class _Replay:
             free.add(addr)
         size_of[addr] = size
         insort(pool, (size << _ADDR_BITS) | addr)
-
-
-def _round_up(size: int, step: int) -> int:
-    return -(-size // step) * step
 
 
 def _remove(pool: list[int], key: int) -> None:

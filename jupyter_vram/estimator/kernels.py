@@ -19,7 +19,7 @@ from the real kernel in what else it returns:
 - **LSTM on the CPU.** ``nn.LSTM`` in training runs oneDNN's ``mkldnn_rnn_layer`` once per
   layer and direction. The real kernel returns a *workspace* (every step's gates and states,
   kept for backward), sized by oneDNN; its meta implementation returns an empty one, so a fake
-  run missed most of an LSTM's activation memory. :class:`RnnWorkspaces` gives each fake call a
+  run missed most of an LSTM's activation memory. :func:`rnn_workspaces` gives each fake call a
   workspace of the size oneDNN allocates (:func:`onednn_lstm_workspace_bytes`, checked against
   the real kernel in the tests).
 - **LSTM on CUDA.** cuDNN keeps its own *reserve space* for backward, whose size only cuDNN
@@ -28,12 +28,12 @@ from the real kernel in what else it returns:
   not modelled.
 - **Depthwise convolutions on the CPU.** The backward of a float32 depthwise convolution on a
   channels_last input makes a buffer of channels x k x k x 256 x 4 bytes inside oneDNN and
-  frees it before returning (:func:`depthwise_backward_workspace`); :class:`OneDnnScratch`
-  allocates and frees one of that size around each such fake call.
+  frees it before returning (:func:`depthwise_backward_workspace`); :func:`onednn_scratch`
+  allocates and frees one of that size after each such fake call.
 - **oneDNN's temporaries.** Inside each LSTM layer call oneDNN reorders the weights into its
   own layout and uses a scratchpad (the gates of every step); backward also reorders the
   weight gradients when their leading dimension is padded. These live only during the call,
-  but the CPU recorder sees them and they raise the peak. :class:`OneDnnScratch` allocates
+  but the CPU recorder sees them and they raise the peak. :func:`onednn_scratch` allocates
   and frees buffers of those sizes around each fake call (:func:`onednn_lstm_temporaries`:
   exact for the weight buffers, the scratchpad within a few tens of KB). cuDNN's workspaces
   are not modelled.
@@ -42,12 +42,14 @@ from the real kernel in what else it returns:
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..capture.modes import rewriting_ops
 
 _PAGE = 4096  # oneDNN places each workspace part at a page boundary
 
@@ -115,49 +117,40 @@ def cudnn_lstm_reserve_bytes(steps: int, batch: int, hidden_size: int, itemsize:
     return 5 * steps * batch * hidden_size * itemsize
 
 
-class RnnWorkspaces(TorchDispatchMode):  # type: ignore[misc,no-untyped-call]
-    """Gives fake ``mkldnn_rnn_layer`` calls the workspace the real kernel returns (see the
-    module docstring). Enter it below the recorder, so the recorder sees the op's real
-    outputs."""
+_RNN_LAYER_ARGS = (
+    "input", "w0", "w1", "w2", "w3", "hx", "cx", "reverse", "batch_sizes", "mode",
+    "hidden_size", "num_layers", "has_biases", "bidirectional", "batch_first", "train",
+)  # fmt: skip
 
-    def __init__(self, target_type: str) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.target_type = target_type
 
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        out = func(*args, **(kwargs or {}))
-        if func is not torch.ops.aten.mkldnn_rnn_layer.default:
-            return out
-        names = (
-            "input", "w0", "w1", "w2", "w3", "hx", "cx", "reverse", "batch_sizes", "mode",
-            "hidden_size", "num_layers", "has_biases", "bidirectional", "batch_first", "train",
-        )  # fmt: skip
-        call = dict(zip(names, args, strict=False)) | dict(kwargs or {})
-        if not call.get("train"):
-            return out
-        x = call["input"]
-        # nn.LSTM hands every layer time-major input, whatever its batch_first flag says
-        # (the real kernel reads it so; checked against its workspace sizes in the tests)
-        steps, batch = int(x.shape[0]), int(x.shape[1])
-        hidden = int(call["hidden_size"])
-        if self.target_type == "cuda":
-            size = cudnn_lstm_reserve_bytes(steps, batch, hidden, x.element_size())
-        else:
-            size = onednn_lstm_workspace_bytes(steps, batch, int(x.shape[-1]), hidden)
-        workspace = torch.empty(size, dtype=torch.uint8, device=x.device)
-        return (*out[:3], workspace)
+def _with_rnn_workspace(
+    target_type: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
+) -> Any:
+    """A fake ``mkldnn_rnn_layer`` call's outputs with the workspace the real kernel returns
+    (see the module docstring); other ops' outputs as they are."""
+    if func is not torch.ops.aten.mkldnn_rnn_layer.default:
+        return out
+    call = dict(zip(_RNN_LAYER_ARGS, args, strict=False)) | kwargs
+    if not call.get("train"):
+        return out
+    x = call["input"]
+    # nn.LSTM hands every layer time-major input, whatever its batch_first flag says
+    # (the real kernel reads it so; checked against its workspace sizes in the tests)
+    steps, batch = int(x.shape[0]), int(x.shape[1])
+    hidden = int(call["hidden_size"])
+    if target_type == "cuda":
+        size = cudnn_lstm_reserve_bytes(steps, batch, hidden, x.element_size())
+    else:
+        size = onednn_lstm_workspace_bytes(steps, batch, int(x.shape[-1]), hidden)
+    workspace = torch.empty(size, dtype=torch.uint8, device=x.device)
+    return (*out[:3], workspace)
 
 
 @contextlib.contextmanager
 def rnn_workspaces(target_type: str) -> Iterator[None]:
-    """Within the block, fake LSTM layers return a real-sized workspace."""
-    with RnnWorkspaces(target_type):
+    """Within the block, fake LSTM layers return a real-sized workspace. Enter it below the
+    recorder, so the recorder sees the op's real outputs."""
+    with rewriting_ops(functools.partial(_with_rnn_workspace, target_type)):
         yield
 
 
@@ -211,49 +204,41 @@ def broadcast_operand_copies(func: Any, args: tuple[Any, ...]) -> list[int]:
     return sizes
 
 
-class OneDnnScratch(TorchDispatchMode):  # type: ignore[misc,no-untyped-call]
-    """Allocates and frees oneDNN's in-call temporaries around fake LSTM layer calls (see the
-    module docstring). Enter it above the recorder, so the recorder sees these buffers."""
-
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        out = func(*args, **(kwargs or {}))
-        aten = torch.ops.aten
-        if func is aten.convolution_backward.default:
-            workspace = depthwise_backward_workspace(args[1], args[2], args[9])
-            if workspace:
-                buffer = torch.empty(workspace, dtype=torch.uint8, device=args[1].device)
-                del buffer
-        elif func in _MATMUL_OPERANDS:
-            copies = [
-                torch.empty(n, dtype=torch.uint8, device=out.device)
-                for n in broadcast_operand_copies(func, args)
-            ]
-            del copies
-        elif (
-            func is aten.mkldnn_rnn_layer.default or func is aten.mkldnn_rnn_layer_backward.default
-        ):
-            x, w_layer = args[0], args[1]
-            if x.dtype == torch.float32 and x.dim() == 3:
-                sizes = onednn_lstm_temporaries(
-                    int(x.shape[0]), int(x.shape[1]), int(w_layer.shape[1]),
-                    int(w_layer.shape[0]) // 4,
-                    backward=func is aten.mkldnn_rnn_layer_backward.default,
-                )  # fmt: skip
-                held = [torch.empty(n, dtype=torch.uint8, device=x.device) for n in sizes]
-                del held
-        return out
+def _with_onednn_temporaries(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
+) -> Any:
+    """Allocate and free oneDNN's in-call temporaries after the fake ops that make them (see
+    the module docstring); every op's outputs stay as they are."""
+    aten = torch.ops.aten
+    if func is aten.convolution_backward.default:
+        workspace = depthwise_backward_workspace(args[1], args[2], args[9])
+        if workspace:
+            buffer = torch.empty(workspace, dtype=torch.uint8, device=args[1].device)
+            del buffer
+    elif func in _MATMUL_OPERANDS:
+        copies = [
+            torch.empty(n, dtype=torch.uint8, device=out.device)
+            for n in broadcast_operand_copies(func, args)
+        ]
+        del copies
+    elif func is aten.mkldnn_rnn_layer.default or func is aten.mkldnn_rnn_layer_backward.default:
+        x, w_layer = args[0], args[1]
+        if x.dtype == torch.float32 and x.dim() == 3:
+            sizes = onednn_lstm_temporaries(
+                int(x.shape[0]), int(x.shape[1]), int(w_layer.shape[1]),
+                int(w_layer.shape[0]) // 4,
+                backward=func is aten.mkldnn_rnn_layer_backward.default,
+            )  # fmt: skip
+            held = [torch.empty(n, dtype=torch.uint8, device=x.device) for n in sizes]
+            del held
+    return out
 
 
 @contextlib.contextmanager
 def onednn_scratch() -> Iterator[None]:
-    """Within the block, fake LSTM layer calls also allocate oneDNN's temporaries."""
-    with OneDnnScratch():  # type: ignore[no-untyped-call]
+    """Within the block, fake LSTM layer calls also allocate oneDNN's temporaries. Enter it
+    above the recorder, so the recorder sees these buffers."""
+    with rewriting_ops(_with_onednn_temporaries):
         yield
 
 

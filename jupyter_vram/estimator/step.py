@@ -9,7 +9,7 @@ Inference is one forward under ``torch.no_grad``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..capture.tagging import iter_tensors
 from ..transforms.amp import amp_dtype, autocast
 from .inputs import parse_dtype
 
@@ -117,23 +118,12 @@ def float_dtype(settings: StepSettings, model: nn.Module) -> torch.dtype:
     return torch.float32
 
 
-def _tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif depth < 4 and isinstance(value, (tuple, list)):
-        for item in value:
-            yield from _tensors(item, depth + 1)
-    elif depth < 4 and isinstance(value, Mapping):
-        for item in value.values():
-            yield from _tensors(item, depth + 1)
-
-
 def default_loss(output: Any) -> torch.Tensor:
     """``output.loss`` when the model computes one, else the sum of its float outputs."""
     loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
     if isinstance(loss, torch.Tensor):
         return loss
-    tensors = [t for t in _tensors(output) if t.is_floating_point() and t.requires_grad]
+    tensors = [t for t in iter_tensors(output) if t.is_floating_point() and t.requires_grad]
     if not tensors:
         raise StepError(
             "the model's output has no float tensor that needs a gradient, so there is nothing "

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..capture.dispatch import DispatchRecorder
+from ..capture.stacks import FrameFilter
 from ..model import Allocations, Profile
 from .accumulation import AccumulationWatch, accumulate_in_place
 from .inputs import BatchSpec, parse_dtype, with_default_labels
@@ -44,7 +45,9 @@ from .step import (
 )
 from .transport import TensorDescriptor, TensorSlots, loads
 
-SIMULATED_DEVICE = "cpu"  # fake tensors claim this device; their storage is on "meta"
+#: The device a fake run's tensors say they are on, whatever the target (its kernels' rules
+#: shape the run; the target GPU's allocator is applied afterwards). Their storage is "meta".
+FAKE_RUN_DEVICE = "cpu"
 
 
 def cast_recorder(recorder: object) -> DispatchRecorder:
@@ -91,7 +94,7 @@ class Simulator:
             dtype = cast if cast is not None and is_float else descriptor.dtype
             with mode:
                 tensor = torch.empty_strided(
-                    descriptor.shape, descriptor.stride, dtype=dtype, device=SIMULATED_DEVICE
+                    descriptor.shape, descriptor.stride, dtype=dtype, device=FAKE_RUN_DEVICE
                 )
             if descriptor.parameter:
                 return nn.Parameter(tensor, requires_grad=descriptor.requires_grad)
@@ -114,7 +117,7 @@ class Simulator:
                 cuda_attention(flash=settings.flash_attention) if cuda else contextlib.nullcontext()
             )
             with mode, rnn_workspaces(settings.target_type), attention:
-                args, kwargs = batch.build(SIMULATED_DEVICE, float_dtype(settings, self.model))
+                args, kwargs = batch.build(FAKE_RUN_DEVICE, float_dtype(settings, self.model))
                 optimizer = make_optimizer(settings, self.model, self.job.optimizer_factory)
                 if not settings.inference:
                     # optimizer state (and any lazy state) exist, as in a second step
@@ -202,7 +205,7 @@ class Simulator:
                 args,
                 kwargs,
                 settings,
-                SIMULATED_DEVICE,
+                FAKE_RUN_DEVICE,
                 self.job.loss_fn,
                 optimizer_context=scalars_read_as_one,
                 backward_context=backward_context,
@@ -517,11 +520,11 @@ def describe_error(error: BaseException) -> str:
 
 
 def _user_frame(error: BaseException) -> str | None:
-    """The innermost traceback frame outside torch and jupyter_vram."""
-    skip = (os.sep + "torch" + os.sep, os.sep + "jupyter_vram" + os.sep)
+    """The innermost traceback frame of the user's code (not torch, jupyter_vram, ...)."""
+    keep = FrameFilter().keep
     found = None
     for frame in traceback.extract_tb(error.__traceback__):
-        if not any(s in frame.filename for s in skip):
+        if keep(frame.filename):
             found = f"{frame.filename}:{frame.lineno} in {frame.name}: {frame.line or ''}".strip()
     return found
 

@@ -10,13 +10,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bokeh.models import ColumnDataSource, DataRange1d, FactorRange, HoverTool, Range1d
+from bokeh.models import ColumnDataSource, DataRange1d, FactorRange, HoverTool
 from bokeh.plotting import figure
 
 from ..analysis.flame import FlameNode
 from ..model import CATEGORIES
 from .figures import (
-    BLOCK_LINE,
     CATEGORY_COLORS,
     CRUMB_SEP,
     MIN_WIDTH,
@@ -24,7 +23,7 @@ from .figures import (
     ROOT_COLOR,
     byte_unit,
     fit_label,
-    flame_height,
+    icicle_figure,
 )
 from .text import format_bytes
 
@@ -136,31 +135,13 @@ def diff_flame_data(root: DiffNode, *, max_nodes: int = 3000) -> tuple[dict[str,
 def diff_flame_figure(source: ColumnDataSource, depth: int, *, title: str = "") -> Any:
     """The diff icicle over a source filled by :func:`diff_flame_data`: hover a block for its
     bytes in both runs and the change."""
-    fig = figure(
-        height=flame_height(depth), sizing_mode="stretch_width",
-        x_range=Range1d(start=0, end=1), y_range=Range1d(start=-max(depth, 1), end=0),
-        tools="", toolbar_location=None, title=title or None, min_border=2,
-    )  # fmt: skip
-    quads = fig.quad(
-        left="left", right="right", top="top", bottom="bottom", source=source,
-        fill_color="color", line_color=BLOCK_LINE, line_width=1,
-        hover_fill_alpha=0.85, hover_line_color="black",
-    )  # fmt: skip
-    fig.text(
-        x="left", y="top", text="label", source=source, x_offset=4, y_offset=5,
-        text_font_size="9pt", text_baseline="top", text_color="white",
-    )  # fmt: skip
-    fig.add_tools(
-        HoverTool(
-            renderers=[quads],
-            tooltips=[("block", "@full"), ("baseline", "@baseline_h"),
-                      ("variant", "@variant_h"), ("change", "@change_h")],
-        ),
-    )  # fmt: skip
-    fig.axis.visible = False
-    fig.grid.visible = False
-    fig.outline_line_color = None
-    return fig
+    tooltips = [
+        ("block", "@full"),
+        ("baseline", "@baseline_h"),
+        ("variant", "@variant_h"),
+        ("change", "@change_h"),
+    ]
+    return icicle_figure(source, depth, tooltips, title=title)
 
 
 def category_bars_figure(runs: Sequence[tuple[str, Mapping[str, int]]]) -> Any:

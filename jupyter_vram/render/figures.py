@@ -21,7 +21,7 @@ from bokeh.transform import stack
 from ..analysis.flame import FlameNode
 from ..analysis.timeline import Timeline
 from ..model import CATEGORIES
-from .text import format_bytes
+from .text import format_bytes, format_moment
 
 #: One colour per category (colour-blind-safe set), in CATEGORIES order.
 CATEGORY_COLORS: dict[str, str] = dict(
@@ -178,8 +178,36 @@ def flame_figure(
 ) -> Any:
     """The icicle figure over a source filled by :func:`flame_layout`. The app shows the
     category legend as HTML beside it; ``legend=True`` draws one in the figure (the report)."""
+    fig = icicle_figure(
+        source,
+        depth,
+        [
+            ("block", "@full"),
+            ("bytes", "@bytes_h (@bytes{0,0} B)"),
+            ("of peak", "@pct_peak"),
+            ("allocations", "@count{0,0}"),
+            ("categories", "@mix"),
+        ],
+        title=title,
+        extra_height=60 if legend else 0,
+    )
+    if legend:
+        _category_legend(fig)
+    return fig
+
+
+def icicle_figure(
+    source: ColumnDataSource,
+    depth: int,
+    tooltips: list[tuple[str, str]],
+    *,
+    title: str = "",
+    extra_height: int = 0,
+) -> Any:
+    """An icicle of labelled blocks (columns left, right, top, bottom, color, label) with
+    ``tooltips`` on hover: the flame graph and the comparison's diff flame graph."""
     fig = figure(
-        height=flame_height(depth) + (60 if legend else 0),
+        height=flame_height(depth) + extra_height,
         sizing_mode="stretch_width",
         x_range=Range1d(start=0, end=1),
         y_range=Range1d(start=-max(depth, 1), end=0),
@@ -198,23 +226,10 @@ def flame_figure(
         x="left", y="top", text="label", source=source, x_offset=4, y_offset=5,
         text_font_size="9pt", text_baseline="top", text_color="white",
     )  # fmt: skip
-    fig.add_tools(
-        HoverTool(
-            renderers=[quads],
-            tooltips=[
-                ("block", "@full"),
-                ("bytes", "@bytes_h (@bytes{0,0} B)"),
-                ("of peak", "@pct_peak"),
-                ("allocations", "@count{0,0}"),
-                ("categories", "@mix"),
-            ],
-        ),
-    )
+    fig.add_tools(HoverTool(renderers=[quads], tooltips=tooltips))
     fig.axis.visible = False
     fig.grid.visible = False
     fig.outline_line_color = None
-    if legend:
-        _category_legend(fig)
     return fig
 
 
@@ -285,10 +300,7 @@ def timeline_data(
         "x": x.tolist(),
         "x_end": [*x[1:].tolist(), float(x[-1])],
         "index": idx.tolist(),
-        "when": [
-            "before the first event" if i < 0 else f"{t / 1e6:.3f} ms, event {i + 1:,}"
-            for i, t in zip(idx.tolist(), times.tolist(), strict=True)
-        ],
+        "when": [format_moment(t, i) for i, t in zip(idx.tolist(), times.tolist(), strict=True)],
         "total": (totals / per).tolist(),
         "total_h": [format_bytes(int(v)) for v in totals.tolist()],
     }
@@ -437,7 +449,8 @@ def report_panels(profile: Any) -> list[tuple[str, Any]]:
             flames.append(fig)
     panels.append(("Flame graphs", column(flames, sizing_mode="stretch_width")))
     t = profile.timeline
-    peak = (float(t.time_ns[t.peak_index] / 1e6), t.peak_bytes) if t.peak_index >= 0 else None
+    x_peak = t.peak_x()
+    peak = (x_peak, t.peak_bytes) if x_peak is not None else None
     chart = timeline_figure(
         ColumnDataSource(timeline_data(t)), peak, peak_bytes=t.peak_bytes, legend=True
     )

@@ -125,7 +125,7 @@ def profile_payload(profile: Profile, estimate: EstimateData | None = None) -> d
     if est is not None:
         title = f"jupyter_vram estimate · {est['model'] or 'model'} · input {est['input']}"
     breakdown = profile.peak_breakdown()
-    x_peak = t.x_values(axis)[t.peak_index] if t.peak_index >= 0 else None
+    x_peak = t.peak_x(axis)
     return {
         "version": VERSION,
         "kind": "estimate" if profile.source == "estimate" else "profile",

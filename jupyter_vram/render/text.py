@@ -21,6 +21,16 @@ SOURCE_NAMES = {
 }
 
 
+def format_moment(time_ns: float, index: int, *, timed: bool = True) -> str:
+    """When timeline event ``index`` happened: '12.345 ms, event 7' (just 'event 7' when the
+    run's clock means nothing, as in a fake-tensor run); index -1 is before the first event."""
+    if index < 0:
+        return "before the first event"
+    if not timed:
+        return f"event {index + 1:,}"
+    return f"{time_ns / 1e6:.3f} ms, event {index + 1:,}"
+
+
 def _pct(part: int, whole: int) -> str:
     return f"{100 * part / whole:5.1f}%" if whole else "   - "
 

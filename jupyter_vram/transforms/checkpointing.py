@@ -67,7 +67,7 @@ def _wrap(block: nn.Module) -> None:
             return original(*args, **kwargs)
         return checkpoint(original, *args, use_reentrant=False, **kwargs)
 
-    block.forward = checkpointed  # type: ignore[method-assign]
+    block.forward = checkpointed
 
 
 # -- reruns: checkpoint the blocks a profile names -------------------------------------------

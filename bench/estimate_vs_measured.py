@@ -1,4 +1,4 @@
-"""Estimate accuracy: ``jv.estimate()`` against a measured CPU training step.
+"""How close ``jv.estimate()`` comes to a measured CPU training step.
 
 Cases cover transformers models (GPT-2, BERT, ViT, T5, Llama, ResNet, MobileNetV2, ConvNeXt,
 DistilBERT, OPT), recurrent nets (LSTM, bidirectional LSTM, GRU), conv nets (depthwise
@@ -15,11 +15,11 @@ over the allocator's events. The estimate is made here, from the model built on 
 device, with ``device="cpu"`` (a CUDA target adds allocator rounding a CPU run cannot show).
 
 Usage:
-    python bench/estimate_accuracy.py                 # every case, markdown table
-    python bench/estimate_accuracy.py gpt2 llama-sgd  # some cases
-    python bench/estimate_accuracy.py --readme        # ... and write the table to bench/README.md
-    python bench/estimate_accuracy.py --measure gpt2  # one measured step, JSON on stdout
-    python bench/estimate_accuracy.py --list
+    python bench/estimate_vs_measured.py                 # every case, markdown table
+    python bench/estimate_vs_measured.py gpt2 llama-sgd  # some cases
+    python bench/estimate_vs_measured.py --readme        # ... and the table in bench/README.md
+    python bench/estimate_vs_measured.py --measure gpt2  # one measured step, JSON on stdout
+    python bench/estimate_vs_measured.py --list
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from torch import nn
 MIB = 2**20
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-SECTION = "## Estimate accuracy"
+SECTION = "## Estimate vs a measured CPU step"
 
 
 @dataclass(frozen=True)
@@ -560,7 +560,8 @@ class Row:
     estimated_breakdown: dict[str, int]
 
     @property
-    def error(self) -> float:
+    def difference(self) -> float:
+        """(estimated - measured) / measured."""
         return (self.estimated - self.measured) / self.measured
 
 
@@ -582,7 +583,7 @@ def _params(n: int) -> str:
 def table(rows: list[Row]) -> str:
     lines = [
         "| case | model | params | input | step | measured peak (MiB) | estimated peak (MiB) "
-        "| difference (KiB) | error | estimate time (s) |",
+        "| difference (KiB) | vs measured | estimate time (s) |",
         "|---|---|---|---|---|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
@@ -590,14 +591,15 @@ def table(rows: list[Row]) -> str:
         lines.append(
             f"| {r.case.name} | {model} | {_params(r.parameters)} | {r.input} "
             f"| {r.case.variant_label()} | {r.measured / MIB:.1f} | {r.estimated / MIB:.1f} "
-            f"| {(r.estimated - r.measured) / 1024:+,.0f} | {100 * r.error:+.2f} % "
+            f"| {(r.estimated - r.measured) / 1024:+,.0f} | {100 * r.difference:+.2f} % "
             f"| {r.seconds:.1f} |"
         )
-    errors = [abs(r.error) * 100 for r in rows]
-    if errors:
+    differences = [abs(r.difference) * 100 for r in rows]
+    if differences:
         lines += [
             "",
-            f"Median absolute error {statistics.median(errors):.2f} %, max {max(errors):.2f} % "
+            f"Median absolute difference from the measurement "
+            f"{statistics.median(differences):.2f} %, max {max(differences):.2f} % "
             f"over {len(rows)} cases (targets: median <= 3 %, max <= 10 %).",
         ]
     return "\n".join(lines)
@@ -627,7 +629,7 @@ def intro() -> str:
         "under `torch.profiler` (`profile_memory=True`), not by jupyter_vram's recorders: the "
         "measured peak is the storages alive before the step (parameters, buffers, optimizer "
         "state, inputs) plus the running maximum of allocated minus freed bytes during it. "
-        f"Made by `python bench/estimate_accuracy.py --readme` with torch {torch.__version__}, "
+        f"Made by `python bench/estimate_vs_measured.py --readme` with torch {torch.__version__}, "
         f"transformers {transformers.__version__}, Python {platform.python_version()}, on "
         f"{os.cpu_count()} CPU cores. Estimate time is the wall time of the whole `estimate()` "
         "call (starting the estimator process included); the model is built on the meta device."
