@@ -84,7 +84,7 @@ def test_an_idle_thread_changes_nothing(idle_thread: threading.Thread, name: str
     step()
     truth = true_peak(step)
     recorded, prof = recorded_peak(step)
-    assert recorded == truth, (name, recorded, truth)
+    assert abs(recorded - truth) <= 0.005 * truth, (name, recorded, truth)  # as alone
     assert "other_threads" not in prof.meta
     df = prof.to_dataframe()
     assert not (df["op"] == ELSEWHERE_OP).any()
