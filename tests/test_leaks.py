@@ -73,6 +73,30 @@ def test_same_size_storage_made_later_is_not_a_leak(shell: Any) -> None:
         gc.enable()
 
 
+def test_note_when_the_end_of_run_search_runs_out_of_time(
+    shell: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The garbage collector's tensors are searched as the run ends within a budget; a
+    search cut short says leaks may be missing (in the frame and in the app)."""
+    from jupyter_vram.app.leaks_view import leaks_html
+    from jupyter_vram.capture import leaks as capture_leaks
+
+    real = capture_leaks.made_by_run
+    monkeypatch.setattr(capture_leaks, "made_by_run", lambda *args: real(*args, budget_s=-1.0))
+    cell = (
+        "leak_var = torch.ones(300, 300)\nold = [torch.ones(100, 100)]\nold.append(old)\ndel old\n"
+    )
+    gc.disable()
+    try:
+        run(shell, cell)
+        leaks = shell.user_ns["_vram"].leaks()
+    finally:
+        gc.enable()
+    assert list(leaks["holders"]) == ["leak_var"]  # the names were walked; the scan was not
+    assert "ran out of time" in leaks.attrs["note"]
+    assert "ran out of time" in leaks_html(leaks)
+
+
 def test_output(shell: Any) -> None:
     result = run(shell, "torch.full((300, 700), 2.0)\n")
     number = result.execution_count

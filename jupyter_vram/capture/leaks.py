@@ -194,8 +194,9 @@ def made_by_run(
 
     The notebook's names are walked first (no traceback frame's locals: see
     :func:`storage_keys`); the garbage collector's tensors (the cell's last value, a
-    traceback's locals, cycles) only for sizes the names did not account for, within
-    ``budget_s``. The flag says whether every candidate was looked at."""
+    traceback's locals, cycles) only for sizes the names did not account for: listed in C
+    (~0.05 s for 300,000 objects), then looked at within ``budget_s``. The flag says whether
+    every candidate was looked at."""
     made: dict[int, Any] = {}
     left = sizes.copy()
 
@@ -216,8 +217,8 @@ def made_by_run(
         claim(storage)
     if left.empty():
         return made, True
+    tensors = tensor_objects()  # in C: bounded by the object count, not budgeted
     deadline = time.monotonic() + budget_s
-    tensors = tensor_objects()
     try:
         for tensor in tensors:
             if time.monotonic() > deadline:
@@ -242,10 +243,11 @@ def held(
     object the run left (the weakref gives it back), never another at the same id.
 
     The notebook's names (and the last error's frames) are walked first; for storages they do
-    not reach, the garbage collector's tensors are searched within ``budget_s`` seconds, and
-    what holds each one found is walked for at most ``budget_s / 2``; everything ends within
-    ``2 * budget_s``. A storage alive that no Python object reaches is listed as held by
-    something unknown (C++: an autograd graph, a library's cache)."""
+    not reach, the garbage collector's tensors (listed in C first) are searched within
+    ``budget_s`` seconds, and what holds each one found is walked for at most
+    ``budget_s / 2``; the search and the walks end within ``2 * budget_s``. A storage alive
+    that no Python object reaches is listed as held by something unknown (C++: an autograd
+    graph, a library's cache)."""
     found: dict[int, tuple[int, list[Holder]]] = {}
 
     def ours(storage: Any) -> bool:
@@ -261,9 +263,9 @@ def held(
     left = {key for key, storage in alive.items() if storage is not None and key not in found}
     if not left:
         return [HeldStorage(k, n, tuple(h)) for k, (n, h) in found.items()]
-    deadline = time.monotonic() + budget_s
     candidates: list[tuple[Any, int, int]] = []  # unnamed tensors: (tensor, storage id, bytes)
-    tensors = tensor_objects()
+    tensors = tensor_objects()  # in C: bounded by the object count, not budgeted
+    deadline = time.monotonic() + budget_s
     complete = True
     for tensor in tensors:
         if not left:
