@@ -38,7 +38,9 @@ import time
 import weakref
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from itertools import repeat
 from types import FrameType
 from typing import Any
 
@@ -148,6 +150,22 @@ def held_by_variable(
     totals = [(name, sum(sizes.values())) for name, sizes in per_name.items()]
     totals = [t for t in totals if t[1] > 0 and not t[0].startswith("_")]
     return sorted(totals, key=lambda t: -t[1])[:top]
+
+
+NOT_READ = "not read: the run raised, and its caller discards the profile"
+_DISCARD_ON_ERROR: ContextVar[bool] = ContextVar("jv_discard_on_error", default=False)
+
+
+@contextlib.contextmanager
+def discarded_on_error() -> Iterator[None]:
+    """Recordings made inside are thrown away by the caller when the recorded code raises (a
+    rerun, whose Cancel is a kernel interrupt): stopping then skips reading the profiler's
+    events, so the interrupt ends the run in the time torch takes to stop its profiler."""
+    token = _DISCARD_ON_ERROR.set(True)
+    try:
+        yield
+    finally:
+        _DISCARD_ON_ERROR.reset(token)
 
 
 def profiler_busy() -> bool:
@@ -323,6 +341,11 @@ class ProfilerRecorder:
             self._watched.clear()  # dropping the weakrefs cancels their callbacks
         freed, self._freed = self._freed, {}
         notes, self._notes = self._notes, []
+        if error is not None and _DISCARD_ON_ERROR.get():
+            # nobody will look at this profile (a cancelled rerun): reading it would keep the
+            # kernel busy for seconds with Python stacks
+            self._warnings.append(NOT_READ)
+            events, notes, self._reads = (), [], []
         self._read(events)
         del events
         reads, self._reads = self._reads, []
@@ -567,6 +590,40 @@ class ReadState:
     seq_module: dict[int, int] = field(default_factory=dict)
 
 
+#: Our own functions the profiler's Python tracer sees between a module hook and the module
+#: range it opens (the tagger's hook, the recorder's callback; the session's ``enter`` opens
+#: it). Nothing else our hooks run allocates or runs an op, so reading the event tree skips
+#: it: with Python stacks that is most of the tree (a dozen Python and C calls per hook).
+_RANGE_PATH = frozenset({"_pre_forward", "_enter_module"})
+_CAPTURE_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep
+_PY_USER, _PY_OWN, _PY_PATH, _PY_OPENER = range(4)
+_OPENS = "<built-in method __enter__ of "  # the C call in ``enter`` that opens the range
+
+
+def _py_kind(extra: Any) -> int:
+    """Whose function a Python call event enters: the user's or a library's (``_PY_USER``), or
+    jupyter_vram's capture code (on the way to a module range, the range opener, or neither)."""
+    site = extra.callsite
+    file = site.file_name
+    base = os.path.basename(file)
+    if os.path.isabs(file):
+        own = os.path.realpath(file).startswith(_CAPTURE_DIR)
+    else:  # named relative to its sys.path entry
+        own = ("/" + file.replace(os.sep, "/")).endswith(f"/jupyter_vram/capture/{base}")
+        own = own and os.path.isfile(_CAPTURE_DIR + base)
+    if not own:
+        return _PY_USER
+    function = site.function_name
+    opener = ProfilerSession.enter.__code__
+    if (
+        function == opener.co_name
+        and base == os.path.basename(opener.co_filename)
+        and site.line_number == opener.co_firstlineno
+    ):
+        return _PY_OPENER
+    return _PY_PATH if function in _RANGE_PATH else _PY_OWN
+
+
 def read_events(
     roots: Sequence[Any],
     device_type: str,
@@ -583,32 +640,41 @@ def read_events(
     so a second pass sweeps through time with them: module and optimizer ranges, the module of
     each forward op's sequence number, and the phase (forward between a top-level module call
     and the next backward / optimizer step, which covers the loss computation).
-    """
-    from torch._C._profiler import _EventType
 
-    alloc_tag, op_tag, py_call = _EventType.Allocation, _EventType.TorchOp, _EventType.PyCall
-    py_tags = (py_call, _EventType.PyCCall)
+    Each node costs a few microseconds of Python (every attribute is a call into the
+    profiler's bindings; ``children`` alone is the most), so the walk reads as few as it can:
+    an event's kind comes from its ``extra_fields`` type, and the calls our own hooks make are
+    skipped but for the way to the module ranges they open.
+    """
+    from torch._C._profiler import (
+        _ExtraFields_Allocation,
+        _ExtraFields_PyCall,
+        _ExtraFields_PyCCall,
+        _ExtraFields_TorchOp,
+    )
+
     backward_scope = torch._C._profiler.RecordScope.BACKWARD_FUNCTION
     state = state if state is not None else ReadState()
     ops = state.ops
     allocs: list[tuple[AllocEvent, int]] = []  # report, forward seq of its backward op / -1
     points: list[tuple[int, int, int, int]] = []  # time, kind, value, end
-    # walk context: op, chain of Python calls, backward seq (-2: not in backward)
-    todo: list[tuple[Any, tuple[int, Any, int]]] = [(r, (0, None, -2)) for r in reversed(roots)]
+    py_kinds: dict[str, int] = {}  # a Python call event's name -> _py_kind
+    # walk context: op, chain of Python calls, backward seq (-2: not in backward), and where
+    # in our own code (0: not in it, else _PY_PATH or _PY_OPENER)
+    todo: list[tuple[Any, int, Any, int, int]] = [(r, 0, None, -2, 0) for r in reversed(roots)]
+    pop, push = todo.pop, todo.extend
     while todo:
-        event, ctx = todo.pop()
-        tag = event.tag
-        op, chain, bseq = ctx
-        if tag == alloc_tag:
-            extra = event.extra_fields
+        event, op, chain, bseq, ours = pop()
+        extra = event.extra_fields
+        kind = type(extra)
+        if kind is _ExtraFields_Allocation:
             if extra.device.type == device_type:
                 stack = stacks.resolve(chain) if stacks is not None else -1
                 t = event.start_time_ns
                 allocs.append((AllocEvent(t, extra.ptr, extra.alloc_size, op, 0, 0, stack), bseq))
             continue
-        if tag == op_tag:
+        if kind is _ExtraFields_TorchOp:
             name = event.name
-            extra = event.extra_fields
             if name.startswith(MODULE_RANGE):
                 mid = int(name[len(MODULE_RANGE) :])
                 points.append((event.start_time_ns, _OPEN_MODULE, mid, event.end_time_ns))
@@ -629,12 +695,27 @@ def read_events(
                         points.append((event.start_time_ns, _FORWARD_OP, seq, 0))
             elif extra.scope == backward_scope:
                 op = ops(name.rsplit("::", 1)[-1])
-        elif stacks is not None and tag in py_tags:
-            chain = (chain, event, tag != py_call)
+        elif kind is _ExtraFields_PyCall:
+            name = event.name
+            py = py_kinds.get(name)
+            if py is None:
+                py = py_kinds[name] = _py_kind(extra)
+            if py == _PY_OWN or (ours and py == _PY_USER):
+                continue  # our bookkeeping, and what it calls
+            if py != _PY_USER:
+                ours = py
+            elif stacks is not None:
+                chain = (chain, event, False)
+        elif kind is _ExtraFields_PyCCall:
+            if ours:
+                if ours != _PY_OPENER or not event.name.startswith(_OPENS):
+                    continue
+            elif stacks is not None:
+                chain = (chain, event, True)
         children = event.children
         if children:
-            inner = (op, chain, bseq)
-            todo.extend((c, inner) for c in reversed(children))
+            context = repeat(op), repeat(chain), repeat(bseq), repeat(ours)
+            push(zip(reversed(children), *context, strict=False))
     read = EventRead(ops=ops.names)
     read.events = _sweep(allocs, points, ops.index.get("ones_like", -1), state.seq_module)
     read.events.sort(key=_time_of)
