@@ -189,6 +189,35 @@ def test_unnoted_memory_freed_on_another_thread_is_gone_at_the_end() -> None:
     assert _end_bytes(rec.profile) == MIB
 
 
+def _broadcast_and_drop() -> None:
+    """Each rank: a 64 MiB buffer broadcast asynchronously and dropped at once, so gloo's
+    work thread holds its last reference and frees it there (on the recording thread when
+    the main thread happens to let go last); then a step later a layer runs and another
+    64 MiB buffer is made."""
+    import torch.distributed as dist
+
+    lin = nn.Linear(256, 256)
+    big = torch.ones(16 * MIB)
+    work = dist.broadcast(big, 0, async_op=True)
+    del big, work
+    dist.barrier()
+    time.sleep(0.2)
+    with torch.no_grad():
+        out = lin(torch.ones(1024, 256))
+    y = torch.empty(16 * MIB)
+    del out, y
+
+
+def test_a_buffer_gloo_frees_on_its_thread_leaves_the_peak() -> None:
+    """By hand, per rank: the peak is the second buffer + the layer's output + its weight
+    and bias = 64 MiB + 1 MiB + 263,168 B (with the broadcast buffer kept: 64 MiB more)."""
+    profiles = jv.launch(_broadcast_and_drop, nproc=2, stacks=False, timeout=300)
+    expected = 64 * MIB + MIB + 256 * 256 * 4 + 256 * 4
+    for prof in profiles:
+        assert prof.peak_bytes - prof.timeline.baseline_bytes == expected, prof.meta
+        assert _end_bytes(prof) == 0
+
+
 # -- the rules themselves, on reports written by hand -----------------------------------------
 
 T0 = 1_000_000_000
