@@ -61,21 +61,25 @@ def note_start(namespace: Mapping[str, Any] | None, device: str) -> _RunState:
 
 def attach(profile: Profile, state: _RunState) -> None:
     """Tie a finished profile to its run (for as long as the profile lives), noting, right as
-    the run ends, which storages it left alive (never raises: leaks are a nicety)."""
-    try:
-        from .capture.leaks import made_by_run
+    the run ends, which storages it left alive (never raises: leaks are a nicety; a Ctrl-C
+    meanwhile is held until the note is taken, then raised)."""
+    from .capture import interrupts_deferred
 
-        sizes = _never_freed(profile, state)[1]
-        if sizes.empty():
-            state.made = {}
-        else:
-            state.made, state.complete = made_by_run(
-                state.namespace, state.device_type, state.before, sizes
-            )
-    except Exception:  # noqa: BLE001 - the profile stays; leaks() says none were noted
-        state.made = None
-    state.before = {}  # only needed until now
-    _runs[profile] = state
+    with interrupts_deferred():
+        try:
+            from .capture.leaks import made_by_run
+
+            sizes = _never_freed(profile, state)[1]
+            if sizes.empty():
+                state.made = {}
+            else:
+                state.made, state.complete = made_by_run(
+                    state.namespace, state.device_type, state.before, sizes
+                )
+        except Exception:  # noqa: BLE001 - the profile stays; leaks() says none were noted
+            state.made = None
+        state.before = {}  # only needed until now
+        _runs[profile] = state
 
 
 def _never_freed(profile: Profile, state: _RunState) -> tuple[dict[int, list[int]], SizeMatcher]:
