@@ -90,8 +90,9 @@ def step_times(out: str, world: int) -> list[float]:
     ]
 
 
-def measure(mode: str, world: int) -> tuple[list[int], list[float], list[float]]:
-    """Per-rank peaks (recorded) and per-rank step times recorded / not recorded."""
+def measure(mode: str, world: int) -> tuple[list[int], list[int], list[float], list[float]]:
+    """Per-rank peaks (recorded), frees the recorder inferred (made on another thread: gloo's),
+    and per-rank step times recorded / not recorded."""
     import jupyter_vram as jv
     from jupyter_vram.distributed.launcher import free_port
 
@@ -99,7 +100,8 @@ def measure(mode: str, world: int) -> tuple[list[int], list[float], list[float]]
         profiles = jv.launch(train, nproc=world, args=(mode, recorded), stacks=False, timeout=900)
         mp.spawn(_plain_rank, args=(world, free_port(), mode, plain), nprocs=world, join=True)
         peaks = [p.peak_bytes for p in profiles]
-        return peaks, step_times(recorded, world), step_times(plain, world)
+        inferred = [int(p.meta.get("inferred_frees", 0)) for p in profiles]
+        return peaks, inferred, step_times(recorded, world), step_times(plain, world)
 
 
 def predict(mode: str, world: int) -> int:
@@ -117,25 +119,30 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--modes", nargs="+", default=["ddp", "fsdp"])
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each configuration")
     options = parser.parse_args()
     mib = 1 << 20
     print(f"GPT-2 {CONFIG}, batch {BATCH}x{SEQ} per rank, AdamW, {STEPS} steps, gloo on CPU")
-    print("| scheme | ranks | measured peak (max rank) | ranks' spread | what-if | error |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| scheme | ranks | measured peak (max rank) | ranks' spread | what-if | error "
+        "| inferred frees per rank |"
+    )
+    print("|---|---|---|---|---|---|---|")
     overheads = []
     for mode in options.modes:
         for world in options.ranks:
-            peaks, recorded, plain = measure(mode, world)
             predicted = predict(mode, world)
-            top = max(peaks)
-            error = (predicted - top) / top
-            print(
-                f"| {mode.upper()} | {world} | {top / mib:.2f} MiB | "
-                f"{(top - min(peaks)) / mib:.2f} MiB | {predicted / mib:.2f} MiB | "
-                f"{100 * error:+.1f} % |",
-                flush=True,
-            )
-            overheads.append((mode, world, recorded, plain))
+            for _ in range(options.repeat):
+                peaks, inferred, recorded, plain = measure(mode, world)
+                top = max(peaks)
+                error = (predicted - top) / top
+                print(
+                    f"| {mode.upper()} | {world} | {top / mib:.2f} MiB | "
+                    f"{(top - min(peaks)) / mib:.2f} MiB | {predicted / mib:.2f} MiB | "
+                    f"{100 * error:+.1f} % | {', '.join(map(str, inferred))} |",
+                    flush=True,
+                )
+                overheads.append((mode, world, recorded, plain))
     print("\nstep time per rank (median of steps 2..), recorded vs not:")
     for mode, world, recorded, plain in overheads:
         ratio = [r / p for r, p in zip(recorded, plain, strict=True)]

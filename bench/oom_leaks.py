@@ -7,8 +7,10 @@ Usage: python bench/oom_leaks.py [--quick]
 * empty recording, start + stop, with that namespace;
 * step time: bare, recorded, recorded with a capacity it fits under (the capacity's dispatch
   mode runs Python around every op);
-* ``profile.leaks()`` after a step that leaves its loss alive (named roots only), and after
-  one that also leaves a tensor in a reference cycle (a garbage-collector scan as well).
+* the note every recording takes as it ends (weak references to the storages it left alive,
+  by identity), and ``profile.leaks()``, after a step that leaves its loss alive (named roots
+  only), and after one that also leaves a tensor in a reference cycle (a garbage-collector
+  scan as well).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 import torch
 
 import jupyter_vram as jv
-from jupyter_vram.leaks import note_start
+from jupyter_vram.leaks import attach, note_start
 
 
 def median_s(fn: Callable[[], Any], reps: int) -> float:
@@ -31,6 +33,25 @@ def median_s(fn: Callable[[], Any], reps: int) -> float:
     for _ in range(reps):
         t = time.perf_counter()
         fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def end_state(ns: dict[str, Any]) -> Any:
+    """A run's start state as the recording would have taken it: before the step's loss
+    existed (the note compares against it), with the namespace as it is now."""
+    state = note_start({k: v for k, v in ns.items() if k != "loss"}, "cpu")
+    state.namespace = ns
+    return state
+
+
+def end_note_s(profile: Any, ns: dict[str, Any], reps: int) -> float:
+    """Median time of the note a recording takes as it ends (``leaks.attach``)."""
+    times = []
+    for _ in range(reps):
+        state = end_state(ns)
+        t = time.perf_counter()
+        attach(profile, state)
         times.append(time.perf_counter() - t)
     return statistics.median(times)
 
@@ -78,6 +99,8 @@ def main() -> None:
     with jv.record("cpu", namespace=ns) as r:
         step()
     prof = r.profile
+    note_named = end_note_s(prof, ns, reps)
+    attach(prof, end_state(ns))
     prof.leaks()  # first call: imports
     t = time.perf_counter()
     leaks = prof.leaks()
@@ -89,6 +112,8 @@ def main() -> None:
             box: list[Any] = [torch.ones(1000, 1000)]
             box.append(box)
             del box
+        note_scan = end_note_s(r2.profile, ns, reps)
+        attach(r2.profile, end_state(ns))
         t = time.perf_counter()
         leaks2 = r2.profile.leaks()
         scan_s = time.perf_counter() - t
@@ -103,6 +128,8 @@ def main() -> None:
     print(f"step bare:                       {bare * 1e3:8.1f} ms")
     print(f"step recorded:                   {rec * 1e3:8.1f} ms  ({rec / bare:.2f}x)")
     print(f"step recorded with a capacity:   {cap * 1e3:8.1f} ms  ({cap / bare:.2f}x)")
+    print(f"note at the end, named roots:    {note_named * 1e3:8.1f} ms")
+    print(f"note at the end, with a gc scan: {note_scan * 1e3:8.1f} ms")
     print(f"leaks(), named roots ({len(leaks)} rows):   {named_s * 1e3:8.1f} ms")
     print(f"leaks(), with a gc scan ({len(leaks2)} rows): {scan_s * 1e3:8.1f} ms")
 

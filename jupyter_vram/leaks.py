@@ -5,9 +5,11 @@ references that hold them, only when called: a variable is deleted, an ``Out[n]`
 ``_``, ``__``, ``___``, ``_n``) cleared, the last error's traceback frames cleared, reference
 cycles collected. Closures and module globals are named, never touched.
 
-A leak is found in two steps: the profile's allocations never freed (their sizes, op, module,
-line), then the live storages of those sizes the notebook holds that did not exist when the
-run started. This needs the kernel that recorded the profile: a loaded profile lists none.
+A leak is found in two steps. As the run ends, the storages it made that are still alive
+(new since it started, of one of its never-freed allocations' sizes) are noted by identity (a
+weak reference each). ``leaks()`` then lists those still alive, each with what holds it now:
+a storage made after the run, even of the same size, is never one of its leaks. This needs
+the kernel that recorded the profile: a loaded profile lists none.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class _RunState:
     namespace: Mapping[str, Any] | None
     before: dict[int, Any]  # storage id -> weakref
     device_type: str
+    made: dict[int, Any] | None = None  # storage id -> weakref: what the run left alive
+    complete: bool = True  # every candidate was looked at when the run ended
 
 
 _runs: weakref.WeakKeyDictionary[Profile, _RunState] = weakref.WeakKeyDictionary()
@@ -56,27 +60,55 @@ def note_start(namespace: Mapping[str, Any] | None, device: str) -> _RunState:
 
 
 def attach(profile: Profile, state: _RunState) -> None:
-    """Tie a finished profile to its run (for as long as the profile lives)."""
-    _runs[profile] = state
+    """Tie a finished profile to its run (for as long as the profile lives), noting, right as
+    the run ends, which storages it left alive (never raises: leaks are a nicety; a Ctrl-C
+    meanwhile is held until the note is taken, then raised)."""
+    from .capture import interrupts_deferred
+
+    with interrupts_deferred():
+        try:
+            from .capture.leaks import made_by_run
+
+            sizes = _never_freed(profile, state)[1]
+            if sizes.empty():
+                state.made = {}
+            else:
+                state.made, state.complete = made_by_run(
+                    state.namespace, state.device_type, state.before, sizes
+                )
+        except Exception:  # noqa: BLE001 - the profile stays; leaks() says none were noted
+            state.made = None
+        state.before = {}  # only needed until now
+        _runs[profile] = state
+
+
+def _never_freed(profile: Profile, state: _RunState) -> tuple[dict[int, list[int]], SizeMatcher]:
+    """The run's allocations never freed, by size (rows in allocation order), and a matcher
+    of live storage sizes to them."""
+    from .capture.leaks import SizeMatcher
+
+    a = profile.allocations
+    device = profile.devices.index(profile.device) if profile.device in profile.devices else -1
+    rows = np.flatnonzero((a.alloc_seq >= 0) & (a.free_seq < 0) & (a.device == device))
+    by_size: dict[int, list[int]] = {}
+    for row in rows[np.argsort(a.alloc_seq[rows], kind="stable")]:
+        by_size.setdefault(int(a.size[row]), []).append(int(row))
+    sizes = SizeMatcher({n: len(r) for n, r in by_size.items()}, state.device_type == "cuda")
+    return by_size, sizes
 
 
 def _held(
     profile: Profile,
 ) -> tuple[list[HeldStorage], dict[int, list[int]], SizeMatcher] | None:
     state = _runs.get(profile)
-    if state is None:
+    if state is None or state.made is None:
         return None
-    from .capture.leaks import SizeMatcher, held
+    from .capture.leaks import held
 
-    a = profile.allocations
-    rows = np.flatnonzero((a.alloc_seq >= 0) & (a.free_seq < 0) & profile.timeline.device_mask)
-    by_size: dict[int, list[int]] = {}
-    for row in rows[np.argsort(a.alloc_seq[rows], kind="stable")]:
-        by_size.setdefault(int(a.size[row]), []).append(int(row))
-    sizes = SizeMatcher({n: len(r) for n, r in by_size.items()}, state.device_type == "cuda")
-    if not by_size:
+    by_size, sizes = _never_freed(profile, state)
+    if not state.made:
         return [], by_size, sizes
-    return held(state.namespace, state.device_type, state.before, sizes.copy()), by_size, sizes
+    return held(state.namespace, state.device_type, state.made), by_size, sizes
 
 
 def find_leaks(profile: Profile) -> pd.DataFrame:
@@ -94,7 +126,12 @@ def find_leaks(profile: Profile) -> pd.DataFrame:
     found = _held(profile)
     frame = pd.DataFrame(columns=COLUMNS)
     if found is None:
-        frame.attrs["note"] = "leaks are found in the kernel that recorded the profile"
+        state = _runs.get(profile)
+        frame.attrs["note"] = (
+            "leaks are found in the kernel that recorded the profile"
+            if state is None
+            else "what the run left alive could not be noted when it ended"
+        )
         return frame
     storages, by_size, sizes = found
     a = profile.allocations
@@ -102,7 +139,7 @@ def find_leaks(profile: Profile) -> pd.DataFrame:
     for item in sorted(storages, key=lambda s: -s.nbytes):
         size = sizes.match(item.nbytes)
         if size is None:
-            continue  # more storages of this size than the run left: the rest are older
+            continue  # more storages of this size than the run left (another thread's)
         sizes.take(size)
         rows = by_size[size]
         records.append(
@@ -120,6 +157,11 @@ def find_leaks(profile: Profile) -> pd.DataFrame:
         )
     if records:
         frame = pd.DataFrame(records, columns=COLUMNS)
+    if not _runs[profile].complete:
+        frame.attrs["note"] = (
+            "the search for what the cell left alive, as it ended, ran out of time: "
+            "some leaks may be missing"
+        )
     return frame
 
 

@@ -402,6 +402,7 @@ def rerun(
     cannot apply.
     """
     from .capture import RECORDING_LOCK, interrupts_deferred
+    from .capture.profiler_events import discarded_on_error
     from .session import run_code
     from .transforms import state as state_module
     from .transforms.checkpointing import checkpoint_blocks
@@ -434,15 +435,16 @@ def rerun(
                 notes.append("started where the first run did: " + "; ".join(dropped))
         undo = checkpoint_blocks([b for _, b in plan.blocks], _roots(cell.namespace).values())
         say("running")
-        run = run_code(
-            cell.source,
-            namespace,
-            filename=cell.filename,
-            device=profile.device,
-            stacks=cell.stacks,
-            around=lambda: _transforms(_Changes(plan.amp, plan.offload), profile.device),
-            keep=False,
-        )
+        with discarded_on_error():  # a raising rerun (Cancel) returns no profile: none is read
+            run = run_code(
+                cell.source,
+                namespace,
+                filename=cell.filename,
+                device=profile.device,
+                stacks=cell.stacks,
+                around=lambda: _transforms(_Changes(plan.amp, plan.offload), profile.device),
+                keep=False,
+            )
         result = run.profile
     finally:
         restore_start = time.perf_counter()

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -149,3 +150,59 @@ def test_a_warm_process_predicts_what_a_fresh_one_does(make: type[nn.Module]) ->
         fresh = jv.estimate(model, shape, device="cpu", optimizer=optimizer)
         assert estimate.peak_breakdown() == fresh.peak_breakdown(), optimizer
         assert estimate.peak_bytes == fresh.peak_bytes
+
+
+def live_curve(estimate: jv.Estimate) -> list[int]:
+    """Bytes alive after each event of the simulated step, from the rows by hand: + size at
+    each allocation, - size at each free (rows alive before the step count from the start)."""
+    a = estimate.profile.allocations
+    start = int(a.size[a.alloc_seq < 0].sum())
+    deltas: dict[int, int] = {}
+    columns = (a.size.tolist(), a.alloc_seq.tolist(), a.free_seq.tolist())
+    for size, alloc, free in zip(*columns, strict=True):
+        if alloc >= 0:
+            deltas[alloc] = deltas.get(alloc, 0) + size
+        if free >= 0:
+            deltas[free] = deltas.get(free, 0) - size
+    curve, live = [], start
+    for seq in sorted(deltas):
+        live += deltas[seq]
+        curve.append(live)
+    return curve
+
+
+def rows_by_name(estimate: jv.Estimate) -> list[tuple[int, int, str, str, int, int]]:
+    """Each allocation by size, when, op and module name, phase and category (free order
+    among equal rows varies between runs: autocast frees its cached copies in hash order)."""
+    p = estimate.profile
+    a = p.allocations
+    ops, modules = list(p.ops), list(p.modules)
+    return sorted(
+        (size, alloc, ops[op] if op >= 0 else "", modules[m] if m >= 0 else "", phase, cat)
+        for size, alloc, op, m, phase, cat in zip(
+            a.size.tolist(), a.alloc_seq.tolist(), a.op.tolist(), a.module.tolist(),
+            a.phase.tolist(), a.category.tolist(), strict=True,
+        )
+    )  # fmt: skip
+
+
+def test_a_warm_process_reusing_its_fake_model_predicts_what_a_fresh_one_does() -> None:
+    """Later runs start from the previous run's fake parameters (same dtype) and, with the same
+    optimizer, from its optimizer state, instead of a warm-up step; each must predict exactly
+    what a fresh process predicts: the same rows, memory curve, peak and reserved memory."""
+    model = tiny_gpt2()
+    runs: list[dict[str, Any]] = [
+        {},  # first run: a whole warm-up step
+        {"amp": "bf16"},  # same optimizer: parameters and optimizer state reused
+        {"optimizer": "sgd"},  # another optimizer: parameters reused, a new warm-up
+        {"optimizer": "sgd", "checkpoint": True},
+    ]
+    warm = [jv.estimate(model, "4x32", **settings) for settings in runs]
+    for settings, estimate in zip(runs, warm, strict=True):
+        close_warm_workers()
+        fresh = jv.estimate(model, "4x32", **settings)
+        assert estimate.peak_bytes == fresh.peak_bytes, settings
+        assert estimate.reserved_bytes == fresh.reserved_bytes, settings
+        assert estimate.peak_breakdown() == fresh.peak_breakdown(), settings
+        assert live_curve(estimate) == live_curve(fresh), settings
+        assert rows_by_name(estimate) == rows_by_name(fresh), settings

@@ -123,11 +123,16 @@ def test_capacity_raises_and_post_mortem_by_hand(tmp_path: Path) -> None:
     assert saved["Adafactor"] == counts["state"]
     assert saved["8-bit AdamW (bitsandbytes)"] == counts["state"] * 3 // 4
     assert saved["SGD with momentum"] == counts["state"] // 2
-    # batch: activations + input + the request scale with it, to (capacity - fixed)
-    scaled = counts["act"] + counts["x"] + Z
-    fixed = counts["params"] + counts["state"]
+    # batch: activations + input + the request scale with it. Per sample (floats of 4 bytes):
+    # K finished blocks keep 4D + 4D + D each, block K its fc1 output 4D, x D, the request 4D
+    assert oom.batch_size == B  # x's first dimension: x was the run's input
+    per_sample = 4 * (K * (4 * D + 4 * D + D) + 4 * D + D + 4 * D)
+    assert B * per_sample == counts["act"] + counts["x"] + Z
+    # the capacity is one byte short of batch B, so B - 1 samples fit; one sample saved
     batch = next(s for s in oom.suggestions if s.action.startswith("a smaller batch"))
-    assert batch.bytes_saved == scaled - (capacity_for(ns) - fixed)
+    assert batch.action == f"a smaller batch: batch size {B - 1} (now {B})"
+    assert batch.bytes_saved == per_sample
+    assert "linearly" in batch.reason
     assert not any("offload" in s.action for s in oom.suggestions)  # on CPU: nowhere to go
     ranked = [s.bytes_saved for s in oom.suggestions]
     assert ranked == sorted(ranked, reverse=True)
@@ -138,6 +143,65 @@ def test_capacity_raises_and_post_mortem_by_hand(tmp_path: Path) -> None:
     # saved and loaded, the post-mortem is the same
     again = jv.Profile.load(rec.profile.save(tmp_path / "oom.json.gz")).oom
     assert again is not None and again.suggestions == oom.suggestions
+
+
+class Mlp(nn.Sequential):
+    def __init__(self, d: int, h: int) -> None:
+        super().__init__(nn.Linear(d, h), nn.ReLU(), nn.Linear(h, d))
+
+
+def test_batch_suggestion_fits_and_one_more_does_not() -> None:
+    """An MLP's inference, Linear(d, h) -> ReLU -> Linear(h, d), h > d, batch b: its peak is
+    at ReLU, with x (b*d floats), fc1's output and ReLU's (b*h each) live besides the
+    parameters: b * (d + 2h) * 4 bytes per batch. A capacity with room for 20 samples (and 100
+    bytes more) refuses batch 32 at ReLU; the post-mortem suggests batch 20, which runs under
+    the same capacity, and batch 21 does not."""
+    d, h, b, fit = 64, 256, 32, 20
+    torch.manual_seed(0)
+    net = Mlp(d, h)
+    params = sum(4 * p.numel() for p in net.parameters())
+    per_sample = (d + 2 * h) * 4
+    capacity = params + fit * per_sample + 100
+
+    def run(batch: int) -> tuple[jv.Recording, bool]:
+        """The recording of batch ``batch``, and whether it ran out of memory."""
+        ns = {"net": net, "x": torch.randn(batch, d)}
+        rec = jv.record("cpu", namespace=ns, capacity=capacity)
+        try:
+            with rec, torch.no_grad():
+                ns["y"] = ns["net"](ns["x"])
+        except torch.OutOfMemoryError:
+            return rec, True
+        return rec, False
+
+    rec, failed = run(b)
+    assert failed
+    oom = rec.profile.oom
+    assert oom is not None and oom.op == "relu" and oom.requested_bytes == b * h * 4
+    assert oom.batch_size == b
+    batch = next(s for s in oom.suggestions if s.action.startswith("a smaller batch"))
+    assert batch.action == f"a smaller batch: batch size {fit} (now {b})"
+    assert batch.bytes_saved == (b - fit) * per_sample
+    rec, failed = run(fit)
+    assert not failed and rec.profile.peak_bytes == params + fit * per_sample <= capacity
+    assert run(fit + 1)[1]
+
+
+def test_batch_suggestion_is_a_fraction_when_the_batch_is_unknown() -> None:
+    """The input is made inside the run, so no notebook tensor tells the batch size."""
+    d, h, b = 64, 256, 32
+    net = Mlp(d, h)
+    params = sum(4 * p.numel() for p in net.parameters())
+    per_sample = (d + 2 * h) * 4
+    capacity = params + 20 * per_sample
+    rec = jv.record("cpu", namespace={"net": net}, capacity=capacity)
+    with pytest.raises(torch.OutOfMemoryError), rec, torch.no_grad():
+        net(torch.randn(b, d))
+    oom = rec.profile.oom
+    assert oom is not None and oom.batch_size is None
+    batch = next(s for s in oom.suggestions if s.action.startswith("a smaller batch"))
+    assert batch.action == f"a smaller batch: {20 / b:.0%} of it"
+    assert batch.bytes_saved == (b - 20) * per_sample
 
 
 def test_fits_under_capacity_and_no_oom_otherwise() -> None:

@@ -417,3 +417,66 @@ def test_a_rerun_names_the_object_it_could_not_put_back() -> None:
         "everything else is as before"
     )
     assert torch.equal(weight, values)
+
+
+def test_a_discarded_interrupted_recording_is_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run whose caller throws its profile away when it raises (a rerun: Cancel is an
+    interrupt) stops without reading the profiler's events, which takes seconds with Python
+    stacks; elsewhere an interrupted run keeps its partial profile."""
+    from jupyter_vram.capture import profiler_events
+
+    read: list[int] = []
+    real = profiler_events.read_events
+
+    def spy(roots: Any, *args: Any, **kwargs: Any) -> Any:
+        read.append(len(roots))
+        return real(roots, *args, **kwargs)
+
+    monkeypatch.setattr(profiler_events, "read_events", spy)
+    ns = notebook()
+    cell = TRAIN_STEP + "raise KeyboardInterrupt\n"
+    kept: list[jv.Profile] = []
+    with pytest.raises(KeyboardInterrupt):
+        run_code(cell, ns, device="cpu", keep=False, on_profile=kept.append)
+    assert sum(read) > 0 and len(kept[0].allocations) > 0  # the partial profile, read
+    read.clear()
+    with pytest.raises(KeyboardInterrupt), profiler_events.discarded_on_error():
+        run_code(cell, ns, device="cpu", keep=False, on_profile=kept.append)
+    assert sum(read) == 0
+    assert len(kept[1].allocations) == 0
+    assert kept[1].meta["warnings"] == [profiler_events.NOT_READ]
+    assert kept[1].error == "KeyboardInterrupt: "
+    # a run that ends normally inside is read as always
+    profile = run_code(TRAIN_STEP, ns, device="cpu", keep=False).profile
+    assert sum(read) > 0 and profile is not None and len(profile.allocations) > 0
+
+
+def test_an_interrupted_rerun_reads_no_events(
+    trained: tuple[dict[str, Any], jv.Profile], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, baseline = trained
+    from jupyter_vram import session
+    from jupyter_vram.capture import profiler_events
+
+    read: list[int] = []
+    real = profiler_events.read_events
+
+    def spy(roots: Any, *args: Any, **kwargs: Any) -> Any:
+        read.append(len(roots))
+        return real(roots, *args, **kwargs)
+
+    monkeypatch.setattr(profiler_events, "read_events", spy)
+    cell = session.cell_of(baseline)
+    assert cell is not None
+    session._cells[baseline] = session.Cell(
+        TRAIN_STEP + "raise KeyboardInterrupt\n",
+        cell.filename,
+        cell.namespace,
+        cell.device,
+        cell.stacks,
+        None,
+        cell.start,
+    )
+    with pytest.raises(KeyboardInterrupt):
+        rerun(baseline, amp="bf16")
+    assert sum(read) == 0

@@ -15,8 +15,13 @@ Every suggestion's bytes come from the allocations live at that moment:
   parameter: SGD with momentum one, 8-bit Adam a quarter of the bytes, Adafactor almost none);
 * expandable segments (CUDA) let the request use memory reserved but free in partly used
   segments;
-* a smaller batch scales the batch-proportional memory (activations, temporaries, inputs, and
-  the failed request when it came from forward or backward) down until the step fits.
+* a smaller batch: the batch-proportional memory (activations, temporaries, inputs, and the
+  failed request when it came from forward or backward) is divided by the batch size into bytes
+  per sample, the rest (parameters, gradients, optimizer state, other) is fixed, and the
+  largest batch is the most samples the capacity leaves room for beside the fixed memory,
+  assuming memory grows linearly with the batch. The batch size is the first dimension shared
+  by the notebook's tensors that were the run's inputs (matched to its live input allocations
+  by size); when it cannot be told, the suggestion is a fraction of today's batch.
 """
 
 from __future__ import annotations
@@ -141,7 +146,7 @@ def oom_report(profile: Profile) -> OomReport | None:
         top_modules=modules,
         allocator=allocator,
         expandable_would_serve=serve,
-        batch_size=_int(facts.get("batch_size")),
+        batch_size=_int(facts.get("batch_size")) or infer_batch(profile, facts, mask),
         optimizers=[str(o) for o in facts.get("optimizers") or [] if isinstance(o, str)],
         moment_index=index,
     )
@@ -334,33 +339,78 @@ def _optimizer(profile: Profile, state: int, held: list[str]) -> list[Suggestion
     ]  # fmt: skip
 
 
+def infer_batch(profile: Profile, facts: dict[str, Any], mask: Any) -> int | None:
+    """The batch size: the first dimension shared by every notebook tensor (``leading_dims``,
+    noted at the failure) whose storage is the size of an input allocation live then; None
+    when there is none, or they disagree."""
+    dims = facts.get("leading_dims")
+    if not isinstance(dims, list):
+        return None
+    a = profile.allocations
+    live = mask & (a.category == CATEGORY_INDEX["input"])
+    sizes = {int(n) for n in a.size[live]}
+    cuda = profile.device.startswith("cuda")
+    found: set[int] = set()
+    for item in dims:
+        if not (isinstance(item, list) and len(item) == 2):
+            continue
+        nbytes, first = _int(item[0]), _int(item[1])
+        if nbytes is None or first is None or nbytes <= 0 or first <= 0:
+            continue
+        if cuda:  # an allocator block: the request rounded up to 512 bytes (plus a remainder)
+            low = -(-nbytes // 512) * 512
+            if any(low <= size <= low + (1 << 20) for size in sizes):
+                found.add(first)
+        elif nbytes in sizes:
+            found.add(first)
+    return found.pop() if len(found) == 1 else None
+
+
 def _batch(profile: Profile, report: OomReport) -> Suggestion | None:
-    """The largest batch that fits: batch-proportional bytes scaled down to the capacity."""
+    """The largest batch that fits: fixed memory plus bytes per sample times the batch, up to
+    the capacity (linear in the batch), as an integer batch size when the batch is known."""
     capacity, requested = report.capacity_bytes, report.requested_bytes
     if capacity is None or requested is None or report.shortfall_bytes in (None, 0):
         return None
     cats = report.live_by_category
     scaled = cats["activation"] + cats["temporary"] + cats["input"]
-    if report.phase in ("forward", "backward"):
+    with_request = report.phase in ("forward", "backward")
+    if with_request:
         scaled += requested
     fixed = report.live_bytes + requested - scaled
-    if scaled <= 0:
+    room = capacity - fixed
+    if scaled <= 0 or room >= scaled:
         return None
-    fraction = (capacity - fixed) / scaled
-    if fraction >= 1:
-        return None
-    if fraction <= 0:
+    if room <= 0:
         return None  # the fixed memory alone does not fit: no batch size helps
-    saved = int(scaled * (1 - fraction))
-    now = report.batch_size
-    target = f"batch size {int(now * fraction)} (now {now})" if now else f"{fraction:.0%} of it"
-    return Suggestion(
-        f"a smaller batch: {target}",
-        saved,
+    scales = (
         f"{_mb(scaled)} scales with the batch (activations, temporaries, inputs"
-        f"{', the request' if report.phase in ('forward', 'backward') else ''}); "
-        f"{_mb(fixed)} does not (parameters, gradients, optimizer state); "
-        f"the capacity leaves {_mb(max(capacity - fixed, 0))} for the batch",
+        f"{', the request' if with_request else ''}); {_mb(fixed)} does not (parameters, "
+        "gradients, optimizer state, other)"
+    )
+    caveat = (
+        "; counted at the failure: later parts of the step (the rest of forward, backward) "
+        "were not reached and may need more"
+    )
+    now = report.batch_size
+    if now:
+        largest = room * now // scaled  # the most samples whose bytes fit in the room
+        if largest <= 0:
+            return None
+        saved = scaled - largest * scaled // now
+        return Suggestion(
+            f"a smaller batch: batch size {largest} (now {now})",
+            saved,
+            f"{scales}: {_mb(scaled // now)} per sample at batch {now}; the capacity leaves "
+            f"{_mb(room)} beside the fixed memory, room for {largest} samples, assuming "
+            f"memory grows linearly with the batch{caveat}",
+        )
+    fraction = room / scaled
+    return Suggestion(
+        f"a smaller batch: {fraction:.0%} of it",
+        int(scaled - room),
+        f"{scales}; the capacity leaves {_mb(room)} for the batch, assuming memory grows "
+        f"linearly with it (the batch size could not be told from the run's inputs){caveat}",
     )
 
 

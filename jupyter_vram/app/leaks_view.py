@@ -34,6 +34,7 @@ def leaks_html(leaks: pd.DataFrame) -> str:
         f"<table class='jv-table jv-leaks-table'><caption>{len(leaks)} storages, {total}, made "
         "by the cell and still alive</caption><tr><th>bytes</th><th>held by</th><th>names</th>"
         f"<th>release</th><th>op</th><th>module</th><th>site</th></tr>{rows}</table>"
+        + (f"<p class='jv-note'>{html.escape(note)}</p>" if note else "")
     )
 
 

@@ -49,25 +49,73 @@ def _at64(arr: U8, idx: I64) -> I64:
     return arr.take(idx, mode="clip").astype(np.int64)
 
 
-def _ref_index(arr: U8, p: I64, op: I64) -> I64:
+class _Words:
+    """Unaligned little-endian views of the buffer at every byte offset: a 2-, 4- or 8-byte
+    value at any position in one gather (instead of one gather per byte). Indexed, not
+    ``take``-n: ``take`` copies a strided array whole first. A value that runs past the end
+    of the buffer reads zeros there."""
+
+    _PAD = 16
+
+    def __init__(self, arr: U8) -> None:
+        self.u8 = arr
+        self.size = len(arr)
+        tail = np.zeros(2 * self._PAD, np.uint8)
+        last = arr[max(self.size - self._PAD, 0) :]
+        tail[: len(last)] = last
+        self.tail_start = self.size - len(last)
+        self.views = {width: self._view(arr, width) for width in (2, 4, 8)}
+        self.tails = {width: self._view(tail, width) for width in (2, 4, 8)}
+
+    @staticmethod
+    def _view(arr: U8, width: int) -> npt.NDArray[Any]:
+        kind = {2: "<u2", 4: "<u4", 8: "<u8"}[width]
+        return np.ndarray((max(len(arr) - width + 1, 1),), kind, arr, 0, (1,))
+
+    def at(self, width: int, idx: I64) -> npt.NDArray[Any]:
+        """The ``width``-byte values at ``idx`` (positions are never negative)."""
+        view = self.views[width]
+        past = idx >= len(view)
+        if not past.any():
+            return view[idx]
+        out = view[np.minimum(idx, len(view) - 1)]
+        tail = self.tails[width]
+        out[past] = tail[np.minimum(idx[past] - self.tail_start, len(tail) - 1)]
+        return out
+
+    def is_ref(self, p: I64, ref: bytes) -> Mask:
+        """Where the memo reference ``ref`` (BINGET: 2 bytes, LONG_BINGET: 5) is written."""
+        if len(ref) == 2:
+            found: Mask = self.at(2, p) == int.from_bytes(ref, "little")
+            return found
+        found = self.u8.take(p, mode="clip") == ref[0]
+        found &= self.at(4, p + 1) == int.from_bytes(ref[1:], "little")
+        return found
+
+
+def _ref_index(words: _Words, p: I64, op: I64) -> I64:
     """The memo index of a BINGET / LONG_BINGET at ``p`` (-1 elsewhere)."""
-    one = _at64(arr, p + 1)
-    four = one | _at64(arr, p + 2) << 8 | _at64(arr, p + 3) << 16 | _at64(arr, p + 4) << 24
+    one = words.u8.take(p + 1, mode="clip").astype(np.int64)
+    four = words.at(4, p + 1).astype(np.int64)
     return np.where(op == _H, one, np.where(op == _J, four, -1))
 
 
-def _int_value(arr: U8, p: I64, op: I64) -> I64:
+def _int_value(words: _Words, p: I64, op: I64) -> I64:
     """Integers written as BININT1 / BININT2 / BININT / LONG1 (up to 8 bytes) at ``p``."""
-    n = _at64(arr, p + 1)
-    value = np.zeros(len(p), np.int64)
-    for k in range(8):
-        value |= np.where(k < n, _at64(arr, p + 2 + k), 0) << (8 * k)
-    negative = (n > 0) & (n < 8) & (_at(arr, p + 1 + n) >= 0x80)
-    value = np.where(negative, value - (np.int64(1) << (8 * n.clip(0, 7))), value)
-    small = _at64(arr, p + 1)
-    two = small | _at64(arr, p + 2) << 8
-    four = two | _at64(arr, p + 3) << 16 | _at64(arr, p + 4) << 24
-    four = four.astype(np.uint32).view(np.int32)
+    word = words.at(8, p + 1)  # the value's bytes after its opcode (and what follows)
+    small = (word & np.uint64(0xFF)).astype(np.int64)
+    two = (word & np.uint64(0xFFFF)).astype(np.int64)
+    four = (word & np.uint64(0xFFFF_FFFF)).astype(np.uint32).view(np.int32).astype(np.int64)
+    # LONG1: n bytes, two's complement; read 8 and keep n of them
+    n = small.clip(0, 8)
+    raw = words.at(8, p + 2)
+    short = n < 8
+    bits = (8 * n).astype(np.uint64)
+    mask = np.where(short, (np.uint64(1) << np.where(short, bits, 0)) - np.uint64(1), ~np.uint64(0))
+    value = (raw & mask).view(np.int64)
+    top = (value >> np.maximum(8 * n - 1, 0)) & 1  # the sign bit of an n-byte value
+    negative = short & (n > 0) & (top == 1)
+    value = np.where(negative, value - (np.int64(1) << np.where(short, 8 * n, 0)), value)
     return np.where(op == _K, small, np.where(op == _M, two, np.where(op == _BININT, four, value)))
 
 
@@ -80,11 +128,13 @@ def read_run(reader: _Reader, layout: _Layout, target: list[Any]) -> bool:
     if window - start < 64 or buf[start : start + len(prefix)] != prefix:
         return False
     arr = np.frombuffer(buf, np.uint8)
-    view = arr[start:window]
-    hit = view[: len(view) - len(prefix)] == prefix[0]
-    for j in range(1, len(prefix)):
-        hit &= view[j : len(view) - len(prefix) + j] == prefix[j]
-    cand = np.flatnonzero(hit).astype(np.int64) + start
+    words = _Words(arr)
+    # entry starts: one pass for the first byte, then the next four checked where it is
+    view = arr[start : window - len(prefix)]
+    cand = np.flatnonzero(view == prefix[0]).astype(np.int64) + start
+    cand = cand[words.at(4, cand + 1) == int.from_bytes(prefix[1:5], "little")]
+    for j in range(5, len(prefix)):
+        cand = cand[arr[cand + j] == prefix[j]]
     if len(cand) < _MIN_RUN:
         reader.bulk_span = max(reader.bulk_span // 2, _MIN_SPAN)
         return False
@@ -99,8 +149,7 @@ def read_run(reader: _Reader, layout: _Layout, target: list[Any]) -> bool:
     for n, key in enumerate(layout.keys):
         if n:
             ref = layout.refs[n]
-            for j, byte in enumerate(ref):
-                ok &= _at(arr, p + j) == byte
+            ok &= words.is_ref(p, ref)
             p = p + len(ref)
         op = _at(arr, p)
         if key in _INT_KEYS:
@@ -152,6 +201,7 @@ def read_run(reader: _Reader, layout: _Layout, target: list[Any]) -> bool:
     follows = np.append(cand[1:] == q[:-1], False)
     chained = ok & np.append(True, follows[:-1])
     if not chained[0] or cand[0] != start:
+        reader.bulk_span = _MIN_SPAN  # an irregular entry here: look less far next time
         return False
     run = int(np.argmin(chained)) if not chained.all() else len(cand)
     # frame lists seen for the first time: interned in order; one the reader cannot follow
@@ -189,7 +239,7 @@ def read_run(reader: _Reader, layout: _Layout, target: list[Any]) -> bool:
     refs = np.flatnonzero(kind == 0)
     if len(refs):
         p_f = fp[refs]
-        index = _ref_index(arr, p_f, _at(arr, p_f))
+        index = _ref_index(words, p_f, _at(arr, p_f))
         known = reader.slot_sid[np.minimum(index, len(reader.slot_sid) - 1)].astype(np.int64)
         known = np.where(index < len(reader.slot_sid), known, -2)
         stack[refs] = known
@@ -199,7 +249,7 @@ def read_run(reader: _Reader, layout: _Layout, target: list[Any]) -> bool:
     # the columns
     cols = reader.trace_columns(target)
     pa, oa = fields["action"]
-    action_ref = _ref_index(arr, pa[sl], oa[sl])
+    action_ref = _ref_index(words, pa[sl], oa[sl])
     uniq, inv = np.unique(action_ref, return_inverse=True)
     other = ACTION_CODE["other"]
     codes = np.asarray(
@@ -209,13 +259,13 @@ def read_run(reader: _Reader, layout: _Layout, target: list[Any]) -> bool:
     for key, column in (("addr", cols.addr), ("size", cols.size), ("time_us", cols.time_us)):
         if key in fields:
             pk, ok_ = fields[key]
-            column.frombytes(_int_value(arr, pk[sl], ok_[sl]).astype(np.int64).tobytes())
+            column.frombytes(_int_value(words, pk[sl], ok_[sl]).astype(np.int64).tobytes())
         else:
             column.frombytes(np.zeros(run, np.int64).tobytes())
     cols.stack.frombytes(stack.astype(np.int32).tobytes())
     if "user_metadata" in fields:
         pm, om = fields["user_metadata"]
-        meta_ref = _ref_index(arr, pm[sl], om[sl])  # -1: an inline empty string
+        meta_ref = _ref_index(words, pm[sl], om[sl])  # -1: an inline empty string
         uniq, inv = np.unique(meta_ref, return_inverse=True)
         ids = [0 if i < 0 else reader.meta_id(reader.get(int(i))) for i in uniq.tolist()]
         cols.meta.frombytes(np.asarray(ids, np.int32)[inv].tobytes())

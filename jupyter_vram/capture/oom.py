@@ -111,6 +111,7 @@ class OomWatch:
                 facts["allocator"] = cuda_allocator_state(self.device)
         facts["site"] = user_site(error.__traceback__)
         facts["optimizers"] = optimizer_types(self.namespace)
+        facts["leading_dims"] = leading_dims(self.namespace, self.device.type)
         return facts
 
 
@@ -144,6 +145,32 @@ def optimizer_types(namespace: Mapping[str, Any] | None) -> list[str]:
     except Exception:  # noqa: BLE001
         return []
     return sorted({type(opt).__name__ for opt in optimizers})
+
+
+def leading_dims(
+    namespace: Mapping[str, Any] | None, device_type: str, limit: int = 256
+) -> list[list[int]]:
+    """``[storage bytes, first dim]`` of the plain tensors the notebook names on the device
+    (not parameters): the post-mortem reads the batch size off the ones that were the run's
+    inputs (``analysis.oom``). Distinct pairs, at most ``limit``; never raises."""
+    try:
+        tensors, _, _ = reachable_objects(namespace)
+    except Exception:  # noqa: BLE001
+        return []
+    found: dict[tuple[int, int], None] = {}
+    for tensor in tensors:
+        if len(found) >= limit:
+            break
+        with contextlib.suppress(Exception):
+            if (
+                isinstance(tensor, torch.nn.Parameter)
+                or tensor.device.type != device_type
+                or tensor.layout != torch.strided
+                or tensor.dim() == 0
+            ):
+                continue
+            found[(int(tensor.untyped_storage().nbytes()), int(tensor.shape[0]))] = None
+    return [list(pair) for pair in found]
 
 
 def user_site(tb: TracebackType | None) -> list[Any] | None:

@@ -36,8 +36,11 @@ import sysconfig
 import threading
 import time
 import weakref
+from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from itertools import repeat
 from types import FrameType
 from typing import Any
 
@@ -49,6 +52,10 @@ from .distributed_roles import DistributedRoles
 from .stacks import FrameFilter, cell_name
 from .tagging import (
     ACTIVATION,
+    BUFFER,
+    GRADIENT,
+    OPTIMIZER_STATE,
+    PARAMETER,
     PHASE_BACKWARD,
     PHASE_FORWARD,
     PHASE_OPTIMIZER,
@@ -142,6 +149,22 @@ def held_by_variable(
     totals = [(name, sum(sizes.values())) for name, sizes in per_name.items()]
     totals = [t for t in totals if t[1] > 0 and not t[0].startswith("_")]
     return sorted(totals, key=lambda t: -t[1])[:top]
+
+
+NOT_READ = "not read: the run raised, and its caller discards the profile"
+_DISCARD_ON_ERROR: ContextVar[bool] = ContextVar("jv_discard_on_error", default=False)
+
+
+@contextlib.contextmanager
+def discarded_on_error() -> Iterator[None]:
+    """Recordings made inside are thrown away by the caller when the recorded code raises (a
+    rerun, whose Cancel is a kernel interrupt): stopping then skips reading the profiler's
+    events, so the interrupt ends the run in the time torch takes to stop its profiler."""
+    token = _DISCARD_ON_ERROR.set(True)
+    try:
+        yield
+    finally:
+        _DISCARD_ON_ERROR.reset(token)
 
 
 def profiler_busy() -> bool:
@@ -317,6 +340,11 @@ class ProfilerRecorder:
             self._watched.clear()  # dropping the weakrefs cancels their callbacks
         freed, self._freed = self._freed, {}
         notes, self._notes = self._notes, []
+        if error is not None and _DISCARD_ON_ERROR.get():
+            # nobody will look at this profile (a cancelled rerun): reading it would keep the
+            # kernel busy for seconds with Python stacks
+            self._warnings.append(NOT_READ)
+            events, notes, self._reads = (), [], []
         self._read(events)
         del events
         reads, self._reads = self._reads, []
@@ -324,8 +352,14 @@ class ProfilerRecorder:
         for read in reads:
             merged.events.extend(read.events)
         builder = self._builder
-        build_rows(
-            builder, merged, notes, freed, t0=self._t0, other_threads=bool(self._threads.names)
+        inferred = build_rows(
+            builder,
+            merged,
+            notes,
+            freed,
+            t0=self._t0,
+            threads_ran_from=self._threads.ran_from,
+            maps=self._threads.maps,
         )
         profile = builder.build(
             device=self.device,
@@ -338,6 +372,7 @@ class ProfilerRecorder:
                 "module_types": dict(self.tagger.module_types),
                 "held_before": [list(item) for item in self._held_before],
                 **({"other_threads": self._threads.names} if self._threads.names else {}),
+                **({"inferred_frees": inferred} if inferred else {}),
                 **({"warnings": self._warnings} if self._warnings else {}),
             },
         )
@@ -392,6 +427,7 @@ class ProfilerRecorder:
     # -- hooks (never raise) -----------------------------------------------------------------
 
     def _enter_module(self, module_id: int) -> None:
+        self._threads.sample_memory()
         session = self._session
         if (
             not session.ranges
@@ -553,6 +589,40 @@ class ReadState:
     seq_module: dict[int, int] = field(default_factory=dict)
 
 
+#: Our own functions the profiler's Python tracer sees between a module hook and the module
+#: range it opens (the tagger's hook, the recorder's callback; the session's ``enter`` opens
+#: it). Nothing else our hooks run allocates or runs an op, so reading the event tree skips
+#: it: with Python stacks that is most of the tree (a dozen Python and C calls per hook).
+_RANGE_PATH = frozenset({"_pre_forward", "_enter_module"})
+_CAPTURE_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep
+_PY_USER, _PY_OWN, _PY_PATH, _PY_OPENER = range(4)
+_OPENS = "<built-in method __enter__ of "  # the C call in ``enter`` that opens the range
+
+
+def _py_kind(extra: Any) -> int:
+    """Whose function a Python call event enters: the user's or a library's (``_PY_USER``), or
+    jupyter_vram's capture code (on the way to a module range, the range opener, or neither)."""
+    site = extra.callsite
+    file = site.file_name
+    base = os.path.basename(file)
+    if os.path.isabs(file):
+        own = os.path.realpath(file).startswith(_CAPTURE_DIR)
+    else:  # named relative to its sys.path entry
+        own = ("/" + file.replace(os.sep, "/")).endswith(f"/jupyter_vram/capture/{base}")
+        own = own and os.path.isfile(_CAPTURE_DIR + base)
+    if not own:
+        return _PY_USER
+    function = site.function_name
+    opener = ProfilerSession.enter.__code__
+    if (
+        function == opener.co_name
+        and base == os.path.basename(opener.co_filename)
+        and site.line_number == opener.co_firstlineno
+    ):
+        return _PY_OPENER
+    return _PY_PATH if function in _RANGE_PATH else _PY_OWN
+
+
 def read_events(
     roots: Sequence[Any],
     device_type: str,
@@ -569,32 +639,41 @@ def read_events(
     so a second pass sweeps through time with them: module and optimizer ranges, the module of
     each forward op's sequence number, and the phase (forward between a top-level module call
     and the next backward / optimizer step, which covers the loss computation).
-    """
-    from torch._C._profiler import _EventType
 
-    alloc_tag, op_tag, py_call = _EventType.Allocation, _EventType.TorchOp, _EventType.PyCall
-    py_tags = (py_call, _EventType.PyCCall)
+    Each node costs a few microseconds of Python (every attribute is a call into the
+    profiler's bindings; ``children`` alone is the most), so the walk reads as few as it can:
+    an event's kind comes from its ``extra_fields`` type, and the calls our own hooks make are
+    skipped but for the way to the module ranges they open.
+    """
+    from torch._C._profiler import (
+        _ExtraFields_Allocation,
+        _ExtraFields_PyCall,
+        _ExtraFields_PyCCall,
+        _ExtraFields_TorchOp,
+    )
+
     backward_scope = torch._C._profiler.RecordScope.BACKWARD_FUNCTION
     state = state if state is not None else ReadState()
     ops = state.ops
     allocs: list[tuple[AllocEvent, int]] = []  # report, forward seq of its backward op / -1
     points: list[tuple[int, int, int, int]] = []  # time, kind, value, end
-    # walk context: op, chain of Python calls, backward seq (-2: not in backward)
-    todo: list[tuple[Any, tuple[int, Any, int]]] = [(r, (0, None, -2)) for r in reversed(roots)]
+    py_kinds: dict[str, int] = {}  # a Python call event's name -> _py_kind
+    # walk context: op, chain of Python calls, backward seq (-2: not in backward), and where
+    # in our own code (0: not in it, else _PY_PATH or _PY_OPENER)
+    todo: list[tuple[Any, int, Any, int, int]] = [(r, 0, None, -2, 0) for r in reversed(roots)]
+    pop, push = todo.pop, todo.extend
     while todo:
-        event, ctx = todo.pop()
-        tag = event.tag
-        op, chain, bseq = ctx
-        if tag == alloc_tag:
-            extra = event.extra_fields
+        event, op, chain, bseq, ours = pop()
+        extra = event.extra_fields
+        kind = type(extra)
+        if kind is _ExtraFields_Allocation:
             if extra.device.type == device_type:
                 stack = stacks.resolve(chain) if stacks is not None else -1
                 t = event.start_time_ns
                 allocs.append((AllocEvent(t, extra.ptr, extra.alloc_size, op, 0, 0, stack), bseq))
             continue
-        if tag == op_tag:
+        if kind is _ExtraFields_TorchOp:
             name = event.name
-            extra = event.extra_fields
             if name.startswith(MODULE_RANGE):
                 mid = int(name[len(MODULE_RANGE) :])
                 points.append((event.start_time_ns, _OPEN_MODULE, mid, event.end_time_ns))
@@ -615,12 +694,27 @@ def read_events(
                         points.append((event.start_time_ns, _FORWARD_OP, seq, 0))
             elif extra.scope == backward_scope:
                 op = ops(name.rsplit("::", 1)[-1])
-        elif stacks is not None and tag in py_tags:
-            chain = (chain, event, tag != py_call)
+        elif kind is _ExtraFields_PyCall:
+            name = event.name
+            py = py_kinds.get(name)
+            if py is None:
+                py = py_kinds[name] = _py_kind(extra)
+            if py == _PY_OWN or (ours and py == _PY_USER):
+                continue  # our bookkeeping, and what it calls
+            if py != _PY_USER:
+                ours = py
+            elif stacks is not None:
+                chain = (chain, event, False)
+        elif kind is _ExtraFields_PyCCall:
+            if ours:
+                if ours != _PY_OPENER or not event.name.startswith(_OPENS):
+                    continue
+            elif stacks is not None:
+                chain = (chain, event, True)
         children = event.children
         if children:
-            inner = (op, chain, bseq)
-            todo.extend((c, inner) for c in reversed(children))
+            context = repeat(op), repeat(chain), repeat(bseq), repeat(ours)
+            push(zip(reversed(children), *context, strict=False))
     read = EventRead(ops=ops.names)
     read.events = _sweep(allocs, points, ops.index.get("ones_like", -1), state.seq_module)
     read.events.sort(key=_time_of)
@@ -708,81 +802,145 @@ def build_rows(
     freed: dict[int, int],
     *,
     t0: int,
-    other_threads: bool = False,
-) -> None:
-    """Turn allocator reports, role notes and release times into allocation rows.
-
-    ``other_threads``: other threads ran meanwhile, so memory first seen during the run that
-    no report covers was made there (the allocator reports only on the recording thread): it
-    starts when first seen, as ``(another thread)``, not as memory held before recording.
+    threads_ran_from: int | None = None,
+    maps: Sequence[MemoryMap] = (),
+) -> int:
+    """Turn allocator reports, role notes and release times into allocation rows; return how
+    many frees were inferred (made where the allocator does not report: another thread).
 
     Each report pairs with the live allocation at its address. Each note (time, address, size,
     category, module, storage key) goes to the allocation holding that address at that time,
-    or, when none does, to a baseline row for memory that existed before recording; baseline
-    memory is released when its storage died (``freed``) or the allocator reported its free.
+    or, when none does, to a row for memory no report covers. That memory was held before
+    recording (a baseline row) unless there is evidence that another thread made it during
+    the recording (an ``(another thread)`` row):
+
+    * the address: a report made during the recording, before the note, covered some of the
+      same bytes (an allocation, or a free of memory an earlier recording allocated), or a
+      memory map snapshot (``maps``) taken during the recording did not have them mapped, so
+      this memory came later; the row starts when those bytes were last seen not to be it;
+    * a thread: another thread is known to have run user code from ``threads_ran_from`` on
+      (see :class:`_ThreadWatch`), the note comes after that, and it is data (an input, an
+      activation, a tensor the cell keeps), not a model's parameters, buffers, gradients or
+      optimizer state, which come from before the cell unless their address says otherwise.
+      This is weaker evidence (data held before the cell that the namespace scan did not
+      reach looks the same), so the row starts with the recording, as memory held before
+      would: a wrong guess moves bytes out of "before the cell", never out of a peak.
+
+    Without either (no other thread, or only idle ones) the memory was there before the cell,
+    as it would be in a run alone. Baseline and other-thread rows end when their storage died
+    (``freed``), the allocator reported their free, or a later report reused their bytes.
+
+    The allocator reports a free only on the thread that makes it: memory allocated here and
+    freed on another thread (gloo's work threads free DDP buffers) would stay live to the end.
+    Such frees are inferred, each at the latest time the evidence allows: a later allocation
+    overlapping the block (the allocator reuses addresses) ends it just before; the death of
+    its noted storage (a weakref) ends it then; a noted storage of another thread over its
+    bytes ends it just before the note; a snapshot of the process's memory map (``maps``,
+    taken at the start, at module calls at most every 50 ms, and at the end) in which its
+    first byte is not mapped at all ends it then (memory still allocated is always mapped).
     """
     for name in read.ops[1:]:
         builder.ops(name)
     cpu = builder.devices("cpu")
-    # 1. allocations made while recording
+    # 1. allocations made while recording; ``starts`` orders the live blocks by address
     by_ptr: dict[int, list[tuple[int, int]]] = {}
-    live: dict[int, int] = {}
-    orphan_frees: dict[int, list[int]] = {}  # ptr -> times of frees nobody here allocated
+    live: dict[int, tuple[int, int]] = {}  # ptr -> (row, end address)
+    starts: list[int] = []
+    alloc_time: dict[int, int] = {}
+    reported: dict[int, int] = {}  # row -> time of its reported free
+    inferred: dict[int, int] = {}  # row -> time of a free the allocator did not report
+    evicted: dict[int, int] = {}  # row -> address, of blocks ended by a later one over them
+    blocks: list[tuple[int, int, int]] = []  # (address, end address, row)
+    orphans: list[tuple[int, int, int]] = []  # frees nobody here allocated: (address, end, time)
     recompute_end: dict[int, int] = {}
     free_phase: dict[int, int] = {}
-    timeline: list[tuple[int, int, int]] = []  # (time, 0 = alloc / 1 = free, row)
     for ev in read.events:
+        t = ev.time_ns
         if ev.size > 0:
-            previous = live.pop(ev.ptr, None)
-            if previous is not None:  # a free the allocator did not report
-                timeline.append((ev.time_ns, 1, previous))
+            stop_at = ev.ptr + ev.size
+            i = bisect.bisect_left(starts, stop_at)
+            while i > 0:  # live blocks never overlap: the ones further left end before
+                other = starts[i - 1]
+                held, other_end = live[other]
+                if other_end <= ev.ptr:
+                    break
+                del starts[i - 1], live[other]
+                inferred[held] = t - 1  # freed unseen before its bytes were handed out again
+                evicted[held] = other
+                i -= 1
             row = builder.add(
-                ev.size, 0, ev.time_ns - t0, cpu, ev.op, ev.module, ev.stack, ev.phase, TEMPORARY
+                ev.size, 0, t - t0, cpu, ev.op, ev.module, ev.stack, ev.phase, TEMPORARY
             )
-            live[ev.ptr] = row
-            by_ptr.setdefault(ev.ptr, []).append((ev.time_ns, row))
-            timeline.append((ev.time_ns, 0, row))
+            live[ev.ptr] = (row, stop_at)
+            bisect.insort(starts, ev.ptr)
+            alloc_time[row] = t
+            by_ptr.setdefault(ev.ptr, []).append((t, row))
+            blocks.append((ev.ptr, stop_at, row))
             if ev.recompute_end:
                 recompute_end[row] = ev.recompute_end
         elif ev.size < 0:
-            row_or_none = live.pop(ev.ptr, None)
-            if row_or_none is None:
-                orphan_frees.setdefault(ev.ptr, []).append(ev.time_ns)
+            held_or_none = live.pop(ev.ptr, None)
+            if held_or_none is None:
+                orphans.append((ev.ptr, ev.ptr - ev.size, t))
                 continue
-            timeline.append((ev.time_ns, 1, row_or_none))
-            free_phase[row_or_none] = ev.phase
-    free_time: dict[int, int] = {row: t for t, kind, row in timeline if kind == 1}
+            del starts[bisect.bisect_left(starts, ev.ptr)]
+            reported[held_or_none[0]] = t
+            free_phase[held_or_none[0]] = ev.phase
+    free_time: dict[int, int] = {**inferred, **reported}
+    space = _Space(blocks, orphans, alloc_time, free_time)
     # 2. roles
-    baseline: dict[int, int] = {}  # storage key -> baseline row
+    baseline: dict[int, int] = {}  # storage key -> its row (before recording / elsewhere)
+    unreported: dict[int, tuple[int, int, int]] = {}  # that row -> (key, ptr, last note)
     for t, ptr, size, category, module, key in notes:
-        holder = _holder(by_ptr.get(ptr), t, free_time)
-        if holder is not None:
-            row = holder
+        row_or_none = _holder(by_ptr.get(ptr), t, free_time)
+        if row_or_none is None:
+            row_or_none = space.inside(ptr, size, t)  # a storage over part of a block's bytes
+        if row_or_none is not None:
+            row = row_or_none
+            died = freed.get(key)
+            if (
+                row not in reported
+                and died is not None
+                and died >= t - _TOLERANCE_NS
+                and died < free_time.get(row, sys.maxsize)
+                and builder.size[row] == size
+            ):
+                free_time[row] = inferred[row] = died  # its last reference went elsewhere
+        elif key in baseline:
+            row = baseline[key]
+            unreported[row] = (key, ptr, t)
         else:
-            known = baseline.get(key)
-            if known is not None:
-                row = known
-            elif other_threads and t > t0:
-                row = builder.add(size, 0, t - t0, cpu, builder.ops(ELSEWHERE_OP), 0, -1, 0, OTHER)
-                baseline[key] = row
-                timeline.append((t, 0, row))
-                released = _baseline_release(key, ptr, t, freed, orphan_frees)
-                if released is not None:
-                    timeline.append((released, 1, row))
-                    free_time[row] = released
+            made = None
+            if t > t0:
+                for other in space.live_at(ptr, size, t):
+                    if other not in reported:  # its bytes are this storage's now
+                        free_time[other] = inferred[other] = t - 1
+                made = _made_after(space.gone_before(ptr, size, t, t0), maps, ptr, t, t0)
+                if (
+                    made is None
+                    and threads_ran_from is not None
+                    and t >= threads_ran_from
+                    and category not in _MODEL_STATE
+                ):
+                    made = t0
+            if made is not None:
+                row = builder.add(size, 0, made - t0, cpu, builder.ops(ELSEWHERE_OP), 0, -1, 0, 0)
+                alloc_time[row] = made
             else:
-                row = builder.add(size, -1, 0, cpu, builder.ops(BASELINE_OP), 0, -1, 0, OTHER)
-                baseline[key] = row
-                released = _baseline_release(key, ptr, t, freed, orphan_frees)
-                if released is not None:
-                    timeline.append((released, 1, row))
-                    free_time[row] = released
+                row = builder.add(size, -1, 0, cpu, builder.ops(BASELINE_OP), 0, -1, 0, 0)
+            builder.category[row] = OTHER
+            baseline[key] = row
+            unreported[row] = (key, ptr, t)
         builder.promote(row, category)
         if module and not builder.module[row]:
             builder.module[row] = module
+    for row, (key, ptr, noted) in unreported.items():
+        released = _release(key, ptr, builder.size[row], noted, freed, space)
+        if released is not None:
+            free_time[row] = released
     # 3. what the roles cannot say: kept across a recompute, or saved outside module calls
-    for row, end in recompute_end.items():
-        if builder.category[row] == TEMPORARY and free_time.get(row, sys.maxsize) > end:
+    for row, until in recompute_end.items():
+        if builder.category[row] == TEMPORARY and free_time.get(row, sys.maxsize) > until:
             builder.category[row] = ACTIVATION
     for row, phase in free_phase.items():
         if (
@@ -793,13 +951,24 @@ def build_rows(
             # kept from forward until backward released it: saved for backward where our
             # saved-tensor hooks were not on (the loss, outside any module call)
             builder.category[row] = ACTIVATION
-    # 4. one sequence over every alloc and free
+    # 4. unmapped while we still thought it held
+    if maps:
+        last = maps[-1]
+        for ptr, row, since in _unreported_blocks(live, evicted, unreported, alloc_time):
+            if row in inferred or not last.holds(ptr):
+                gone = _unmapped_by(maps, ptr, since, free_time.get(row, sys.maxsize))
+                if gone is not None:
+                    free_time[row] = inferred[row] = gone
+    # 5. one sequence over every alloc and free
+    timeline = [(t, 0, row) for row, t in alloc_time.items()]
+    timeline.extend((t, 1, row) for row, t in free_time.items())
     timeline.sort()
     for seq, (t, kind, row) in enumerate(timeline):
         if kind == 0:
             builder.alloc_seq[row] = seq
         else:
             builder.free(row, seq, max(0, t - t0))
+    return sum(1 for row in inferred if row not in reported)
 
 
 def _holder(allocs: list[tuple[int, int]] | None, t: int, free_time: dict[int, int]) -> int | None:
@@ -817,74 +986,231 @@ def _holder(allocs: list[tuple[int, int]] | None, t: int, free_time: dict[int, i
     return None
 
 
-def _baseline_release(
-    key: int, ptr: int, noted: int, freed: dict[int, int], orphan_frees: dict[int, list[int]]
+#: Roles of a model's own memory: a thread having run is no evidence about these.
+_MODEL_STATE = frozenset({PARAMETER, BUFFER, GRADIENT, OPTIMIZER_STATE})
+
+
+class _Space:
+    """A recording's reported blocks and orphan frees (frees of memory an earlier recording
+    allocated, still in the allocator's table), searchable by address range."""
+
+    def __init__(
+        self,
+        blocks: list[tuple[int, int, int]],
+        orphans: list[tuple[int, int, int]],
+        alloc_time: dict[int, int],
+        free_time: dict[int, int],
+    ) -> None:
+        self._blocks = sorted(blocks)
+        self._block_starts = [b[0] for b in self._blocks]
+        self._block_span = max((b[1] - b[0] for b in blocks), default=0)
+        self._orphans = sorted(orphans)
+        self._orphan_starts = [o[0] for o in self._orphans]
+        self._orphan_span = max((o[1] - o[0] for o in orphans), default=0)
+        self._alloc_time = alloc_time
+        self._free_time = free_time
+
+    @staticmethod
+    def _over(
+        items: list[tuple[int, int, int]], starts: list[int], span: int, ptr: int, size: int
+    ) -> list[tuple[int, int, int]]:
+        lo = bisect.bisect_right(starts, ptr - span)
+        hi = bisect.bisect_left(starts, ptr + size)
+        return [item for item in items[lo:hi] if item[1] > ptr]
+
+    def _blocks_over(self, ptr: int, size: int) -> list[tuple[int, int, int]]:
+        return self._over(self._blocks, self._block_starts, self._block_span, ptr, size)
+
+    def _alive(self, row: int, t: int) -> bool:
+        return (
+            self._alloc_time[row] < t - _TOLERANCE_NS and self._free_time.get(row, sys.maxsize) >= t
+        )
+
+    def inside(self, ptr: int, size: int, t: int) -> int | None:
+        """A block alive at ``t`` whose bytes hold all of these (a storage made over part of
+        another's memory, as ``from_blob`` does)."""
+        for start, stop, row in self._blocks_over(ptr, size):
+            if start <= ptr and ptr + size <= stop and self._alive(row, t):
+                return row
+        return None
+
+    def live_at(self, ptr: int, size: int, t: int) -> list[int]:
+        """Blocks over some of these bytes that were allocated before ``t`` and not freed."""
+        return [row for _, _, row in self._blocks_over(ptr, size) if self._alive(row, t)]
+
+    def gone_before(self, ptr: int, size: int, t: int, t0: int) -> int | None:
+        """The latest time in the recording before ``t`` that these bytes were seen to be free
+        or another block's (None: never), so memory noted over them at ``t`` came after."""
+        limit = t - _TOLERANCE_NS
+        times = [
+            min(self._free_time.get(row, t), t)
+            for _, _, row in self._blocks_over(ptr, size)
+            if t0 <= self._alloc_time[row] <= limit
+        ]
+        orphans = self._over(self._orphans, self._orphan_starts, self._orphan_span, ptr, size)
+        times.extend(when for _, _, when in orphans if t0 <= when <= limit)
+        return max(times) if times else None
+
+    def reused_after(self, ptr: int, size: int, t: int) -> int | None:
+        """The first allocation over some of these bytes after ``t`` (they were free by then)."""
+        times = [
+            self._alloc_time[row]
+            for _, _, row in self._blocks_over(ptr, size)
+            if self._alloc_time[row] > t + _TOLERANCE_NS
+        ]
+        return min(times) if times else None
+
+    def orphan_free(self, ptr: int, t: int) -> int | None:
+        """The first free of memory at ``ptr`` allocated under an earlier recording."""
+        i = bisect.bisect_left(self._orphan_starts, ptr)
+        times = []
+        while i < len(self._orphans) and self._orphans[i][0] == ptr:
+            if self._orphans[i][2] >= t - _TOLERANCE_NS:
+                times.append(self._orphans[i][2])
+            i += 1
+        return min(times) if times else None
+
+
+def _release(
+    key: int, ptr: int, size: int, noted: int, freed: dict[int, int], space: _Space
 ) -> int | None:
-    """When baseline memory went: its storage's death, or an allocator free at its address
-    (memory allocated under an earlier recording is still known to the allocator's table)."""
-    candidates = [t for t in orphan_frees.get(ptr, ()) if t >= noted - _TOLERANCE_NS]
+    """When memory no report allocated went (last noted alive at ``noted``): its storage's
+    death, an allocator free at its address (memory allocated under an earlier recording is
+    still known to the allocator's table), or just before a report reused its bytes."""
+    candidates = []
+    orphan = space.orphan_free(ptr, noted)
+    if orphan is not None:
+        candidates.append(orphan)
     if key in freed:
         candidates.append(freed[key])
+    reused = space.reused_after(ptr, size, noted)
+    if reused is not None:
+        candidates.append(reused - 1)
     return min(candidates) if candidates else None
 
 
 # -- process-wide switches, always restored ------------------------------------------------------
 
 
+_MAP_EVERY_NS = 50_000_000
+_MAX_MAPS = 2_000
+
+
 class _ThreadWatch:
-    """Which other threads ran Python code during the recording.
+    """Which other threads ran user code during the recording, and from when.
 
     The CPU allocator reports to the profiler only on the recording thread, so memory that
     other threads allocate (a DataLoader's or a ThreadPoolExecutor's workers, a background
-    training loop) is not in the profile: the profile says so, naming them. Threads started
-    during the recording are caught by a one-shot profile hook (it removes itself at the
-    thread's first Python call); threads already running are caught at the end when their
-    current frame is in torch or the user's code, not idle in the standard library.
+    training loop) is not in the profile: the profile says so, naming them. A thread counts
+    only when it ran: one started during the recording from its first call into user code
+    (a profile hook on new threads, removed there); one already running when it used CPU
+    time meanwhile and was in user code at the start or the end. An idle thread (blocked on
+    a pipe or a lock) made nothing, so it changes nothing in the profile.
     """
 
     def __init__(self) -> None:
         self.names: list[str] = []
-        self._started: set[str] = set()
-        self._before: set[int] = set()
+        #: the earliest time another thread is known to have run user code (None: none did)
+        self.ran_from: int | None = None
+        #: snapshots of the memory map: what another thread freed is unmapped in the next one
+        self.maps: list[MemoryMap] = []
+        self._next_map = 0
+        self._started: dict[str, int] = {}
+        self._before: dict[int, tuple[int | None, bool]] = {}  # ident -> (CPU ns, user code)
         self._previous: Any = None
         self._on = False
         self._me = 0
+        self._t_start = 0
+        self._user: dict[Any, bool] = {}
 
     def start(self) -> None:
         self._me = threading.get_ident()
-        self._before = {t.ident for t in threading.enumerate() if t.ident is not None}
+        self._t_start = time.time_ns()
+        self.maps = []
+        self.sample_memory(last=True)
+        self._next_map = time.monotonic_ns() + _MAP_EVERY_NS  # a first read can be slow
+        with contextlib.suppress(Exception):
+            self._before = self._census()
         self._previous = threading.getprofile()
-        threading.setprofile(self._first_call)
+        threading.setprofile(self._watch_new)
         self._on = True
 
-    def _first_call(self, frame: Any, event: str, arg: Any) -> None:
-        with contextlib.suppress(Exception):
-            self._started.add(threading.current_thread().name)
+    def _census(self) -> dict[int, tuple[int | None, bool]]:
+        found: dict[int, tuple[int | None, bool]] = {}
+        frames = sys._current_frames()
+        try:
+            for thread in threading.enumerate():
+                ident = thread.ident
+                if ident is None or ident == self._me:
+                    continue
+                found[ident] = (_cpu_ns(thread.native_id), _running_user_code(frames.get(ident)))
+        finally:
+            # this function's own frame is among them: holding it in a local would make
+            # a cycle that keeps the caller's locals (the cell's value) alive until a gc
+            frames.clear()
+            del frames
+        return found
+
+    def _watch_new(self, frame: Any, event: str, arg: Any) -> None:
+        """Profile hook of threads started while recording, until they call user code."""
+        try:
+            if event != "call" and self._on:
+                return
+            if self._on:
+                code = frame.f_code
+                user = self._user.get(code)
+                if user is None:
+                    user = self._user[code] = _user_file(code.co_filename)
+                if not user:
+                    return
+                self._started.setdefault(threading.current_thread().name, time.time_ns())
+        except Exception:  # noqa: BLE001 - never raise from a hook
+            pass
         sys.setprofile(self._previous)
+
+    def sample_memory(self, *, last: bool = False) -> None:
+        """Snapshot the memory map, at most every ``_MAP_EVERY_NS`` (or 20 times what the
+        last one took: at most 5 % of the time) and ``_MAX_MAPS`` times a recording;
+        ``last``: the first and the last one, always. Never raises."""
+        began = time.monotonic_ns()
+        if not last and (began < self._next_map or len(self.maps) >= _MAX_MAPS):
+            return
+        with contextlib.suppress(Exception):
+            snapshot = MemoryMap.now()
+            if snapshot is not None:
+                self.maps.append(snapshot)
+        self._next_map = began + max(_MAP_EVERY_NS, 20 * (time.monotonic_ns() - began))
 
     def stop(self) -> None:
         if not self._on:
             return
         self._on = False
         threading.setprofile(self._previous)
-        busy = set(self._started)
+        self.sample_memory(last=True)
+        ran = dict(self._started)
         with contextlib.suppress(Exception):
-            threads = {t.ident: t.name for t in threading.enumerate()}
-            frames = sys._current_frames()
-            try:
-                for ident in list(frames):
-                    if (
-                        ident != self._me
-                        and ident in self._before
-                        and _running_user_code(frames[ident])
-                    ):
-                        busy.add(threads.get(ident, str(ident)))
-            finally:
-                # this function's own frame is among them: holding it in a local would make
-                # a cycle that keeps the caller's locals (the cell's value) alive until a gc
-                frames.clear()
-                del frames
-        self.names = sorted(busy)
+            after = self._census()
+            for thread in threading.enumerate():
+                ident = thread.ident
+                if ident not in self._before or ident not in after:
+                    continue
+                cpu_before, user_before = self._before[ident]
+                cpu_after, user_after = after[ident]
+                used_cpu = cpu_before is None or cpu_after is None or cpu_after > cpu_before
+                if used_cpu and (user_before or user_after):
+                    ran.setdefault(thread.name, self._t_start)
+        self.names = sorted(ran)
+        self.ran_from = min(ran.values()) if ran else None
+
+
+def _cpu_ns(native_id: int | None) -> int | None:
+    """CPU time a thread has used (Linux; None elsewhere or when it has ended)."""
+    if native_id is None or not sys.platform.startswith("linux"):
+        return None
+    try:
+        return time.clock_gettime_ns(((~native_id) << 3) | 6)  # the thread's CPUCLOCK_SCHED
+    except (OSError, OverflowError, ValueError):
+        return None
 
 
 _LIBRARY_DIRS = tuple(
@@ -895,24 +1221,111 @@ _LIBRARY_DIRS = tuple(
 #: jupyter_vram's own files: its helper threads (the estimator's pipe readers, ...) make no
 #: tensors, wherever the package is installed
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
+_TORCH_DIR = os.path.dirname(os.path.realpath(torch.__file__)) + os.sep
+
+
+def _user_file(filename: str) -> bool:
+    """Code of the user's (a notebook cell, a script, ``exec``'d text) or torch's, not the
+    Python installation's libraries or jupyter_vram's own."""
+    if filename.startswith("<"):
+        return not filename.startswith("<frozen")
+    path = os.path.realpath(filename)
+    if path.startswith(_OWN_DIR):
+        return False
+    return path.startswith(_TORCH_DIR) or not path.startswith(_LIBRARY_DIRS)
 
 
 def _running_user_code(frame: Any, depth: int = 8) -> bool:
     """A thread's innermost frames include torch or code outside the Python installation
     (jupyter_vram's own helper threads excepted)."""
-    torch_dir = os.path.dirname(torch.__file__) + os.sep
     for _ in range(depth):
         if frame is None:
             return False
-        filename = os.path.realpath(frame.f_code.co_filename)
-        if filename.startswith(_OWN_DIR):
+        filename = frame.f_code.co_filename
+        if os.path.realpath(filename).startswith(_OWN_DIR):
             return False
-        if filename.startswith(torch_dir) or not (
-            filename.startswith(_LIBRARY_DIRS) or filename.startswith("<")
-        ):
+        if _user_file(filename) and not filename.startswith("<"):
             return True
         frame = frame.f_back
     return False
+
+
+@dataclass
+class MemoryMap:
+    """Which addresses the process had mapped at one moment (Linux's /proc/self/maps, read
+    between ``before`` and ``after``), as sorted ranges with touching ones merged. Memory
+    still allocated is always mapped, whatever maps it (malloc, a file, a driver)."""
+
+    before: int
+    after: int
+    lows: array[int]
+    highs: array[int]
+
+    @classmethod
+    def now(cls) -> MemoryMap | None:
+        before = time.time_ns()
+        lows: array[int] = array("Q")
+        highs: array[int] = array("Q")
+        try:
+            with open("/proc/self/maps", "rb") as maps:
+                data = maps.read()
+            for line in data.splitlines():
+                low, _, rest = line.partition(b"-")
+                start, end = int(low, 16), int(rest.split(None, 1)[0], 16)
+                if highs and start <= highs[-1]:
+                    highs[-1] = max(highs[-1], end)
+                else:
+                    lows.append(start)
+                    highs.append(end)
+        except (OSError, ValueError, IndexError):
+            return None
+        return cls(before, time.time_ns(), lows, highs)
+
+    def holds(self, ptr: int) -> bool:
+        i = bisect.bisect_right(self.lows, ptr) - 1
+        return i >= 0 and ptr < self.highs[i]
+
+
+def _unreported_blocks(
+    live: dict[int, tuple[int, int]],
+    evicted: dict[int, int],
+    unreported: dict[int, tuple[int, int, int]],
+    alloc_time: dict[int, int],
+) -> Iterator[tuple[int, int, int]]:
+    """(address, row, alive at) of the memory whose free no report gave: blocks still open,
+    blocks a later one reused the bytes of, and rows for memory no report allocated."""
+    for ptr, (row, _) in live.items():
+        yield ptr, row, alloc_time[row]
+    for row, ptr in evicted.items():
+        yield ptr, row, alloc_time[row]
+    for row, (_, ptr, noted) in unreported.items():
+        yield ptr, row, noted
+
+
+def _made_after(
+    gone: int | None, maps: Sequence[MemoryMap], ptr: int, t: int, t0: int
+) -> int | None:
+    """The earliest time memory noted at ``t`` can have been made, from the reports (bytes
+    seen free or another block's at ``gone``) and the memory maps (an address unmapped in a
+    snapshot during the recording); None: nothing says it came after the start."""
+    made = None if gone is None else gone + 1
+    for snapshot in maps:
+        if snapshot.before > t - _TOLERANCE_NS:
+            break
+        if snapshot.before >= t0 and not snapshot.holds(ptr):
+            made = max(made or 0, snapshot.before)
+    return made
+
+
+def _unmapped_by(maps: Sequence[MemoryMap], ptr: int, since: int, until: int) -> int | None:
+    """The first snapshot after ``since`` and before ``until`` with ``ptr`` unmapped."""
+    i = bisect.bisect_right([m.before for m in maps], since + _TOLERANCE_NS)
+    for snapshot in maps[i:]:
+        if snapshot.after >= until:
+            return None
+        if not snapshot.holds(ptr):
+            return snapshot.after
+    return None
 
 
 class _LogLevel:

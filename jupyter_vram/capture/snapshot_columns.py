@@ -188,6 +188,17 @@ def _first_after(group_end: IntArray, targets: npt.NDArray[np.bool_], at: IntArr
     return np.where(after < group_end[at], after, -1)
 
 
+def _round_sizes(requests: IntArray, divisions: Sequence[int]) -> IntArray:
+    """:func:`.cuda_allocator.round_size` of each request: the default 512-byte rounding with
+    array operations; the requests ``roundup_power2_divisions`` may change, one at a time."""
+    size = np.maximum((requests + 511) // 512 * 512, 512).astype(np.int64)
+    if any(int(d) > 1 for d in divisions):
+        special = np.flatnonzero(requests > 512)
+        uniq, inv = np.unique(requests[special], return_inverse=True)
+        size[special] = np.asarray([round_size(int(r), divisions) for r in uniq], np.int64)[inv]
+    return size
+
+
 def profile_from_columns(
     cols: TraceColumns, snapshot: Mapping[str, Any], device_index: int
 ) -> Profile:
@@ -267,8 +278,7 @@ def profile_from_columns(
     free_ns = np.where(free_pos >= 0, ns(free_at), -1)
     alloc_ns = np.where(is_alloc[rows], ns(src), 0)  # as the converter: 0 before the trace
     del free_at, order
-    uniq, inv = np.unique(req[src], return_inverse=True)
-    size = np.asarray([round_size(int(s), divisions) for s in uniq], np.int64)[inv]
+    size = _round_sizes(req[src], divisions)
     row_addr = addr[src]
     row_stack = stack_of[src]
     stack_slot = np.where(row_stack >= 0, row_stack, len(cols.stacks))

@@ -180,6 +180,19 @@ class TensorSlots:
             else:
                 getattr(slot.owner, slot.table)[slot.name] = value
 
+    def holding(self) -> list[torch.Tensor | None]:
+        """What each slot holds now (a run may have replaced or dropped a tensor)."""
+        return [
+            vars(slot.owner).get(slot.name)
+            if slot.table is None
+            else getattr(slot.owner, slot.table).get(slot.name)
+            for slot in self._slots
+        ]
+
+    def slot_descriptors(self) -> list[TensorDescriptor]:
+        """The descriptor of each slot, in the order of :meth:`holding`."""
+        return [slot.descriptor for slot in self._slots]
+
     def descriptors(self) -> list[TensorDescriptor]:
         """One descriptor per distinct tensor."""
         return list({slot.descriptor.key: slot.descriptor for slot in self._slots}.values())

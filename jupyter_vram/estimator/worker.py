@@ -10,6 +10,7 @@ from stdin (``{"settings": {...}, "batch_size": N, "out": PATH}``; ``{"quit": tr
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import os
@@ -19,7 +20,9 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -78,6 +81,7 @@ class Simulator:
         # learned from this model's first full warm-up step (see _warm_up)
         self._forward_keeps_nothing = False
         self._stateful_params: frozenset[int] = frozenset()
+        self._kept: _Kept | None = None  # the last run's fake tensors, when reusable
 
     def run(self, settings: StepSettings, batch_size: int | None) -> Profile:
         """Record one steady-state step (after a warm-up step) on fake tensors."""
@@ -87,7 +91,7 @@ class Simulator:
 
         batch = self.batch.with_batch_size(batch_size) if batch_size else self.batch
         cast = parse_dtype(settings.dtype) if settings.dtype else None
-        mode = fake_mode()
+        mode, optimizer = self._take_kept(settings)
 
         def fake(descriptor: TensorDescriptor) -> torch.Tensor:
             is_float = descriptor.dtype.is_floating_point
@@ -100,12 +104,15 @@ class Simulator:
                 return nn.Parameter(tensor, requires_grad=descriptor.requires_grad)
             return tensor
 
-        self.slots.fill(fake)  # before checkpointing: it looks for blocks by their parameters
+        if mode is None:  # before checkpointing: it looks for blocks by their parameters
+            mode = fake_mode()
+            self.slots.fill(fake)
         try:
             undo = enable_checkpointing(self.model) if settings.checkpoint else None
         except BaseException:
             self.slots.clear()
             raise
+        keep: _Kept | None = None
         position_checks = check_positions(self.model)
         lazy_state = _attribute_tensors(self.model)
         started = time.perf_counter()
@@ -118,24 +125,33 @@ class Simulator:
             )
             with mode, rnn_workspaces(settings.target_type), attention:
                 args, kwargs = batch.build(FAKE_RUN_DEVICE, float_dtype(settings, self.model))
-                optimizer = make_optimizer(settings, self.model, self.job.optimizer_factory)
-                if not settings.inference:
-                    # optimizer state (and any lazy state) exist, as in a second step
-                    self._warm_up(optimizer, args, kwargs, settings)
+                if optimizer is None:  # else the state a warm-up makes exists (see _Kept)
+                    optimizer = make_optimizer(settings, self.model, self.job.optimizer_factory)
+                    if not settings.inference:
+                        # optimizer state (and any lazy state) exist, as in a second step
+                        self._warm_up(optimizer, args, kwargs, settings)
+                before = self._steady_state(optimizer)
                 with record(device="meta", stacks=settings.stacks) as rec:
                     watch = AccumulationWatch(cast_recorder(rec.recorder))
                     self._step(optimizer, args, kwargs, settings, watch.around_backward)
                 host_counters = _step_counters(optimizer, host_only=True)
                 all_counters = _step_counters(optimizer, host_only=False)
                 state_itemsizes = _state_itemsizes(optimizer)
-                del args, kwargs, optimizer
+                del args, kwargs
+                steady = before is not None and self._steady_state(optimizer) == before
+                if self._unchanged(cast):
+                    keep = _Kept(settings.dtype, _reuse_key(settings), mode,
+                                 optimizer if steady else None)  # fmt: skip
+                del optimizer
         finally:
             for handle in position_checks:
                 handle.remove()
             _restore_attribute_tensors(self.model, lazy_state)
-            self.slots.clear()
+            if keep is None:
+                self.slots.clear()
             if undo is not None:
                 undo()
+        self._kept = keep
         info = {
             "settings": settings.to_dict(),
             "batch_size": batch.batch_size,
@@ -156,6 +172,74 @@ class Simulator:
         raw, sums = accumulate_in_place(rec.profile, watch.segments, watch.sums)
         info["in_place_sums"] = sums
         return finish_profile(raw, settings, info)
+
+    def _take_kept(self, settings: StepSettings) -> tuple[Any, Any]:
+        """The last run's fake mode (its fake parameters stay in the model) and optimizer, where
+        this run may start from them; None for what it makes itself."""
+        kept, self._kept = self._kept, None
+        if kept is None:
+            return None, None
+        if kept.optimizer is not None and kept.state_key == _reuse_key(settings):
+            return kept.mode, kept.optimizer
+        mode = kept.mode if kept.dtype == settings.dtype else None
+        # the old optimizer and its state must be gone before the recording starts (a fresh
+        # process never had them); they are, unless they sit in a reference cycle
+        gone = weakref.ref(kept.optimizer) if kept.optimizer is not None else None
+        del kept
+        if gone is not None and gone() is not None:
+            gc.collect()
+        return mode, None
+
+    def _unchanged(self, cast: torch.dtype | None) -> bool:
+        """Whether the model's slots still hold what this run put there, as it put it (no
+        gradient left, no tensor replaced, untied, reshaped or retyped), so that a later run
+        may use them instead of making the same again."""
+        seen: dict[int, int] = {}
+        for descriptor, tensor in zip(self.slots.slot_descriptors(), self.slots.holding(),
+                                      strict=True):  # fmt: skip
+            if tensor is None or tensor.grad is not None:
+                return False
+            if seen.setdefault(descriptor.key, id(tensor)) != id(tensor):
+                return False
+            is_float = descriptor.dtype.is_floating_point
+            dtype = cast if cast is not None and is_float else descriptor.dtype
+            if (
+                tuple(tensor.shape) != tuple(descriptor.shape)
+                or tensor.stride() != tuple(descriptor.stride)
+                or tensor.storage_offset() != 0
+                or tensor.dtype != dtype
+                or isinstance(tensor, nn.Parameter) != descriptor.parameter
+                or (descriptor.parameter and tensor.requires_grad != descriptor.requires_grad)
+            ):
+                return False
+        return True
+
+    def _steady_state(self, optimizer: Any) -> tuple[Any, ...] | None:
+        """What a later run needs from this one to skip its own warm-up, or None if it cannot:
+        the model's tensors (the same objects, no gradient left) and the optimizer's state,
+        described by shapes and plain values.
+
+        A run that leaves this unchanged (compared before and after its recorded step) ends
+        as it started, so the next run may start from it instead of from a fresh warm-up.
+        That needs the shortcut's conditions (see :meth:`_warm_up`): a forward that leaves
+        nothing behind, and an optimizer with state.
+        """
+        if optimizer is None or not self._forward_keeps_nothing or not self._stateful_params:
+            return None
+        tensors = self.slots.holding()
+        if any(t is None or t.grad is not None for t in tensors):
+            return None
+        groups = []
+        for group in optimizer.param_groups:
+            params = []
+            for param in group["params"]:
+                state = optimizer.state.get(param, {})
+                items = tuple(sorted((str(k), _describe_value(v)) for k, v in state.items()))
+                params.append((id(param), items))
+            others = tuple(sorted((str(k), _describe_value(v)) for k, v in group.items()
+                                  if k != "params"))  # fmt: skip
+            groups.append((tuple(params), others))
+        return (tuple(id(t) for t in tensors), tuple(groups), len(optimizer.state))
 
     def _warm_up(self, optimizer: Any, args: Any, kwargs: Any, settings: StepSettings) -> None:
         """Bring the model to its steady state: optimizer state exists, lazy state too.
@@ -210,6 +294,42 @@ class Simulator:
                 optimizer_context=scalars_read_as_one,
                 backward_context=backward_context,
             )
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """A finished run's fake parameters (left in the model), fake mode and optimizer.
+
+    The next run with the same ``dtype`` uses the parameters instead of making new ones (they
+    are what it would make: ``Simulator._unchanged``); with the same :func:`_reuse_key` too,
+    it also skips making an optimizer and stepping it once (its warm-up): the recorded step
+    ended where it started (``Simulator._steady_state``), so the state is the one a warm-up
+    makes. On a 7B model this saves the optimizer's warm-up step over every parameter.
+    """
+
+    dtype: str | None
+    state_key: tuple[Any, ...]
+    mode: Any  # the FakeTensorMode the tensors belong to (fake tensors never mix modes)
+    optimizer: Any  # None: only the parameters are reusable
+
+
+def _reuse_key(settings: StepSettings) -> tuple[Any, ...]:
+    """The settings that decide the parameters and the optimizer state (the batch, AMP,
+    stacks and the attention kernel do not)."""
+    return (settings.dtype, settings.optimizer, settings.inference, settings.target_type,
+            settings.checkpoint)  # fmt: skip
+
+
+def _describe_value(value: Any) -> Any:
+    """A state entry by what decides memory: a tensor's layout, or a plain value itself."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.stride(), value.dtype, value.device,
+                value.untyped_storage().nbytes(), value.requires_grad)  # fmt: skip
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, tuple(_describe_value(v) for v in value))
+    return ("object", id(value))
 
 
 _AttributeState = dict[int, tuple[nn.Module, dict[str, Any], set[str]]]

@@ -48,10 +48,11 @@ x = torch.randn(512, 64)
 pause = 0.0  # seconds the cell keeps busy after its step (a long rerun, to cancel)
 """
 
-# Without Python stacks: under the torch profiler's Python tracer (stacks on) a kernel
-# interrupt is only acted on when the traced code returns, so the cancel below would wait for
-# the whole 60 s (measured: a %%vram busy loop interrupted after 2 s stops at 9.6 s with stacks,
-# 2.3 s without). The rerun keeps the first run's setting.
+# Without Python stacks: with stacks the torch profiler traces every Python and C call, and
+# stopping it post-processes each one in torch, so the Cancel below would wait seconds per
+# second of the busy loop (a 1 s loop interrupted on a loaded machine: 8 s, all of it torch's
+# stop; the interrupt itself reaches the cell at once, and a cancelled rerun reads none of the
+# events). The rerun keeps the first run's setting.
 RECORD = """\
 %%vram --no-stacks
 loss = model(x).square().mean()
