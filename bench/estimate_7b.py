@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         f"| calling process peak RSS | {self_rss:.2f} GB | |",
         f"| peak allocated | {_gib(est.peak_bytes)} | |",
         f"| predicted max reserved | {_gib(est.reserved_bytes)} | |",
-        f"| device used (reserved + runtime) | {_gib(est.device_used_bytes)} | |",
+        f"| device used (reserved + runtime) | {_gib(est.predicted_device_bytes)} | |",
         f"| events recorded | {est.profile.event_count:,} | |",
         "",
         "Peak breakdown: " + ", ".join(f"{k} {_gib(v)}" for k, v in peak.items() if v) + ".",

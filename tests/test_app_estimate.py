@@ -55,7 +55,7 @@ def test_header_says_estimate_and_tabs_work(est: Estimate) -> None:
     assert BADGE in head
     assert format_bytes(est.peak_bytes) in head
     assert format_bytes(est.reserved_bytes) in head  # CUDA target: predicted reserved ...
-    assert format_bytes(est.device_used_bytes) in head  # ... and device used
+    assert format_bytes(est.predicted_device_bytes) in head  # ... and device used
     assert "weights fp32 (the model&#x27;s), no autocast, optimizer adamw" in head
     assert "32x64" in head and "What is modelled" in head and "not modelled" in head
     assert app.tabs.get_title(5) == TITLE
@@ -115,7 +115,7 @@ def test_what_ifs_button_fills_table(est: Estimate) -> None:
     assert "as estimated" in table[first : table.index("</tr>", first)]
     assert "+0.0%" in table and "simulated" in table and "arithmetic" in table
     assert "on 4 GPUs" in table and f"fits on {SMALL_GPU}" in table
-    assert f"{frame['device_used_bytes'][0] / 2**30:.2f} GiB" in table
+    assert f"{frame['predicted_device_bytes'][0] / 2**30:.2f} GiB" in table
     for note in frame["note"]:  # variants that could not run say why, in their row
         assert not note or f"could not run: {html.escape(note)}" in table
     view.gpu_choice.value = "H200"
@@ -129,12 +129,12 @@ def test_what_if_row_that_could_not_run() -> None:
     frame = pd.DataFrame(
         [
             {"what_if": "as estimated: fp32", "kind": "simulated", "peak_bytes": 2**30,
-             "reserved_bytes": 2**30, "device_used_bytes": 2**31, "change": 0.0, "note": ""},
+             "reserved_bytes": 2**30, "predicted_device_bytes": 2**31, "change": 0.0, "note": ""},
             {"what_if": "activation checkpointing", "kind": "simulated", "peak_bytes": nan,
-             "reserved_bytes": nan, "device_used_bytes": nan, "change": nan,
+             "reserved_bytes": nan, "predicted_device_bytes": nan, "change": nan,
              "note": "nothing to checkpoint"},
             {"what_if": "ZeRO-1 on 8 GPUs (per GPU)", "kind": "arithmetic",
-             "peak_bytes": 2**29, "reserved_bytes": 2**29, "device_used_bytes": 3 * 2**29,
+             "peak_bytes": 2**29, "reserved_bytes": 2**29, "predicted_device_bytes": 3 * 2**29,
              "change": -0.25, "note": ""},
         ]
     )  # fmt: skip
@@ -178,11 +178,11 @@ def test_comparison_banner(est: Estimate) -> None:
     assert BADGE not in head
     assert (
         f"Estimated <b>{format_bytes(comparison.estimated_bytes)}</b> vs measured "
-        f"<b>{format_bytes(comparison.measured_bytes)}</b>: error "
-        f"<b>{100 * comparison.error:+.1f}%</b>"
+        f"<b>{format_bytes(comparison.measured_bytes)}</b>: difference "
+        f"<b>{100 * comparison.relative_difference:+.1f}%</b>"
     ) in head
     assert "jv-comparison-table" in head and "parameter" in head
-    assert "error" in app._repr_mimebundle_()["text/plain"]
+    assert "difference" in app._repr_mimebundle_()["text/plain"]
 
 
 @pytest.mark.parametrize(("estimated", "sign", "verdict"), [(150, "+50.0%", "high"),
@@ -190,7 +190,7 @@ def test_comparison_banner(est: Estimate) -> None:
 def test_comparison_sign(est: Estimate, estimated: int, sign: str, verdict: str) -> None:
     comparison = Comparison(estimated, 100, {"activation": estimated}, {"activation": 100})
     head = ProfileApp(est.profile, comparison=comparison).header.value
-    assert f"error <b>{sign}</b> (the estimate is {verdict})" in head
+    assert f"difference <b>{sign}</b> (the estimate is {verdict})" in head
 
 
 def test_an_estimate_app_does_not_keep_its_estimate() -> None:
@@ -252,7 +252,7 @@ def test_fit_answers_are_the_estimators(est: Estimate) -> None:
     checked = 0
     for reserved in near_limits(est):
         near = with_reserved(est, reserved)
-        assert near.device_used_bytes == reserved + near.runtime_overhead.bytes
+        assert near.predicted_device_bytes == reserved + near.runtime_overhead.bytes
         fits = {g.name: near.fits(g) for g in GPUS}
         first = next((g.name for g in GPUS if fits[g.name]), "none listed")
         assert dict(estimate_facts(near.profile, near))["smallest GPU it fits"] == first
@@ -262,7 +262,7 @@ def test_fit_answers_are_the_estimators(est: Estimate) -> None:
         frame = pd.DataFrame([
             {"what_if": "as estimated: " + near.settings.describe(), "kind": "simulated",
              "peak_bytes": near.peak_bytes, "reserved_bytes": near.reserved_bytes,
-             "device_used_bytes": near.device_used_bytes, "change": 0.0, "note": ""},
+             "predicted_device_bytes": near.predicted_device_bytes, "change": 0.0, "note": ""},
         ])  # fmt: skip
         view.what_if_frame, view._what_if_gpus = frame, 8
         view._show_what_ifs()  # for the GPU chosen now; each change of choice shows it again
@@ -317,7 +317,9 @@ def test_runtime_allowance_is_marked_as_a_guess(
     allowance = est.runtime_overhead
     assert allowance.guessed
     mark = "a guess, not measured per GPU"
-    used = f"≈ {format_bytes(est.device_used_bytes)} (includes a {format_bytes(allowance.bytes)}"
+    used = (
+        f"≈ {format_bytes(est.predicted_device_bytes)} (includes a {format_bytes(allowance.bytes)}"
+    )
     head = ProfileApp(est.profile, estimate=est).header.value
     assert html.escape(used) in head and mark in head
     assert mark in dict(estimate_facts(est.profile))["predicted device used"]  # profile alone
@@ -336,7 +338,7 @@ def test_comparison_banner_left_out_tensors(est: Estimate) -> None:
     comparison = Comparison(110, 100, {"activation": 110}, {"activation": 100},
                             left_out_bytes=5 << 20)  # fmt: skip
     head = ProfileApp(est.profile, comparison=comparison).header.value
-    assert "Left out of the measurement: 5.0 MiB" in head and "error <b>+10.0%</b>" in head
+    assert "Left out of the measurement: 5.0 MiB" in head and "difference <b>+10.0%</b>" in head
     banner = head[head.index('<div class="jv-comparison">') :]
     assert "includes" not in banner and "without them" not in banner
 

@@ -352,7 +352,7 @@ def test_cuda_estimate_rounds_blocks_and_predicts_reserved() -> None:
     assert cuda.peak_bytes >= cpu.peak_bytes
     assert cuda.reserved_bytes >= cuda.peak_bytes
     assert cuda.reserved_bytes % (2 << 20) == 0  # whole segments
-    assert cuda.device_used_bytes > cuda.reserved_bytes
+    assert cuda.predicted_device_bytes > cuda.reserved_bytes
     assert cuda.fits("T4") and cuda.fits(find_gpu("gtx 1060"))
 
 

@@ -269,7 +269,7 @@ def test_comparison_leaves_out_another_model_alive_in_the_kernel(
     assert comparison.measured_bytes == alone.peak_bytes
     assert comparison.measured == alone.peak_breakdown()
     # counting the other model was an error near -95 % on this small step
-    assert abs(comparison.error) < 0.05, comparison
+    assert abs(comparison.relative_difference) < 0.05, comparison
     assert comparison.measured["parameter"] == comparison.estimated["parameter"]
 
 
@@ -433,9 +433,9 @@ def test_fit_checks_use_the_attention_kernel_of_each_gpu() -> None:
     # on the T4 also its smaller cuBLAS workspaces (8,519,680 bytes instead of 32 MiB each)
     workspaces = est.cublas_workspace_total // (32 << 20)
     smaller = workspaces * (4096 * 1024 * 2 + 16 * 1024 * 8 - (32 << 20))
-    assert est.used_on(t4) == est.run(on_t4).device_used_bytes + smaller
+    assert est.used_on(t4) == est.run(on_t4).predicted_device_bytes + smaller
     # a card exactly as large as device used fits only when nothing is held back
-    used = est.device_used_bytes
+    used = est.predicted_device_bytes
     assert est.fits(gpu_from_bytes("exact", used, 9.0))
     assert not est.fits(gpu_from_bytes("one byte short", used - 1, 9.0))
 
@@ -454,7 +454,7 @@ def test_text_marks_the_runtime_allowance_as_a_guess() -> None:
 
     est = estimate(CausalAttention(), "2x128x64")
     assert est.runtime_overhead.guessed and est.runtime_overhead.bytes == 2**30
-    assert est.device_used_bytes == est.reserved_bytes + est.runtime_overhead.bytes
+    assert est.predicted_device_bytes == est.reserved_bytes + est.runtime_overhead.bytes
     text = estimate_summary(est)
     assert f"device used = reserved + {format_bytes(2**30)} runtime allowance (GUESSED" in text
     assert "the driver keeps, also a guess" in text
@@ -608,5 +608,5 @@ def test_cuda_estimates_hold_one_cublas_workspace_per_matmul_thread() -> None:
     older = 4096 * 1024 * 2 + 16 * 1024 * 8
     assert find_gpu("A100 80GB").cublas_workspace_bytes == older
     assert find_gpu("H100").cublas_workspace_bytes == mib32
-    assert train.used_on("A100 80GB") == train.device_used_bytes - 2 * (mib32 - older)
-    assert train.used_on("H100") == train.device_used_bytes
+    assert train.used_on("A100 80GB") == train.predicted_device_bytes - 2 * (mib32 - older)
+    assert train.used_on("H100") == train.predicted_device_bytes

@@ -91,7 +91,7 @@ def estimate_facts(profile: Profile, estimate: Estimate | None = None) -> list[t
         alone = _profile_estimate(profile, settings) if held is None else None
         source = held if held is not None else alone
         allowance = source.runtime_overhead if source is not None else RUNTIME_OVERHEAD
-        used = format_bytes(run.device_used_bytes)
+        used = format_bytes(run.predicted_device_bytes)
         facts.append(("predicted device used", f"≈ {used} ({allowance_text(allowance)})"))
         if held is not None:
             facts.append(("smallest GPU it fits", smallest_gpu(held, GPUS)))
@@ -181,8 +181,8 @@ def gpu_answer_html(answer: str, fits: bool) -> str:
 
 
 def comparison_html(comparison: Comparison) -> str:
-    """Banner 'estimated X vs measured Y: error +z.z%' and the per-category table."""
-    error = comparison.error
+    """Banner 'estimated X vs measured Y: difference +z.z%' and the per-category table."""
+    error = comparison.relative_difference
     verdict = (
         "the estimate is high"
         if error > 0.005
@@ -204,7 +204,7 @@ def comparison_html(comparison: Comparison) -> str:
     )
     return (
         f'<div class="jv-comparison">Estimated <b>{format_bytes(comparison.estimated_bytes)}</b>'
-        f" vs measured <b>{format_bytes(comparison.measured_bytes)}</b>: error "
+        f" vs measured <b>{format_bytes(comparison.measured_bytes)}</b>: difference "
         f"<b>{100 * error:+.1f}%</b> ({verdict}){_unrelated_note(comparison)}"
         f"{_device_note(comparison)}</div>{table}"
     )
@@ -216,7 +216,7 @@ def _unrelated_note(comparison: Comparison) -> str:
     return (
         f"<br><i>Left out of the measurement: {format_bytes(comparison.unrelated_bytes)} of "
         "tensors that existed before the cell and play no role in the step (not the model's, "
-        "nor its inputs); the error is on the step alone.</i>"
+        "nor its inputs); the difference is on the step alone.</i>"
     )
 
 
@@ -299,7 +299,9 @@ def what_if_html(
             f"<td>{html.escape(str(row['kind']))}</td>",
         ]
         note = row.get("note")
-        if note or row["device_used_bytes"] != row["device_used_bytes"]:  # could not run (NaN)
+        if (
+            note or row["predicted_device_bytes"] != row["predicted_device_bytes"]
+        ):  # could not run (NaN)
             reason = html.escape(str(note or "no result"))
             cells.append(f"<td colspan=4 class='jv-whatif-note'>could not run: {reason}</td>")
             if gpu is not None:
@@ -307,7 +309,7 @@ def what_if_html(
         else:
             change = float(row["change"])
             trend = "jv-up" if change > 0.0005 else "jv-down" if change < -0.0005 else ""
-            used = int(row["device_used_bytes"])
+            used = int(row["predicted_device_bytes"])
             cells += [
                 *(
                     f"<td{RIGHT} title='{format_bytes(int(v))}'>{int(v) / GIB:.2f} GiB</td>"
@@ -412,7 +414,7 @@ class EstimateView(w.VBox):  # type: ignore[misc]
 
         self.message = w.HTML()
         self.message.add_class("jv-estimate-error")
-        used = format_bytes(estimate.device_used_bytes)
+        used = format_bytes(estimate.predicted_device_bytes)
         cuda = estimate.settings.target_type == "cuda"
         allowance = estimate.runtime_overhead
         guess = (

@@ -66,7 +66,7 @@ class RunSummary:
     batch_size: int
     peak_bytes: int  # allocated (CUDA: in allocator blocks, as max_memory_allocated counts)
     reserved_bytes: int  # CUDA: predicted max_memory_reserved; CPU: same as peak
-    device_used_bytes: int  # CUDA: reserved + runtime overhead
+    predicted_device_bytes: int  # CUDA: reserved + runtime overhead
 
     @classmethod
     def of(cls, profile: Profile, batch_size: int) -> RunSummary:
@@ -121,9 +121,9 @@ class Estimate:
         return self.summary.reserved_bytes
 
     @property
-    def device_used_bytes(self) -> int:
+    def predicted_device_bytes(self) -> int:
         """What nvidia-smi would show at the peak: reserved plus the runtime overhead."""
-        return self.summary.device_used_bytes
+        return self.summary.predicted_device_bytes
 
     @property
     def runtime_overhead(self) -> Allowance:
@@ -167,12 +167,12 @@ class Estimate:
 
     def used_on(self, gpu: str | Gpu, batch_size: int | None = None,
                 settings: StepSettings | None = None) -> int:  # fmt: skip
-        """Device used on ``gpu``: the same as :attr:`device_used_bytes` unless the card lacks
+        """Device used on ``gpu``: the same as :attr:`predicted_device_bytes` unless the card lacks
         flash attention and the step uses it (then simulated with the memory-efficient
         kernel, as CUDA would run it there)."""
         target = _gpu(gpu)
         settings = self.settings_for(target, settings)
-        used = self.run(settings, batch_size or self.batch_size).device_used_bytes
+        used = self.run(settings, batch_size or self.batch_size).predicted_device_bytes
         return used + self.cublas_adjustment(target)
 
     @property
@@ -240,7 +240,7 @@ class Estimate:
                 def used(batch: int, on_gpu: StepSettings = on_gpu, extra: int = extra) -> int:
                     if progress is not None and (on_gpu, batch) not in self._summaries:
                         progress(f"  simulating batch {batch}")
-                    return self.run(on_gpu, batch).device_used_bytes + extra
+                    return self.run(on_gpu, batch).predicted_device_bytes + extra
 
                 results[gpu.name] = largest_fitting(used, gpu.usable_bytes, start=self.batch_size)
         return results
@@ -376,20 +376,15 @@ class Comparison:
         return self.left_out_bytes
 
     @property
-    def step_error(self) -> float:
-        """The error on the step alone (the measurement already leaves out unrelated
-        tensors, so this is :attr:`error`)."""
-        return self.error
-
-    @property
     def same_device(self) -> bool:
         """Both sides on the same kind of device (a CUDA estimate vs a CPU run differs by the
         allocator's rounding and CUDA-only kernels)."""
         return self.estimated_device.split(":")[0] == self.measured_device.split(":")[0]
 
     @property
-    def error(self) -> float:
-        """(estimated - measured) / measured."""
+    def relative_difference(self) -> float:
+        """(estimated - measured) / measured: how far the prediction is from the measurement
+        of the same step (unrelated tensors are already left out of the measurement)."""
         return (self.estimated_bytes - self.measured_bytes) / max(self.measured_bytes, 1)
 
     @classmethod

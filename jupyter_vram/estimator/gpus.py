@@ -62,11 +62,11 @@ class Gpu:
         A step fits when its device used (reserved + context) is at most this."""
         return self.memory_bytes - self.hidden_bytes
 
-    def fits(self, device_used_bytes: int) -> bool:
+    def fits(self, predicted_device_bytes: int) -> bool:
         """The fit rule, the one copy of it: a step fits this card when its device used
         (reserved + runtime allowance, with this card's kernels and workspaces) is at most
         :attr:`usable_bytes`. The largest-batch search looks for the same limit."""
-        return device_used_bytes <= self.usable_bytes
+        return predicted_device_bytes <= self.usable_bytes
 
     @property
     def cublas_workspace_bytes(self) -> int:

@@ -150,7 +150,7 @@ def what_if_table(estimate: Estimate, *, data_parallel: int = 8,
     """Every what-if in one table: simulated variants, then data-parallel sharding.
 
     Columns: ``what_if``, ``kind`` ("simulated" / "arithmetic"), ``peak_bytes``,
-    ``reserved_bytes``, ``device_used_bytes``, ``change`` (peak vs the estimate's peak) and
+    ``reserved_bytes``, ``predicted_device_bytes``, ``change`` (peak vs the estimate's peak) and
     ``note`` (why a variant could not run: its numbers are NaN).
     """
     import pandas as pd
@@ -165,12 +165,12 @@ def what_if_table(estimate: Estimate, *, data_parallel: int = 8,
             note: str = "") -> None:  # fmt: skip
         change = (peak - estimate.peak_bytes) / max(estimate.peak_bytes, 1)
         rows.append({"what_if": name, "kind": kind, "peak_bytes": peak,
-                     "reserved_bytes": reserved, "device_used_bytes": used,
+                     "reserved_bytes": reserved, "predicted_device_bytes": used,
                      "change": change, "note": note})  # fmt: skip
 
     summary = estimate.summary
     add("as estimated: " + base.describe(), "simulated", summary.peak_bytes,
-        summary.reserved_bytes, summary.device_used_bytes)  # fmt: skip
+        summary.reserved_bytes, summary.predicted_device_bytes)  # fmt: skip
     with estimate.session():
         for name, settings in variants(base):
             if progress is not None:
@@ -181,11 +181,11 @@ def what_if_table(estimate: Estimate, *, data_parallel: int = 8,
                 nan = float("nan")
                 add(name, "simulated", nan, nan, nan, note=str(error).splitlines()[0])
                 continue
-            add(name, "simulated", run.peak_bytes, run.reserved_bytes, run.device_used_bytes)
+            add(name, "simulated", run.peak_bytes, run.reserved_bytes, run.predicted_device_bytes)
     if not base.inference:
         unit = int(estimate.profile.meta.get("estimate", {}).get("unit_parameter_bytes", 0))
         ratio = summary.reserved_bytes / max(summary.peak_bytes, 1)
-        overhead = summary.device_used_bytes - summary.reserved_bytes
+        overhead = summary.predicted_device_bytes - summary.reserved_bytes
         for sharding in SHARDINGS:
             peak = sharded_peak(estimate.profile, sharding, data_parallel, unit)
             reserved = int(peak * ratio)
@@ -230,10 +230,10 @@ def what_if_fits(estimate: Estimate, frame: pd.DataFrame, gpu: Gpu) -> list[bool
     """
     settings = {f"as estimated: {estimate.settings.describe()}": estimate.settings}
     settings.update(variants(estimate.settings))
-    card_extra = estimate.used_on(gpu) - estimate.device_used_bytes
+    card_extra = estimate.used_on(gpu) - estimate.predicted_device_bytes
     answers: list[bool | None] = []
     for row in frame.to_dict("records"):
-        used = row["device_used_bytes"]
+        used = row["predicted_device_bytes"]
         chosen = settings.get(str(row["what_if"]))
         if row.get("note") or used != used:  # could not run (NaN)
             answers.append(None)

@@ -66,7 +66,7 @@ class EstimateData(Protocol):
     @property
     def reserved_bytes(self) -> int: ...
     @property
-    def device_used_bytes(self) -> int: ...
+    def predicted_device_bytes(self) -> int: ...
     @property
     def runtime_overhead(self) -> AllowanceData: ...
     @property
@@ -98,7 +98,7 @@ class ComparisonData(Protocol):
     @property
     def same_device(self) -> bool: ...
     @property
-    def error(self) -> float: ...
+    def relative_difference(self) -> float: ...
 
 
 #: What the simulation models and what it does not; shown with every estimate.
@@ -128,7 +128,7 @@ def estimate_summary(estimate: EstimateData) -> str:
         f"peak allocated {format_bytes(estimate.peak_bytes)}"
         + (
             f", reserved {format_bytes(estimate.reserved_bytes)}, device used "
-            f"{format_bytes(estimate.device_used_bytes)}"
+            f"{format_bytes(estimate.predicted_device_bytes)}"
             if s.target_type == "cuda"
             else ""
         ),
@@ -209,7 +209,7 @@ def what_if_text(table: pd.DataFrame) -> str:
             continue
         lines.append(
             f"{row['what_if']:<46}{format_bytes(row['peak_bytes']):>12}"
-            f"{format_bytes(row['device_used_bytes']):>14}{100 * row['change']:>+8.1f}%"
+            f"{format_bytes(row['predicted_device_bytes']):>14}{100 * row['change']:>+8.1f}%"
         )
     return "\n".join(lines)
 
@@ -218,7 +218,8 @@ def comparison_text(comparison: ComparisonData) -> str:
     """Estimated vs measured peak, and where they differ."""
     lines = [
         f"estimate {format_bytes(comparison.estimated_bytes)} vs measured "
-        f"{format_bytes(comparison.measured_bytes)}: error {100 * comparison.error:+.1f}%"
+        f"{format_bytes(comparison.measured_bytes)}: "
+        f"difference {100 * comparison.relative_difference:+.1f}%"
     ]
     if comparison.unrelated_bytes:
         lines.append(

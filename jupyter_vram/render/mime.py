@@ -105,7 +105,7 @@ def profile_payload(profile: Profile, estimate: EstimateData | None = None) -> d
 
         if estimate.settings.target_type == "cuda":
             reserved = int(estimate.reserved_bytes)
-            used = int(estimate.device_used_bytes)
+            used = int(estimate.predicted_device_bytes)
             # the estimator's figures replace the profile's (the fake run's time is no GPU's)
             facts = [
                 *facts[:1],

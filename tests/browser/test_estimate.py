@@ -122,7 +122,7 @@ def test_estimate_app_in_jupyterlab(lab: Lab, page: Page, page_log: PageLog) -> 
     measured = apps.nth(1)
     expect(measured.locator(".jv-header-box")).not_to_contain_text("Estimate ·")
     expect(measured.locator(".jv-comparison")).to_contain_text(
-        re.compile(r"Estimated .* vs measured .*: error [+-]\d+\.\d%")
+        re.compile(r"Estimated .* vs measured .*: difference [+-]\d+\.\d%")
     )
 
     assert widget_errors(page) == []
