@@ -10,7 +10,8 @@ Variants, each timed on the same warmed-up step and interleaved so drift hits al
 * dispatch tracker: the recorder CPU recording used before (a ``TorchDispatchMode`` plus a
   storage weakref per allocation), kept for fake-tensor estimates;
 * torch.profiler: ``profile(activities=[CPU], profile_memory=True)`` alone, the floor for
-  anything that reads the allocator's reports;
+  anything that reads the allocator's reports, and with ``with_stack=True`` (its Python
+  tracer), the floor with Python stacks;
 * MemTracker: ``torch.distributed._tools.mem_tracker.MemTracker``, PyTorch's dispatch-mode
   memory tracker.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import sys
 import time
@@ -72,10 +74,10 @@ def _dispatch_tracker(stacks: bool) -> Iterator[None]:
 
 
 @contextmanager
-def _profiler() -> Iterator[None]:
+def _profiler(stack: bool = False) -> Iterator[None]:
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, with_stack=stack):
         yield
 
 
@@ -96,6 +98,7 @@ VARIANTS: dict[str, Callable[[], AbstractContextManager[object]]] = {
     "jupyter_vram (no stacks)": lambda: jv.record("cpu", stacks=False),
     "dispatch tracker, before (stacks)": lambda: _dispatch_tracker(True),
     "torch.profiler profile_memory": _profiler,
+    "torch.profiler profile_memory + with_stack": lambda: _profiler(True),
     "MemTracker": _memtracker,
 }
 
@@ -152,6 +155,7 @@ def main() -> None:
     parser.add_argument("--readme", action="store_true", help="write bench/README.md's section")
     args = parser.parse_args()
     torch.manual_seed(0)
+    load = os.getloadavg()[0]  # a shared machine's other work slows every variant alike
     repeats = 3 if args.quick else 5
     out: list[str] = []
     out += measure("GPT-2 small (124M), batch 1x128, AdamW", gpt2_small_step(), repeats, 3)
@@ -175,18 +179,22 @@ def main() -> None:
         header = (
             f"Made by `python bench/recorder_overhead.py{' --quick' if args.quick else ''} "
             f"--readme` with torch {torch.__version__}, Python {sys.version.split()[0]}, on "
-            f"{torch.get_num_threads()} CPU threads. Median of {repeats} interleaved runs."
+            f"{torch.get_num_threads()} CPU threads, load average {load:.1f} at the start. "
+            f"Median of {repeats} interleaved runs."
         )
         reading = (
             "How to read it: jupyter_vram pays its cost when the profile is made, not per op: "
             "the CPU allocator's reports and the op and module ranges are collected in C++ "
             "(the profiler alone is the floor), and the profiler's post-processing plus our "
             "reading of its event tree come at the end. With Python stacks the profiler also "
-            "traces every Python call, which dominates on Python-heavy models (many small "
-            "modules): `--no-stacks` is the cheap mode there. The dispatch tracker was cheaper "
-            "end to end but changed the program it measured (out-of-place gradient "
-            "accumulation) and missed memory made inside ops; it remains for fake-tensor "
-            "estimates. MemTracker is PyTorch's dispatch-mode memory tracker."
+            "traces every Python and C call, ours included (the hooks that note roles and open "
+            "module ranges): torch's own post-processing and our walk of the event tree grow "
+            "with them, so on Python-heavy models (many small modules) stacks cost a multiple "
+            "of the profiler with stacks alone and `--no-stacks` is the cheap mode. The "
+            "dispatch tracker was cheaper end to end but changed the program it measured "
+            "(out-of-place gradient accumulation) and missed memory made inside ops; it "
+            "remains for fake-tensor estimates. MemTracker is PyTorch's dispatch-mode memory "
+            "tracker."
         )
         write_section("## Recording overhead", header + "\n\n" + text + "\n\n" + reading)
 

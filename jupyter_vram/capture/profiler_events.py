@@ -591,19 +591,47 @@ class ReadState:
 
 #: Our own functions the profiler's Python tracer sees between a module hook and the module
 #: range it opens (the tagger's hook, the recorder's callback; the session's ``enter`` opens
-#: it). Nothing else our hooks run allocates or runs an op, so reading the event tree skips
-#: it: with Python stacks that is most of the tree (a dozen Python and C calls per hook).
+#: it). What else they call is skipped when the tree is read.
 _RANGE_PATH = frozenset({"_pre_forward", "_enter_module"})
+#: Our bookkeeping, known to run no op and allocate nothing: reading the event tree skips
+#: these calls and all they call (with Python stacks that is most of the tree, a dozen Python
+#: and C calls per hook). Only named functions: other capture code can run the user's ops
+#: (a capacity guard's ``__torch_dispatch__`` runs every op under it), so it is walked.
+_BOOKKEEPING = frozenset(
+    {
+        ("profiler_events.py", "_on_role"),
+        ("profiler_events.py", "_exit_module"),
+        ("profiler_events.py", "exit"),
+        ("profiler_events.py", "callback"),
+        ("profiler_events.py", "sample_memory"),
+        ("tagging.py", "_post_forward"),
+        ("tagging.py", "_pack"),
+        ("tagging.py", "_unpack"),
+        ("tagging.py", "_module_id"),
+        ("tagging.py", "_hold_call_hooks"),
+        ("tagging.py", "_release_call_hooks"),
+        ("tagging.py", "_backward_started"),
+        ("tagging.py", "_backward_finished"),
+        ("tagging.py", "_pre_step"),
+        ("tagging.py", "_post_step"),
+        ("tagging.py", "iter_tensors"),
+    }
+)
 _CAPTURE_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep
 _PY_USER, _PY_OWN, _PY_PATH, _PY_OPENER = range(4)
 _OPENS = "<built-in method __enter__ of "  # the C call in ``enter`` that opens the range
 
 
 def _py_kind(extra: Any) -> int:
-    """Whose function a Python call event enters: the user's or a library's (``_PY_USER``), or
-    jupyter_vram's capture code (on the way to a module range, the range opener, or neither)."""
-    site = extra.callsite
-    file = site.file_name
+    """Whose function a Python call event enters: the user's, a library's or capture code that
+    may run ops (``_PY_USER``), or jupyter_vram's capture code on the way to a module range,
+    the range opener, or bookkeeping (``_PY_OWN``: skipped with all it calls)."""
+    try:
+        site = extra.callsite
+        file = site.file_name
+        function = site.function_name
+    except UnicodeDecodeError:  # a name torch cannot decode is not one of ours
+        return _PY_USER
     base = os.path.basename(file)
     if os.path.isabs(file):
         own = os.path.realpath(file).startswith(_CAPTURE_DIR)
@@ -612,7 +640,6 @@ def _py_kind(extra: Any) -> int:
         own = own and os.path.isfile(_CAPTURE_DIR + base)
     if not own:
         return _PY_USER
-    function = site.function_name
     opener = ProfilerSession.enter.__code__
     if (
         function == opener.co_name
@@ -620,7 +647,9 @@ def _py_kind(extra: Any) -> int:
         and site.line_number == opener.co_firstlineno
     ):
         return _PY_OPENER
-    return _PY_PATH if function in _RANGE_PATH else _PY_OWN
+    if function in _RANGE_PATH:
+        return _PY_PATH
+    return _PY_OWN if (base, function) in _BOOKKEEPING else _PY_USER
 
 
 def read_events(
@@ -695,10 +724,15 @@ def read_events(
             elif extra.scope == backward_scope:
                 op = ops(name.rsplit("::", 1)[-1])
         elif kind is _ExtraFields_PyCall:
-            name = event.name
-            py = py_kinds.get(name)
+            try:
+                name = event.name
+            except UnicodeDecodeError:  # torch could not decode it: not one of our functions
+                name = ""
+            py = py_kinds.get(name) if name else None
             if py is None:
-                py = py_kinds[name] = _py_kind(extra)
+                py = _py_kind(extra)
+                if name:
+                    py_kinds[name] = py
             if py == _PY_OWN or (ours and py == _PY_USER):
                 continue  # our bookkeeping, and what it calls
             if py != _PY_USER:
