@@ -16,11 +16,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from synthetic import synthetic_profile
 
-from jupyter_vram.analysis.flame import flame_tree
-from jupyter_vram.analysis.groups import live_at_peak
-from jupyter_vram.analysis.tables import top_sites
-from jupyter_vram.model import Profile
-from jupyter_vram.render.text import summary
+from jupyter_vram._analysis.flame import flame_tree
+from jupyter_vram._analysis.groups import live_at_peak
+from jupyter_vram._analysis.tables import top_sites
+from jupyter_vram._model import Profile
+from jupyter_vram._render.text import summary
 
 
 def clock(label: str, fn: Callable[[], Any]) -> Any:

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from synthetic import synthetic_profile
 
-from jupyter_vram.app import ProfileApp
-from jupyter_vram.app.holder import forget_latest
+from jupyter_vram._app import ProfileApp
+from jupyter_vram._app.holder import forget_latest
 
 
 def widgets(widget: Any) -> list[Any]:

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 import jupyter_vram as jv
-from jupyter_vram.app.compare_view import CompareView
-from jupyter_vram.render.text import format_bytes
-from jupyter_vram.transforms.checkpointing import enable_checkpointing
+from jupyter_vram._app.compare_view import CompareView
+from jupyter_vram._render.text import format_bytes
+from jupyter_vram._transforms.checkpointing import enable_checkpointing
 
 
 def widget_bytes(widget: Any) -> int:

@@ -37,10 +37,10 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import jupyter_vram as jv  # noqa: E402
-from jupyter_vram.capture.cuda_convert import profile_from_snapshot  # noqa: E402
-from jupyter_vram.capture.cuda_snapshot import CudaSnapshotRecorder  # noqa: E402
-from jupyter_vram.capture.stacks import FrameFilter  # noqa: E402
-from jupyter_vram.model import Profile  # noqa: E402
+from jupyter_vram._capture.cuda_convert import profile_from_snapshot  # noqa: E402
+from jupyter_vram._capture.cuda_snapshot import CudaSnapshotRecorder  # noqa: E402
+from jupyter_vram._capture.stacks import FrameFilter  # noqa: E402
+from jupyter_vram._model import Profile  # noqa: E402
 
 MIB = 1 << 20
 RAW_BUDGET = 300 * 1024
@@ -285,14 +285,14 @@ def child_expandable(out: Path) -> None:
 def child_estimate(out: Path) -> None:
     """Runs in a fresh child process: jv.estimate(...) vs the allocator's own peak counters.
 
-    The same canonical step the estimator simulates (jupyter_vram.estimator.step), on a real
+    The same canonical step the estimator simulates (jupyter_vram._estimator.step), on a real
     GPU: warm-up step, reset the peak counters, the measured step.
     """
     import transformers
 
-    from jupyter_vram.estimator import estimate
-    from jupyter_vram.estimator.inputs import make_batch_spec, with_default_labels
-    from jupyter_vram.estimator.step import StepSettings, make_optimizer, training_step
+    from jupyter_vram._estimator import estimate
+    from jupyter_vram._estimator.inputs import make_batch_spec, with_default_labels
+    from jupyter_vram._estimator.step import StepSettings, make_optimizer, training_step
 
     transformers.logging.set_verbosity_error()
     config = transformers.GPT2Config(n_layer=2, n_embd=256, n_head=4, vocab_size=8192,

@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from synthetic import synthetic_profile
 
-from jupyter_vram.estimator.cuda_model import simulate
-from jupyter_vram.model import Allocations, Profile
+from jupyter_vram._estimator.cuda_model import simulate
+from jupyter_vram._model import Allocations, Profile
 
 
 def fragmenting_profile(events: int, *, seed: int = 1) -> Profile:

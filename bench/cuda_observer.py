@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from jupyter_vram.capture.cuda_snapshot import CudaSnapshotRecorder
+from jupyter_vram._capture.cuda_snapshot import CudaSnapshotRecorder
 
 
 class ThreeHeads(nn.Module):

@@ -2,7 +2,7 @@
 
 For a config-built GPT-2, each configuration is run for real with ``jv.launch`` (every rank
 recorded) and predicted by the estimator's data-parallel what-if arithmetic
-(``estimator/whatif.py: sharded_peak``) from one single-device estimate of the same per-rank
+(``_estimator/whatif.py: sharded_peak``) from one single-device estimate of the same per-rank
 step. The table compares the prediction with the highest measured per-rank peak. It also
 times the training steps in each rank with and without recording (overhead per rank).
 
@@ -94,7 +94,7 @@ def measure(mode: str, world: int) -> tuple[list[int], list[int], list[float], l
     """Per-rank peaks (recorded), frees the recorder inferred (made on another thread: gloo's),
     and per-rank step times recorded / not recorded."""
     import jupyter_vram as jv
-    from jupyter_vram.distributed.launcher import free_port
+    from jupyter_vram._distributed.launcher import free_port
 
     with tempfile.TemporaryDirectory() as recorded, tempfile.TemporaryDirectory() as plain:
         profiles = jv.launch(train, nproc=world, args=(mode, recorded), stacks=False, timeout=900)
@@ -106,7 +106,7 @@ def measure(mode: str, world: int) -> tuple[list[int], list[int], list[float], l
 
 def predict(mode: str, world: int) -> int:
     import jupyter_vram as jv
-    from jupyter_vram.estimator.whatif import SHARDINGS, sharded_peak
+    from jupyter_vram._estimator.whatif import SHARDINGS, sharded_peak
 
     est = jv.estimate(build(), batch(), optimizer="adamw", device="cpu")
     unit = int(est.profile.meta.get("estimate", {}).get("unit_parameter_bytes", 0))

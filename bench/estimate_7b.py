@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from jupyter_vram.model import PHASES
+from jupyter_vram._model import PHASES
 
 GIB = 2**30
 SECTION = "## 7B estimate"
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme", action="store_true", help="write the figures to README.md")
     args = parser.parse_args(argv)
 
-    from jupyter_vram.estimator import estimate
+    from jupyter_vram._estimator import estimate
 
     model = llama_7b(args.layers)
     numel = sum(p.numel() for p in model.parameters())

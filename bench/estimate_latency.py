@@ -97,7 +97,7 @@ def _cpu_s(pid: int) -> float:
 
 
 def _serving_pid() -> int:
-    from jupyter_vram.estimator.runner import WARM
+    from jupyter_vram._estimator.runner import WARM
 
     loaded = WARM._loaded  # the process that ran the last estimate
     return loaded.process.pid if loaded is not None else -1
@@ -136,7 +136,7 @@ def measure(name: str) -> dict[str, Any]:
 
 
 def _known_pids() -> list[int]:
-    from jupyter_vram.estimator.runner import WARM
+    from jupyter_vram._estimator.runner import WARM
 
     return WARM.pids()
 

@@ -391,7 +391,7 @@ KNOWN_DIFFERENCES: dict[str, str] = {
         "ConvNeXt's depthwise 7x7 convolutions receive channels_last activations; on the "
         "CPU, oneDNN's backward for those allocates and frees a buffer of channels x 49 x 256 "
         "x 4 bytes inside `convolution_backward`, whatever the batch. The estimate models it "
-        "(estimator/kernels.py, `depthwise_backward_workspace`): -33.6 % before, "
+        "(_estimator/kernels.py, `depthwise_backward_workspace`): -33.6 % before, "
         "the small rest is other in-op buffers, as for resnet."
     ),
     "resnet": (
@@ -407,7 +407,7 @@ KNOWN_DIFFERENCES: dict[str, str] = {
 
 
 def settings_of(case: Case, device: str = "cpu") -> Any:
-    from jupyter_vram.estimator.step import StepSettings
+    from jupyter_vram._estimator.step import StepSettings
 
     return StepSettings(device=device, dtype=case.dtype, amp=case.amp,
                         checkpoint=case.checkpoint, optimizer=case.optimizer)  # fmt: skip
@@ -423,9 +423,9 @@ def build(case: Case, device: str = "cpu") -> nn.Module:
 def measure(case: Case) -> dict[str, Any]:
     """One real steady-state step on the CPU, measured by the allocator's own events under
     torch.profiler (not jupyter_vram's recorders). Call in a fresh process only."""
-    from jupyter_vram.estimator.inputs import make_batch_spec, parse_dtype, with_default_labels
-    from jupyter_vram.estimator.step import make_optimizer, training_step
-    from jupyter_vram.transforms.checkpointing import enable_checkpointing
+    from jupyter_vram._estimator.inputs import make_batch_spec, parse_dtype, with_default_labels
+    from jupyter_vram._estimator.step import make_optimizer, training_step
+    from jupyter_vram._transforms.checkpointing import enable_checkpointing
 
     settings = settings_of(case)
     model = build(case)
@@ -539,7 +539,7 @@ def measure_in_subprocess(name: str, timeout_s: float = 600) -> dict[str, Any]:
 
 def run_estimate(case: Case, device: str = "cpu") -> tuple[Any, float]:
     """The estimate of ``case`` from a meta-device model, and its wall time in seconds."""
-    from jupyter_vram.estimator import estimate
+    from jupyter_vram._estimator import estimate
 
     model = build(case, "meta")
     started = time.perf_counter()
@@ -569,7 +569,7 @@ def compare(case: Case) -> Row:
     measured = measure_in_subprocess(case.name)
     est, seconds = run_estimate(case)
     before = est.profile.timeline.baseline_by_category()
-    from jupyter_vram.model import CATEGORIES
+    from jupyter_vram._model import CATEGORIES
 
     estimated_before = {name: int(before[CATEGORIES.index(name)]) for name in measured["breakdown"]}
     return Row(case, int(measured["parameters"]), est.input, int(measured["peak_bytes"]),

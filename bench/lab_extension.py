@@ -22,7 +22,7 @@ from playwright.sync_api import Page, sync_playwright
 from static_report import wide_profile
 from synthetic import synthetic_profile
 
-from jupyter_vram.render.mime import PROFILE_MIME, profile_payload
+from jupyter_vram._render.mime import PROFILE_MIME, profile_payload
 from tests.browser.lab import CHROMIUM, CHROMIUM_ARGS, running_lab, wait_for_kernel_idle
 
 RUNS = 3
@@ -114,7 +114,7 @@ def main() -> None:
                 wait_for_kernel_idle(page, "plain.ipynb")
                 load_ms, version = page.evaluate(LOAD_BOKEHJS)
             context.close()
-        from jupyter_vram.server import BOKEHJS_FILES, bokehjs_dir
+        from jupyter_vram._server import BOKEHJS_FILES, bokehjs_dir
 
         js_dir = bokehjs_dir()
         assert js_dir is not None

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 import jupyter_vram as jv
-from jupyter_vram.leaks import attach, note_start
+from jupyter_vram._leaks import attach, note_start
 
 
 def median_s(fn: Callable[[], Any], reps: int) -> float:

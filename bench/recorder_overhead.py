@@ -41,7 +41,7 @@ from overhead import gpt2_small_step, tiny_ops_step
 from readme_section import write_section
 
 import jupyter_vram as jv
-from jupyter_vram.capture.dispatch import DispatchRecorder
+from jupyter_vram._capture.dispatch import DispatchRecorder
 
 Step = Callable[[], None]
 

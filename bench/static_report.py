@@ -19,10 +19,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 import nbformat
 from synthetic import synthetic_profile
 
-from jupyter_vram.capture.builder import ProfileBuilder
-from jupyter_vram.model import CATEGORY_INDEX, PHASE_INDEX, Profile
-from jupyter_vram.render.mime import PROFILE_MIME, profile_payload
-from jupyter_vram.render.static_report import report_html
+from jupyter_vram._capture.builder import ProfileBuilder
+from jupyter_vram._model import CATEGORY_INDEX, PHASE_INDEX, Profile
+from jupyter_vram._render.mime import PROFILE_MIME, profile_payload
+from jupyter_vram._render.static_report import report_html
 
 
 def saved_size(data: dict[str, object]) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jupyter_vram.model import CATEGORIES, PHASES, Allocations, Frame, Profile
+from jupyter_vram._model import CATEGORIES, PHASES, Allocations, Frame, Profile
 
 
 def synthetic_profile(events: int, *, seed: int = 0) -> Profile:

@@ -6,21 +6,21 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _display
-from . import model as _model
+from . import _model as _model
 from ._profile_services import Services as _Services
 from ._profile_services import estimate_text as _estimate_text
 
-# Profile's conveniences come from the layers above the data model (see model.py), and an
+# Profile's conveniences come from the layers above the data model (see _model.py), and an
 # Estimate's text view from the renderer (see _display.py): install them before anything
 # else of the package runs.
 _model.install_services(_Services())
 _display.register("estimate", _estimate_text)
 
-from .leaks import release_leaks  # noqa: E402
-from .model import CATEGORIES, Frame, Profile, ProfileFileError  # noqa: E402
-from .recording import Recording, record  # noqa: E402
-from .rerun import RerunError, Variant, rerun, rerun_unavailable  # noqa: E402
-from .session import last_profile  # noqa: E402
+from ._leaks import release_leaks  # noqa: E402
+from ._model import CATEGORIES, Frame, Profile, ProfileFileError  # noqa: E402
+from ._recording import Recording, record  # noqa: E402
+from ._rerun import RerunError, Variant, rerun, rerun_unavailable  # noqa: E402
+from ._session import last_profile  # noqa: E402
 
 __all__ = [
     "CATEGORIES",
@@ -47,24 +47,24 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
-    from .analysis.compare import verdict
-    from .distributed import LaunchError, launch
-    from .estimator import Estimate, estimate
+    from ._analysis.compare import verdict
+    from ._distributed import LaunchError, launch
+    from ._estimator import Estimate, estimate
 else:
 
     def __getattr__(name: str) -> Any:
         """``jv.estimate`` / ``jv.Estimate`` load the estimator (and torch), ``jv.launch`` /
         ``jv.LaunchError`` the distributed launcher, on first use."""
         if name in ("estimate", "Estimate"):
-            from . import estimator
+            from . import _estimator as estimator
 
             return getattr(estimator, name)
         if name == "verdict":
-            from .analysis.compare import verdict
+            from ._analysis.compare import verdict
 
             return verdict
         if name in ("launch", "LaunchError"):
-            from . import distributed
+            from . import _distributed as distributed
 
             return getattr(distributed, name)
         raise AttributeError(f"module 'jupyter_vram' has no attribute {name!r}")
@@ -76,13 +76,13 @@ def show(profile: Profile | Estimate | Sequence[Profile]) -> Any:
     `jv.launch` returns), and return it."""
     from IPython.display import display
 
-    from .app import ProfileApp
+    from ._app import ProfileApp
 
     app: Any
     if isinstance(profile, Profile):
         app = ProfileApp(profile)
     elif isinstance(profile, Sequence):
-        from .app.ranks_view import RanksApp
+        from ._app.ranks_view import RanksApp
 
         app = RanksApp(profile)
     else:
@@ -93,8 +93,8 @@ def show(profile: Profile | Estimate | Sequence[Profile]) -> Any:
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:
     """`%load_ext jupyter_vram`: register `%%vram`, `%vram` and `%vram_estimate`."""
-    from .async_cells import install
-    from .magics import VramMagics
+    from ._async_cells import install
+    from ._magics import VramMagics
 
     ipython.register_magics(VramMagics)
     install(ipython)
@@ -106,5 +106,5 @@ def _jupyter_labextension_paths() -> list[dict[str, Any]]:
 
 
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
-    """Server extension serving BokehJS to the lab extension (see jupyter_vram/server.py)."""
-    return [{"module": "jupyter_vram.server"}]
+    """Server extension serving BokehJS to the lab extension (see jupyter_vram/_server.py)."""
+    return [{"module": "jupyter_vram._server"}]

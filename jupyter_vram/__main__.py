@@ -1,6 +1,6 @@
 """`python -m jupyter_vram`: record the built-in example, or summarise a saved profile.
 
-``report``, ``compare`` and ``run`` are the ``jupyter-vram`` command's (see cli.py); ``estimate``
+``report``, ``compare`` and ``run`` are the ``jupyter-vram`` command's (see _cli.py); ``estimate``
 here is the built-in example's estimate (``jupyter-vram estimate`` takes any model).
 """
 
@@ -11,15 +11,15 @@ import sys
 
 import torch
 
-from .model import Profile, ProfileFileError
-from .recording import record
-from .render.text import summary
+from ._model import Profile, ProfileFileError
+from ._recording import record
+from ._render.text import summary
 
 
 def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
     if args_in and args_in[0] in ("report", "compare", "run"):  # the jupyter-vram command's
-        from .cli import main as cli_main
+        from ._cli import main as cli_main
 
         return cli_main(args_in)
     parser = argparse.ArgumentParser(
@@ -66,10 +66,10 @@ def estimate_demo(batch_size: int, gpu: str) -> int:
     """Estimate the built-in small GPT without a GPU: summary, fit, largest batch, what-ifs."""
     import torch.nn.functional as F
 
-    from .estimator import EstimateError, estimate, find_gpu
-    from .estimator.search import format_batch
+    from ._estimator import EstimateError, estimate, find_gpu
+    from ._estimator.search import format_batch
+    from ._render.estimate_text import estimate_summary, what_if_text
     from .examples import TinyGPT
-    from .render.estimate_text import estimate_summary, what_if_text
 
     def next_token_loss(
         logits: torch.Tensor, batch: tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]

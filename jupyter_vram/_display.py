@@ -1,6 +1,6 @@
 """Plain-text views for classes that live below the display layer.
 
-An :class:`~jupyter_vram.estimator.Estimate` shows its summary when IPython prints it, but
+An :class:`~jupyter_vram._estimator.Estimate` shows its summary when IPython prints it, but
 the estimator returns data and imports no renderer. So its ``_repr_pretty_`` asks here for
 the view registered under its kind, and the package registers the renderer's at import
 (``jupyter_vram/_profile_services.py``). A leaf: it imports nothing of the package.

@@ -1,7 +1,7 @@
-"""The services behind :class:`~jupyter_vram.model.Profile`'s conveniences.
+"""The services behind :class:`~jupyter_vram._model.Profile`'s conveniences.
 
 The data model declares ``peak_bytes``, ``to_dataframe()``, ``to_html()``, ``compare()`` ...
-but imports nothing above it (see ``model.py``); this module, part of the public API layer,
+but imports nothing above it (see ``_model.py``); this module, part of the public API layer,
 provides them from analysis/, render/, leaks, rerun, capture's snapshot files and the
 distributed files, and ``jupyter_vram/__init__.py`` installs it when the package is imported
 (with :func:`estimate_text`, the text view an Estimate shows in IPython: ``_display.py``).
@@ -22,81 +22,81 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .analysis.oom import OomReport
-    from .analysis.timeline import Timeline
-    from .model import Profile
-    from .rerun import Variant
+    from ._analysis.oom import OomReport
+    from ._analysis.timeline import Timeline
+    from ._model import Profile
+    from ._rerun import Variant
 
 
 class Services:
-    """:class:`~jupyter_vram.model.ProfileServices`, each method one call to its layer."""
+    """:class:`~jupyter_vram._model.ProfileServices`, each method one call to its layer."""
 
     def replay(self, profile: Profile) -> Timeline:
-        from .analysis.timeline import replay
+        from ._analysis.timeline import replay
 
         return replay(profile)
 
     def allocations_frame(self, profile: Profile) -> pd.DataFrame:
-        from .analysis.tables import allocations_frame
+        from ._analysis.tables import allocations_frame
 
         return allocations_frame(profile)
 
     def top_sites(
         self, profile: Profile, limit: int, by: Literal["peak", "allocated"]
     ) -> pd.DataFrame:
-        from .analysis.tables import top_sites
+        from ._analysis.tables import top_sites
 
         return top_sites(profile, limit, by=by)
 
     def oom_report(self, profile: Profile) -> OomReport | None:
-        from .analysis.oom import oom_report
+        from ._analysis.oom import oom_report
 
         return oom_report(profile)
 
     def find_leaks(self, profile: Profile) -> pd.DataFrame:
-        from .leaks import find_leaks
+        from ._leaks import find_leaks
 
         return find_leaks(profile)
 
     def write_report(
         self, profile: Profile, path: str | Path, resources: Literal["inline", "cdn"]
     ) -> Path:
-        from .render.html import write_report
+        from ._render.html import write_report
 
         return write_report(profile, path, resources=resources)
 
     def variant(self, info: Mapping[str, Any]) -> Variant:
-        from .rerun import Variant
+        from ._rerun import Variant
 
         return Variant.from_dict(info)
 
     def compare(
         self, baseline: Profile, other: Profile, by: Literal["category", "module", "op"]
     ) -> pd.DataFrame:
-        from .analysis.compare import compare
+        from ._analysis.compare import compare
 
         return compare(baseline, other, by)
 
     def from_snapshot(
         self, source: str | Path | Mapping[str, Any], device: int | str | None
     ) -> Profile:
-        from .capture.snapshot_file import profile_from_snapshot_source
+        from ._capture.snapshot_file import profile_from_snapshot_source
 
         return profile_from_snapshot_source(source, device=device)
 
     def to_snapshot(self, profile: Profile, path: str | Path) -> Path:
-        from .capture.snapshot_file import write_snapshot
+        from ._capture.snapshot_file import write_snapshot
 
         return write_snapshot(profile, path)
 
     def load_ranks(self, folder: str | Path) -> list[Profile]:
-        from .distributed.files import load_ranks
+        from ._distributed.files import load_ranks
 
         return load_ranks(folder)
 
 
 def estimate_text(estimate: Any) -> str:
     """An Estimate as IPython prints it (see ``_display.py``): the renderer's summary."""
-    from .render.estimate_text import estimate_summary
+    from ._render.estimate_text import estimate_summary
 
     return str(estimate_summary(estimate))

@@ -19,7 +19,7 @@ from torch.nn.modules import module as module_hooks
 from torch.optim import optimizer as optimizer_hooks
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from jupyter_vram.capture import RECORDING_LOCK
+from jupyter_vram._capture import RECORDING_LOCK
 
 
 def recording_state() -> dict[str, object]:
@@ -90,7 +90,7 @@ def owned_breakdown(profile: object, index: int, prefix: str) -> dict[str, int]:
     ``prefix`` (tests share a process, so other tests' models may be alive too)."""
     import numpy as np
 
-    from jupyter_vram.model import CATEGORIES
+    from jupyter_vram._model import CATEGORIES
 
     prof = profile  # a jupyter_vram.Profile
     a = prof.allocations  # type: ignore[attr-defined]

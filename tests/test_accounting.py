@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import jupyter_vram as jv
-from jupyter_vram.model import CATEGORY_INDEX, PHASES
+from jupyter_vram._model import CATEGORY_INDEX, PHASES
 
 from .conftest import MLP, owned_breakdown
 
@@ -186,7 +186,7 @@ def test_keyword_inputs_are_inputs_and_their_hooks_go_away() -> None:
 
 def test_checkpointed_block_inputs_are_activations() -> None:
     """Checkpointing keeps each block's input for the recompute: activations, not inputs."""
-    from jupyter_vram.transforms.checkpointing import enable_checkpointing
+    from jupyter_vram._transforms.checkpointing import enable_checkpointing
 
     blocks = nn.Sequential(*(nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(4)))
     undo = enable_checkpointing(blocks)

@@ -6,7 +6,7 @@ one; blocks at or above max_split_size are never split)."""
 
 from __future__ import annotations
 
-from jupyter_vram.allocator_rules import (
+from jupyter_vram._allocator_rules import (
     UNLIMITED_SPLIT,
     is_small,
     is_small_segment,

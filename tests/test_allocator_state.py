@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jupyter_vram.analysis.allocator import allocator_state, stranded_requests
-from jupyter_vram.capture.builder import ProfileBuilder
-from jupyter_vram.model import CATEGORY_INDEX, PHASE_INDEX, Profile, SegmentEvents
+from jupyter_vram._analysis.allocator import allocator_state, stranded_requests
+from jupyter_vram._capture.builder import ProfileBuilder
+from jupyter_vram._model import CATEGORY_INDEX, PHASE_INDEX, Profile, SegmentEvents
 
 MIB = 2**20
 T = CATEGORY_INDEX["temporary"]

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jupyter_vram.analysis.flame import flame_tree
-from jupyter_vram.analysis.groups import live_at_peak
-from jupyter_vram.analysis.tables import top_sites
-from jupyter_vram.capture.builder import ProfileBuilder
-from jupyter_vram.model import CATEGORY_INDEX, PHASE_INDEX, Frame, Profile
-from jupyter_vram.render.text import format_bytes, summary
+from jupyter_vram._analysis.flame import flame_tree
+from jupyter_vram._analysis.groups import live_at_peak
+from jupyter_vram._analysis.tables import top_sites
+from jupyter_vram._capture.builder import ProfileBuilder
+from jupyter_vram._model import CATEGORY_INDEX, PHASE_INDEX, Frame, Profile
+from jupyter_vram._render.text import format_bytes, summary
 
 P, G, A, T = (CATEGORY_INDEX[c] for c in ("parameter", "gradient", "activation", "temporary"))
 FWD, BWD = PHASE_INDEX["forward"], PHASE_INDEX["backward"]

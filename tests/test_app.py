@@ -13,11 +13,11 @@ import torch
 from jupyter_bokeh import BokehModel
 
 import jupyter_vram as jv
-from jupyter_vram.app import ProfileApp
-from jupyter_vram.app.flame_view import FlameView
-from jupyter_vram.app.timeline_view import TimelineView
-from jupyter_vram.render.figures import CRUMB_SEP, PATH_SEP
-from jupyter_vram.render.text import format_bytes
+from jupyter_vram._app import ProfileApp
+from jupyter_vram._app.flame_view import FlameView
+from jupyter_vram._app.timeline_view import TimelineView
+from jupyter_vram._render.figures import CRUMB_SEP, PATH_SEP
+from jupyter_vram._render.text import format_bytes
 
 from .conftest import MLP
 
@@ -229,7 +229,7 @@ def test_long_tables_expand_in_the_page() -> None:
 
 
 def test_cpu_allocator_tab_shows_the_tracker_and_a_gpu_model(profile: jv.Profile) -> None:
-    from jupyter_vram.estimator.cuda_model import simulate
+    from jupyter_vram._estimator.cuda_model import simulate
 
     text = ProfileApp(profile).open_tab(4).value
     a = profile.allocations

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_vram.analysis.allocator import allocator_state, reserved_at, reserved_peak
-from jupyter_vram.app import ProfileApp
-from jupyter_vram.app.timeline_view import TimelineView
-from jupyter_vram.capture.cuda_convert import profile_from_snapshot
-from jupyter_vram.model import Profile
-from jupyter_vram.render.html import header_facts
-from jupyter_vram.render.text import format_bytes
+from jupyter_vram._analysis.allocator import allocator_state, reserved_at, reserved_peak
+from jupyter_vram._app import ProfileApp
+from jupyter_vram._app.timeline_view import TimelineView
+from jupyter_vram._capture.cuda_convert import profile_from_snapshot
+from jupyter_vram._model import Profile
+from jupyter_vram._render.html import header_facts
+from jupyter_vram._render.text import format_bytes
 
 FIXTURE = Path(__file__).parent / "fixtures" / "cuda_snapshot_mlp.json"
 GIB = 2**30

@@ -17,20 +17,20 @@ from bokeh.models.annotations import Span
 from torch import nn
 
 import jupyter_vram as jv
-from jupyter_vram.app import ProfileApp
-from jupyter_vram.app.estimate_view import (
+from jupyter_vram._app import ProfileApp
+from jupyter_vram._app.estimate_view import (
     BADGE,
     TITLE,
     EstimateView,
     estimate_facts,
     what_if_html,
 )
-from jupyter_vram.app.timeline_view import TimelineView
-from jupyter_vram.estimator import GPUS, Comparison, Estimate, EstimateError, estimate, find_gpu
-from jupyter_vram.estimator.api import Allowance, model_weights
-from jupyter_vram.estimator.whatif import what_if_fits
-from jupyter_vram.render.estimate_text import settings_text
-from jupyter_vram.render.text import format_bytes
+from jupyter_vram._app.timeline_view import TimelineView
+from jupyter_vram._estimator import GPUS, Comparison, Estimate, EstimateError, estimate, find_gpu
+from jupyter_vram._estimator.api import Allowance, model_weights
+from jupyter_vram._estimator.whatif import what_if_fits
+from jupyter_vram._render.estimate_text import settings_text
+from jupyter_vram._render.text import format_bytes
 
 WIDTH = 16384  # wide enough that the smallest GPU's largest batch is a real number
 SMALL_GPU = "GTX 1060 6GB"
@@ -199,7 +199,7 @@ def test_an_estimate_app_does_not_keep_its_estimate() -> None:
     import gc
     import weakref
 
-    from jupyter_vram.capture.builder import ProfileBuilder
+    from jupyter_vram._capture.builder import ProfileBuilder
 
     fresh = estimate(nn.Linear(64, 10), "4x64")
     refs = (weakref.ref(fresh), weakref.ref(fresh.profile))
@@ -287,7 +287,7 @@ def test_profile_alone_leaves_out_cards_it_cannot_answer(
 ) -> None:
     """A saved estimate's profile cannot simulate again: cards that would run another
     attention kernel than the simulated step's are named as not checked, never guessed."""
-    monkeypatch.setattr("jupyter_vram.estimator.api._uses_flash", lambda profile: True)
+    monkeypatch.setattr("jupyter_vram._estimator.api._uses_flash", lambda profile: True)
     near = with_reserved(est, find_gpu("A10").usable_bytes // 2)
     answer = dict(estimate_facts(near.profile))["smallest GPU it fits"]
     no_flash = [g.name for g in GPUS if not g.flash_attention]
@@ -417,8 +417,8 @@ def test_magic_puts_the_gpu_answer_in_the_app(monkeypatch: pytest.MonkeyPatch) -
     """%vram_estimate --gpu: the answer is in the app's first line, not printed below it."""
     from IPython.core.magic_arguments import parse_argstring
 
-    from jupyter_vram.magics import VramMagics
-    from jupyter_vram.magics_estimate import run_estimate_magic
+    from jupyter_vram._magics import VramMagics
+    from jupyter_vram._magics_estimate import run_estimate_magic
 
     shown: list[Any] = []
     printed: list[str] = []

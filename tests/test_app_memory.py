@@ -12,11 +12,11 @@ from pathlib import Path
 
 import ipywidgets as w
 
-from jupyter_vram.app import ProfileApp
-from jupyter_vram.app.flame_view import FlameView
-from jupyter_vram.app.holder import GONE
-from jupyter_vram.app.timeline_view import TimelineView
-from jupyter_vram.model import Profile
+from jupyter_vram._app import ProfileApp
+from jupyter_vram._app.flame_view import FlameView
+from jupyter_vram._app.holder import GONE
+from jupyter_vram._app.timeline_view import TimelineView
+from jupyter_vram._model import Profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from synthetic import synthetic_profile

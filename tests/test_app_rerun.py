@@ -16,15 +16,15 @@ import torch
 from IPython.core.interactiveshell import InteractiveShell
 
 import jupyter_vram as jv
-from jupyter_vram.analysis.compare import verdict
-from jupyter_vram.app import ProfileApp
-from jupyter_vram.app.compare_view import TITLE, CompareView, compare_app
-from jupyter_vram.app.flame_view import FlameView
-from jupyter_vram.app.rerun_view import AUTO, RerunBar
-from jupyter_vram.model import CATEGORIES
-from jupyter_vram.render.compare_figures import GROW, SAME
-from jupyter_vram.render.text import format_bytes
-from jupyter_vram.rerun import rerun_unavailable
+from jupyter_vram._analysis.compare import verdict
+from jupyter_vram._app import ProfileApp
+from jupyter_vram._app.compare_view import TITLE, CompareView, compare_app
+from jupyter_vram._app.flame_view import FlameView
+from jupyter_vram._app.rerun_view import AUTO, RerunBar
+from jupyter_vram._model import CATEGORIES
+from jupyter_vram._render.compare_figures import GROW, SAME
+from jupyter_vram._render.text import format_bytes
+from jupyter_vram._rerun import rerun_unavailable
 
 from .conftest import ipython_shell
 

@@ -8,11 +8,11 @@ classes is still an arrow running back up).
 
 Layers, bottom first (a module may import its own layer and the layers listed for it):
 
-* leaves, which import nothing of the package and any layer may use: ``allocator_rules.py``
+* leaves, which import nothing of the package and any layer may use: ``_allocator_rules.py``
   (the caching allocator's rules), ``_units.py`` (byte
   sizes in words) and ``_display.py`` (the text view an upper layer registers for a lower
   layer's class, e.g. an Estimate's summary).
-* ``model.py``: the data. At run time it imports only ``_units``; under
+* ``_model.py``: the data. At run time it imports only ``_units``; under
   TYPE_CHECKING it may name the three result types its conveniences return
   (:data:`MODEL_TYPE_ONLY`). Its analysis conveniences are filled in from above at package
   import (see ``jupyter_vram/_profile_services.py``).
@@ -21,7 +21,7 @@ Layers, bottom first (a module may import its own layer and the layers listed fo
 * ``estimator/``: model, capture, analysis, transforms, recording. Never render, app or the
   magics: it returns data.
 * ``render/``: model, analysis. Never the estimator: what it formats of an estimate it reads
-  through the Protocols it declares itself (``render/estimate_text.py``).
+  through the Protocols it declares itself (``_render/estimate_text.py``).
 * ``app/``: anything but the magics.
 
 Cycles: the graph of run-time imports (module level and function level; type-only imports
@@ -41,34 +41,34 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "jupyter_vram"
 ROOT = "jupyter_vram"
 
-#: The only type-only imports model.py makes: the return types of its conveniences
+#: The only type-only imports _model.py makes: the return types of its conveniences
 #: (``Profile.timeline``, ``Profile.oom``, ``Profile.variant``), and the Protocol of the
 #: services that provide them.
 MODEL_TYPE_ONLY = frozenset(
-    {"jupyter_vram.analysis.timeline", "jupyter_vram.analysis.oom", "jupyter_vram.rerun"}
+    {"jupyter_vram._analysis.timeline", "jupyter_vram._analysis.oom", "jupyter_vram._rerun"}
 )
 
 #: Layer -> the layers (module-name prefixes) it may import besides itself.
 LEAF = "jupyter_vram._units"
-LEAVES = (LEAF, "jupyter_vram._display", "jupyter_vram.allocator_rules")
+LEAVES = (LEAF, "jupyter_vram._display", "jupyter_vram._allocator_rules")
 ALLOWED: dict[str, tuple[str, ...]] = {
     **{leaf: () for leaf in LEAVES},
-    "jupyter_vram.model": (LEAF,),
-    "jupyter_vram.capture": (*LEAVES, "jupyter_vram.model"),
-    "jupyter_vram.analysis": (*LEAVES, "jupyter_vram.model"),
-    "jupyter_vram.estimator": (
+    "jupyter_vram._model": (LEAF,),
+    "jupyter_vram._capture": (*LEAVES, "jupyter_vram._model"),
+    "jupyter_vram._analysis": (*LEAVES, "jupyter_vram._model"),
+    "jupyter_vram._estimator": (
         *LEAVES,
-        "jupyter_vram.model",
-        "jupyter_vram.capture",
-        "jupyter_vram.analysis",
-        "jupyter_vram.transforms",
-        "jupyter_vram.recording",
+        "jupyter_vram._model",
+        "jupyter_vram._capture",
+        "jupyter_vram._analysis",
+        "jupyter_vram._transforms",
+        "jupyter_vram._recording",
     ),
-    "jupyter_vram.render": (*LEAVES, "jupyter_vram.model", "jupyter_vram.analysis"),
+    "jupyter_vram._render": (*LEAVES, "jupyter_vram._model", "jupyter_vram._analysis"),
 }
 #: Layer -> what it must never import (for layers that may import most of the package).
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "jupyter_vram.app": ("jupyter_vram.magics", "jupyter_vram.magics_estimate"),
+    "jupyter_vram._app": ("jupyter_vram._magics", "jupyter_vram._magics_estimate"),
 }
 
 
@@ -162,7 +162,7 @@ def layer_violations(graph: list[Import]) -> list[str]:
     problems = []
     for imp in graph:
         where = f"{imp.source}:{imp.line} imports {imp.target} ({imp.kind})"
-        if imp.source == "jupyter_vram.model" and imp.kind == "typing":
+        if imp.source == "jupyter_vram._model" and imp.kind == "typing":
             if imp.target not in MODEL_TYPE_ONLY:
                 problems.append(where)
             continue
@@ -222,32 +222,32 @@ def test_the_reader_sees_every_kind_of_import(tmp_path: Path) -> None:
     source = (
         "from __future__ import annotations\n"
         "from typing import TYPE_CHECKING\n"
-        "from .model import Profile\n"
-        "from . import render\n"
-        "import jupyter_vram.analysis.timeline\n"
+        "from ._model import Profile\n"
+        "from . import _render\n"
+        "import jupyter_vram._analysis.timeline\n"
         "import numpy\n"
         "if TYPE_CHECKING:\n"
-        "    from .estimator.api import Estimate\n"
+        "    from ._estimator.api import Estimate\n"
         "def f() -> None:\n"
-        "    from .app import profile_app\n"
+        "    from ._app import profile_app\n"
         "class C:\n"
-        "    from .magics import VramMagics\n"
+        "    from ._magics import VramMagics\n"
         "    def g(self) -> None:\n"
-        "        from .render.text import format_bytes\n"
+        "        from ._render.text import format_bytes\n"
     )
     path = tmp_path / "jupyter_vram" / "probe.py"
     path.parent.mkdir(parents=True)
     path.write_text(source)
-    modules = {m: Path() for m in ("jupyter_vram.render", "jupyter_vram.app.profile_app")}
+    modules = {m: Path() for m in ("jupyter_vram._render", "jupyter_vram._app.profile_app")}
     got = [(i.target, i.kind) for i in imports_of("jupyter_vram.probe", path, modules)]
     assert got == [
-        ("jupyter_vram.model", "module"),
-        ("jupyter_vram.render", "module"),
-        ("jupyter_vram.analysis.timeline", "module"),
-        ("jupyter_vram.estimator.api", "typing"),
-        ("jupyter_vram.app.profile_app", "function"),
-        ("jupyter_vram.magics", "module"),
-        ("jupyter_vram.render.text", "function"),
+        ("jupyter_vram._model", "module"),
+        ("jupyter_vram._render", "module"),
+        ("jupyter_vram._analysis.timeline", "module"),
+        ("jupyter_vram._estimator.api", "typing"),
+        ("jupyter_vram._app.profile_app", "function"),
+        ("jupyter_vram._magics", "module"),
+        ("jupyter_vram._render.text", "function"),
     ]
 
 
@@ -255,12 +255,12 @@ def test_the_checks_catch_an_arrow_running_back_up() -> None:
     """A made-up graph with one upward import of each forbidden kind, and a cycle through a
     lazy import, is caught; the real graph without them is not."""
     fake = [
-        Import("jupyter_vram.model", "jupyter_vram.render.text", 1, "function"),
-        Import("jupyter_vram.analysis.oom", "jupyter_vram.render.text", 2, "module"),
-        Import("jupyter_vram.capture.stacks", "jupyter_vram", 3, "function"),
-        Import("jupyter_vram.render.mime", "jupyter_vram.estimator.api", 4, "typing"),
-        Import("jupyter_vram.estimator.api", "jupyter_vram.render.estimate_text", 5, "function"),
-        Import("jupyter_vram.app.profile_app", "jupyter_vram.magics", 6, "function"),
+        Import("jupyter_vram._model", "jupyter_vram._render.text", 1, "function"),
+        Import("jupyter_vram._analysis.oom", "jupyter_vram._render.text", 2, "module"),
+        Import("jupyter_vram._capture.stacks", "jupyter_vram", 3, "function"),
+        Import("jupyter_vram._render.mime", "jupyter_vram._estimator.api", 4, "typing"),
+        Import("jupyter_vram._estimator.api", "jupyter_vram._render.estimate_text", 5, "function"),
+        Import("jupyter_vram._app.profile_app", "jupyter_vram._magics", 6, "function"),
     ]
     assert len(layer_violations(fake)) == len(fake)
     loop = [
@@ -284,7 +284,7 @@ def test_no_layer_imports_from_a_layer_above(graph: list[Import]) -> None:
 
 
 def test_model_imports_nothing_above_it_at_run_time(graph: list[Import]) -> None:
-    run_time = {i.target for i in graph if i.source == "jupyter_vram.model" and i.kind != "typing"}
+    run_time = {i.target for i in graph if i.source == "jupyter_vram._model" and i.kind != "typing"}
     assert run_time <= {LEAF}
 
 
@@ -292,7 +292,8 @@ def test_render_knows_no_estimator(graph: list[Import]) -> None:
     assert [
         i
         for i in graph
-        if _within(i.source, "jupyter_vram.render") and _within(i.target, "jupyter_vram.estimator")
+        if _within(i.source, "jupyter_vram._render")
+        and _within(i.target, "jupyter_vram._estimator")
     ] == []
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import jupyter_vram as jv
-from jupyter_vram import cli
-from jupyter_vram.render.text import format_bytes
+from jupyter_vram import _cli as cli
+from jupyter_vram._render.text import format_bytes
 
 ROOT = Path(__file__).parent.parent
 H200 = Path(__file__).parent / "fixtures" / "h200"
@@ -21,7 +21,7 @@ H200 = Path(__file__).parent / "fixtures" / "h200"
 
 def jupyter_vram(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "jupyter_vram.cli", *map(str, args)],
+        [sys.executable, "-m", "jupyter_vram._cli", *map(str, args)],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -33,7 +33,7 @@ def test_the_console_script_points_at_the_cli() -> None:
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     module, _, name = scripts["jupyter-vram"].partition(":")
-    assert module == "jupyter_vram.cli" and getattr(cli, name) is cli.main
+    assert module == "jupyter_vram._cli" and getattr(cli, name) is cli.main
 
 
 @pytest.mark.slow

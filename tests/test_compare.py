@@ -7,10 +7,10 @@ import math
 import pytest
 
 from jupyter_vram import Profile, verdict
-from jupyter_vram.analysis.compare import activation_bytes_by_module, like_for_like
-from jupyter_vram.capture.builder import ProfileBuilder
-from jupyter_vram.model import CATEGORY_INDEX, PHASE_INDEX
-from jupyter_vram.rerun import Variant
+from jupyter_vram._analysis.compare import activation_bytes_by_module, like_for_like
+from jupyter_vram._capture.builder import ProfileBuilder
+from jupyter_vram._model import CATEGORY_INDEX, PHASE_INDEX
+from jupyter_vram._rerun import Variant
 
 P, G, A, T, INPUT = (
     CATEGORY_INDEX[c] for c in ("parameter", "gradient", "activation", "temporary", "input")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_vram.capture.cuda_convert import profile_from_snapshot
-from jupyter_vram.model import CATEGORIES
+from jupyter_vram._capture.cuda_convert import profile_from_snapshot
+from jupyter_vram._model import CATEGORIES
 
 HERE = Path(__file__).parent / "fixtures" / "h200"
 SUMMARY = json.loads((HERE / "summary.json").read_text())

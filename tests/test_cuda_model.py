@@ -15,14 +15,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from jupyter_vram.analysis.allocator import (
+from jupyter_vram._analysis.allocator import (
     allocator_state,
     has_segments,
     reserved_at,
     reserved_peak,
 )
-from jupyter_vram.estimator.cuda_model import AllocatorSimulation, simulate, to_cuda_profile
-from jupyter_vram.model import Allocations, Profile
+from jupyter_vram._estimator.cuda_model import AllocatorSimulation, simulate, to_cuda_profile
+from jupyter_vram._model import Allocations, Profile
 
 from .conftest import cuda_snapshot_generator
 

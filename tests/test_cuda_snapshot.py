@@ -21,11 +21,11 @@ import torch
 from torch import nn
 
 import jupyter_vram as jv
-from jupyter_vram.allocator_rules import round_size
-from jupyter_vram.capture import RECORDING_LOCK, RecordingError
-from jupyter_vram.capture.cuda_convert import profile_from_snapshot
-from jupyter_vram.capture.cuda_snapshot import CudaSnapshotRecorder
-from jupyter_vram.model import CATEGORIES, CATEGORY_INDEX, Frame, Profile
+from jupyter_vram._allocator_rules import round_size
+from jupyter_vram._capture import RECORDING_LOCK, RecordingError
+from jupyter_vram._capture.cuda_convert import profile_from_snapshot
+from jupyter_vram._capture.cuda_snapshot import CudaSnapshotRecorder
+from jupyter_vram._model import CATEGORIES, CATEGORY_INDEX, Frame, Profile
 
 from .conftest import cuda_snapshot_generator
 
@@ -363,7 +363,7 @@ def test_round_size() -> None:
 
 
 def test_nvml_is_optional() -> None:
-    from jupyter_vram.capture.nvml import device_memory
+    from jupyter_vram._capture.nvml import device_memory
 
     info = device_memory(0)  # never raises, with or without a driver
     if torch.cuda.is_available():
@@ -563,9 +563,9 @@ def test_real_error_switches_history_off() -> None:
 def test_profiler_labels_go_to_the_same_block_occurrence() -> None:
     """History entries get the label of the profiler's report for the same address and the
     same occurrence of it; markers keep theirs; frees are left alone."""
-    from jupyter_vram.capture.cuda_convert import MARKER_PREFIX
-    from jupyter_vram.capture.cuda_snapshot import label_from_profiler
-    from jupyter_vram.capture.profiler_events import AllocEvent
+    from jupyter_vram._capture.cuda_convert import MARKER_PREFIX
+    from jupyter_vram._capture.cuda_snapshot import label_from_profiler
+    from jupyter_vram._capture.profiler_events import AllocEvent
 
     ops = ["(unknown)", "addmm", "mm", "empty"]
     events = [

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jupyter_vram import devices
-from jupyter_vram.capture import nvml
+from jupyter_vram import _devices as devices
+from jupyter_vram._capture import nvml
 
 
 def test_cuda_view_reports_allocator_and_device(monkeypatch: pytest.MonkeyPatch) -> None:

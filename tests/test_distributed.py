@@ -23,8 +23,8 @@ import torch.distributed as dist
 from torch import nn
 
 import jupyter_vram as jv
-from jupyter_vram.distributed import LaunchError
-from jupyter_vram.distributed.launcher import free_port
+from jupyter_vram._distributed import LaunchError
+from jupyter_vram._distributed.launcher import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TINY: dict[str, Any] = {
@@ -248,7 +248,7 @@ def test_two_torchrun_nodes_write_one_profile_per_rank(tmp_path: Path) -> None:
                 f"--rdzv-endpoint=127.0.0.1:{port}",
                 "--rdzv-id=jv-test",
                 "-m",
-                "jupyter_vram.distributed.run",
+                "jupyter_vram.run",
                 "--out",
                 str(out),
                 str(script),
@@ -288,7 +288,7 @@ def test_cli_run_nproc_per_node_records_every_rank(tmp_path: Path) -> None:
     script.write_text(TWO_NODE_SCRIPT)
     out = tmp_path / "ranks"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "jupyter_vram.cli", "run", "--nproc-per-node", "2"]
+    command = [sys.executable, "-m", "jupyter_vram._cli", "run", "--nproc-per-node", "2"]
     done = subprocess.run(
         [*command, "--ranks-dir", str(out), str(script), "--flag", "x"],
         env=env,

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import jupyter_vram as jv
-from jupyter_vram.app.profile_app import ProfileApp
-from jupyter_vram.app.ranks_view import RanksApp
-from jupyter_vram.distributed.summary import imbalance, rank_peaks, ranks_text
+from jupyter_vram._app.profile_app import ProfileApp
+from jupyter_vram._app.ranks_view import RanksApp
+from jupyter_vram._distributed.summary import imbalance, rank_peaks, ranks_text
 
 from .conftest import ipython_shell
 

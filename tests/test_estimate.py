@@ -18,19 +18,19 @@ import pytest
 import torch
 from torch import nn
 
-from jupyter_vram.estimator import Estimate, EstimateError, InputError, estimate, find_gpu
-from jupyter_vram.estimator.inputs import (
+from jupyter_vram._estimator import Estimate, EstimateError, InputError, estimate, find_gpu
+from jupyter_vram._estimator.inputs import (
     BatchSpec,
     TensorInput,
     make_batch_spec,
     parse_shape,
     with_default_labels,
 )
-from jupyter_vram.estimator.search import MAX_BATCH, largest_fitting
-from jupyter_vram.estimator.step import StepError, StepSettings, check_optimizer
-from jupyter_vram.estimator.transport import TensorSlots, dumps, loads
-from jupyter_vram.estimator.whatif import SHARDINGS, eight_bit_state, sharded_peak
-from jupyter_vram.model import CATEGORY_INDEX, PHASE_INDEX, Allocations, Profile
+from jupyter_vram._estimator.search import MAX_BATCH, largest_fitting
+from jupyter_vram._estimator.step import StepError, StepSettings, check_optimizer
+from jupyter_vram._estimator.transport import TensorSlots, dumps, loads
+from jupyter_vram._estimator.whatif import SHARDINGS, eight_bit_state, sharded_peak
+from jupyter_vram._model import CATEGORY_INDEX, PHASE_INDEX, Allocations, Profile
 
 MLP_SIZES = (64, 256, 10)
 
@@ -119,7 +119,7 @@ def parameter_numel(model: nn.Module) -> int:
 def no_leftover_processes() -> Iterator[None]:
     """Every estimator process a test starts is gone when it ends (but for the ones kept
     warm on purpose, which are ended first)."""
-    from jupyter_vram.estimator.runner import close_warm_workers
+    from jupyter_vram._estimator.runner import close_warm_workers
 
     close_warm_workers()
     before = {p.pid for p in psutil.Process().children(recursive=True)}
@@ -474,7 +474,7 @@ def test_estimate_keeps_no_reference_to_the_model() -> None:
     import gc
     import weakref
 
-    from jupyter_vram.session import remember_estimate
+    from jupyter_vram._session import remember_estimate
 
     model = TwoLayer()
     ref = weakref.ref(model)
@@ -540,8 +540,8 @@ def test_data_parallel_gpus_must_be_positive(
     # the magic says so in one line, before any estimator process starts
     from IPython.core.magic_arguments import parse_argstring
 
-    from jupyter_vram.magics import VramMagics
-    from jupyter_vram.magics_estimate import run_estimate_magic
+    from jupyter_vram._magics import VramMagics
+    from jupyter_vram._magics_estimate import run_estimate_magic
 
     args = parse_argstring(VramMagics.vram_estimate, f"m --input 2x64 --what-if --gpus {gpus}")
     before = {p.pid for p in psutil.Process().children(recursive=True)}
@@ -557,8 +557,8 @@ def test_data_parallel_gpus_must_be_positive(
 def test_quoted_magic_arguments_lose_their_quotes() -> None:
     from IPython.core.magic_arguments import parse_argstring
 
-    from jupyter_vram.magics import VramMagics
-    from jupyter_vram.magics_estimate import resolve_inputs, unquote
+    from jupyter_vram._magics import VramMagics
+    from jupyter_vram._magics_estimate import resolve_inputs, unquote
 
     line = "m --input \"a=4x128,b=4x128\" --gpu 'A100 80GB' --optimizer 'sgd'"
     args = parse_argstring(VramMagics.vram_estimate, line)

@@ -72,7 +72,7 @@ def test_a_sum_loss_feeding_three_heads_is_predicted_exactly() -> None:
 
 @pytest.mark.parametrize("expanded", ["scalar", "row"])
 def test_broadcast_matmul_operands_are_copied_inside_the_op(expanded: str) -> None:
-    from jupyter_vram.estimator.kernels import broadcast_operand_copies
+    from jupyter_vram._estimator.kernels import broadcast_operand_copies
 
     g = (torch.ones(()) if expanded == "scalar" else torch.randn(1, 256)).expand(512, 256)
     w = torch.randn(256, 1024)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from jupyter_vram.model import PHASES
+from jupyter_vram._model import PHASES
 
 pytest.importorskip("transformers")
 
@@ -53,7 +53,7 @@ def _before_optimizer(profile: Any) -> dict[str, int]:
 
 def _most(profile: Any, category: str) -> int:
     """The most bytes of ``category`` live at any point of the step."""
-    from jupyter_vram.model import CATEGORIES
+    from jupyter_vram._model import CATEGORIES
 
     return int(profile.timeline.by_category()[:, CATEGORIES.index(category)].max())
 

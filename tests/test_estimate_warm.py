@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 import jupyter_vram as jv
-from jupyter_vram.estimator.runner import WARM, close_warm_workers
+from jupyter_vram._estimator.runner import WARM, close_warm_workers
 
 
 @pytest.fixture(autouse=True)
@@ -75,7 +75,7 @@ import sys
 import torch
 from torch import nn
 import jupyter_vram as jv
-from jupyter_vram.estimator.runner import WARM
+from jupyter_vram._estimator.runner import WARM
 jv.estimate(nn.Linear(8, 8), "2x8", device="cpu")
 print(" ".join(map(str, WARM.pids())), flush=True)
 sys.stdin.readline()

@@ -11,10 +11,10 @@ from bokeh.models import ColumnDataSource
 from bokeh.models.annotations import Label, Span
 from jupyter_bokeh import BokehModel
 
-from jupyter_vram.analysis.flame import flame_tree
-from jupyter_vram.capture.builder import ProfileBuilder
-from jupyter_vram.model import CATEGORIES, CATEGORY_INDEX, Frame, Profile
-from jupyter_vram.render.figures import (
+from jupyter_vram._analysis.flame import flame_tree
+from jupyter_vram._capture.builder import ProfileBuilder
+from jupyter_vram._model import CATEGORIES, CATEGORY_INDEX, Frame, Profile
+from jupyter_vram._render.figures import (
     CATEGORY_COLORS,
     CHAR_PX,
     LABEL_PX,
@@ -216,7 +216,7 @@ def test_flame_tooltips_name_the_full_path_and_the_root_is_no_category() -> None
 
 
 def test_numbered_children_show_their_class_when_the_recording_kept_it() -> None:
-    from jupyter_vram.app.flame_view import FlameView
+    from jupyter_vram._app.flame_view import FlameView
 
     types = {f"Net.features.{i}": ("Conv2d" if i % 2 == 0 else "MaxPool2d") for i in range(6)}
     view = FlameView(_deep_profile({"module_types": types}))

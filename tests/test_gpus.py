@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_vram.estimator.gpus import GPUS, Gpu, find_gpu, gpu_from_bytes
+from jupyter_vram._estimator.gpus import GPUS, Gpu, find_gpu, gpu_from_bytes
 
 MIB = 1 << 20
 

@@ -31,7 +31,7 @@ PROBE = """
 import signal, threading, torch
 from torch.nn.modules import module as _m
 from torch.optim import optimizer as _o
-from jupyter_vram.capture import RECORDING_LOCK
+from jupyter_vram._capture import RECORDING_LOCK
 state = (
     torch.autograd.profiler._is_profiler_enabled,
     len(_m._global_forward_pre_hooks), len(_m._global_forward_hooks),

@@ -78,8 +78,8 @@ def test_note_when_the_end_of_run_search_runs_out_of_time(
 ) -> None:
     """The garbage collector's tensors are searched as the run ends within a budget; a
     search cut short says leaks may be missing (in the frame and in the app)."""
-    from jupyter_vram.app.leaks_view import leaks_html
-    from jupyter_vram.capture import leaks as capture_leaks
+    from jupyter_vram._app.leaks_view import leaks_html
+    from jupyter_vram._capture import leaks as capture_leaks
 
     real = capture_leaks.made_by_run
     monkeypatch.setattr(capture_leaks, "made_by_run", lambda *args: real(*args, budget_s=-1.0))
@@ -192,7 +192,7 @@ def test_loaded_profile_has_no_runtime(shell: Any, tmp_path: Path) -> None:
 
 
 def test_app_release_button(shell: Any) -> None:
-    from jupyter_vram.app import ProfileApp
+    from jupyter_vram._app import ProfileApp
 
     run(shell, "leak_var = torch.ones(512, 256)\n")
     ref = weakref.ref(shell.user_ns["leak_var"])

@@ -18,7 +18,7 @@ import torch
 
 import jupyter_vram as jv
 from jupyter_vram import ProfileFileError
-from jupyter_vram.model import Profile
+from jupyter_vram._model import Profile
 
 
 @pytest.fixture(scope="module")

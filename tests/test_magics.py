@@ -102,7 +102,7 @@ def test_estimate_magic_text_and_comparison(
     )
     capsys.readouterr()
     assert shell.run_cell("%%vram --text\nstep()").success
-    from jupyter_vram.session import matching_estimate
+    from jupyter_vram._session import matching_estimate
 
     measured = shell.user_ns["_vram"]
     assert matching_estimate(measured) is est

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import jupyter_vram as jv
-from jupyter_vram.model import Allocations, Profile
+from jupyter_vram._model import Allocations, Profile
 
 
 @pytest.fixture

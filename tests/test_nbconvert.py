@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from jupyter_vram.render.figures import CRUMB_SEP
-from jupyter_vram.render.text import format_bytes
+from jupyter_vram._render.figures import CRUMB_SEP
+from jupyter_vram._render.text import format_bytes
 
 IN, HIDDEN, OUT, BATCH, FP32 = 1024, 2048, 10, 256, 4
 LINEAR0_PARAMS = FP32 * (IN * HIDDEN + HIDDEN)  # weight + bias, alive before the cell
@@ -74,7 +74,7 @@ def recorded_html(folder: Path, theme: str = "light") -> Path:
     from nbconvert import HTMLExporter
 
     import jupyter_vram as jv
-    from jupyter_vram.app import ProfileApp
+    from jupyter_vram._app import ProfileApp
 
     model = torch.nn.Sequential(
         torch.nn.Linear(IN, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, OUT)

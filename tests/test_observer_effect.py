@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import jupyter_vram as jv
-from jupyter_vram.model import CATEGORY_INDEX
+from jupyter_vram._model import CATEGORY_INDEX
 
 Step = Callable[[], None]
 
@@ -307,7 +307,7 @@ def test_long_cells_are_read_in_chunks_without_losing_anything(
 ) -> None:
     """A training loop is read chunk by chunk (the profiler holds ~2 KB per event until it
     stops); chunks meet between two top-level calls, so the rows are exactly the same."""
-    from jupyter_vram.capture import profiler_events
+    from jupyter_vram._capture import profiler_events
 
     model, batch = _case("resnet")
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)

@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 import jupyter_vram as jv
-from jupyter_vram.analysis.oom import block_of
-from jupyter_vram.capture.capacity import parse_capacity
-from jupyter_vram.render.text import summary
+from jupyter_vram._analysis.oom import block_of
+from jupyter_vram._capture.capacity import parse_capacity
+from jupyter_vram._render.text import summary
 
 from .conftest import CLEAN, ipython_shell, recording_state
 
@@ -296,8 +296,8 @@ def test_block_of() -> None:
 
 
 def test_app_shows_the_post_mortem() -> None:
-    from jupyter_vram.app import ProfileApp
-    from jupyter_vram.app.oom_view import TITLE
+    from jupyter_vram._app import ProfileApp
+    from jupyter_vram._app.oom_view import TITLE
 
     ns = setup()
     rec = jv.record("cpu", namespace=ns, capacity=capacity_for(ns))
@@ -320,7 +320,7 @@ def test_cuda_capacity_sets_and_restores_the_fraction(monkeypatch: pytest.Monkey
     """Without a GPU here: the calls the CUDA capacity makes, with torch.cuda's answers faked."""
     from types import SimpleNamespace
 
-    from jupyter_vram.capture.capacity import CudaCapacity
+    from jupyter_vram._capture.capacity import CudaCapacity
 
     calls: list[tuple[float, int]] = []
     total = 80 * 2**30
@@ -342,7 +342,7 @@ def test_cuda_capacity_sets_and_restores_the_fraction(monkeypatch: pytest.Monkey
 
 
 def test_oom_observer_forwards_to_the_running_recording(monkeypatch: pytest.MonkeyPatch) -> None:
-    from jupyter_vram.capture import oom as oom_capture
+    from jupyter_vram._capture import oom as oom_capture
 
     attached: list[Any] = []
     monkeypatch.setattr(oom_capture, "_attached", False)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import jupyter_vram as jv
-from jupyter_vram.analysis.groups import live_at_peak
-from jupyter_vram.model import PHASES
+from jupyter_vram._analysis.groups import live_at_peak
+from jupyter_vram._model import PHASES
 
 from .conftest import owned_breakdown
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import jupyter_vram as jv
-from jupyter_vram.session import run_code
+from jupyter_vram._session import run_code
 
 from .conftest import ipython_shell
 
@@ -44,7 +44,7 @@ def quiet_transformers() -> Any:
 def forget_cells() -> Any:
     """The kernel's latest profile keeps its cell's namespace: let go of this test's models."""
     yield
-    from jupyter_vram import session
+    from jupyter_vram import _session as session
 
     session._last_profile = None
 
@@ -223,7 +223,7 @@ def test_magic_flags_record_the_change_and_compare(shell: Any) -> None:
     assert [v.variant.amp for v in variants] == [None, "bf16"]
     assert variants[0].variant.baseline_cell.startswith("In [")
     # without --text: the app, with each variant in its Compare tab
-    from jupyter_vram.app import ProfileApp
+    from jupyter_vram._app import ProfileApp
 
     shown: list[Any] = []
     with mock.patch("IPython.display.display", shown.append):

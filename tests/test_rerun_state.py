@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 import jupyter_vram as jv
-from jupyter_vram.rerun import NOT_A_CELL, RerunError, rerun, rerun_unavailable
-from jupyter_vram.session import run_code
+from jupyter_vram._rerun import NOT_A_CELL, RerunError, rerun, rerun_unavailable
+from jupyter_vram._session import run_code
 
 TRAIN_STEP = """\
 opt.zero_grad()
@@ -32,7 +32,7 @@ step += 1
 def forget_cells() -> Any:
     """The kernel's latest profile keeps its cell's namespace: let go of this test's models."""
     yield
-    from jupyter_vram import session
+    from jupyter_vram import _session as session
 
     session._last_profile = None
 
@@ -170,7 +170,7 @@ def test_a_rerun_whose_cell_raises_leaves_state_intact(
 ) -> None:
     ns, baseline = trained
     before = snapshot(ns)
-    from jupyter_vram import session
+    from jupyter_vram import _session as session
 
     cell = session.cell_of(baseline)
     assert cell is not None
@@ -191,7 +191,7 @@ def test_an_interrupted_rerun_leaves_state_intact(
 ) -> None:
     ns, baseline = trained
     before = snapshot(ns)
-    from jupyter_vram import session
+    from jupyter_vram import _session as session
 
     cell = session.cell_of(baseline)
     assert cell is not None
@@ -250,7 +250,7 @@ def test_refusals_are_one_line_and_touch_nothing(
         rerun(baseline, checkpoint=["nope.blocks.0"])
     with pytest.raises(RerunError, match=r"has no submodule 'blocks\.9'"):
         rerun(baseline, checkpoint=["model.blocks.9"])
-    from jupyter_vram.transforms import state
+    from jupyter_vram._transforms import state
 
     monkeypatch.setattr(state, "available_host_bytes", lambda: 1000)
     reason = rerun_unavailable(baseline, amp="bf16")
@@ -343,7 +343,7 @@ def test_a_cell_that_swaps_modules_and_converts_the_model_is_undone(
     ns, baseline = trained
     before = snapshot(ns)
     head = ns["model"].head
-    from jupyter_vram import session
+    from jupyter_vram import _session as session
 
     cell = session.cell_of(baseline)
     assert cell is not None
@@ -375,7 +375,7 @@ def test_a_rerun_inside_a_recording_is_refused_before_anything_runs(
 
 
 def test_one_object_that_refuses_its_restore_does_not_stop_the_others() -> None:
-    from jupyter_vram.transforms import state
+    from jupyter_vram._transforms import state
 
     class Stubborn(torch.optim.lr_scheduler.StepLR):
         def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -423,7 +423,7 @@ def test_a_discarded_interrupted_recording_is_not_read(monkeypatch: pytest.Monke
     """A run whose caller throws its profile away when it raises (a rerun: Cancel is an
     interrupt) stops without reading the profiler's events, which takes seconds with Python
     stacks; elsewhere an interrupted run keeps its partial profile."""
-    from jupyter_vram.capture import profiler_events
+    from jupyter_vram._capture import profiler_events
 
     read: list[int] = []
     real = profiler_events.read_events
@@ -455,8 +455,8 @@ def test_an_interrupted_rerun_reads_no_events(
     trained: tuple[dict[str, Any], jv.Profile], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, baseline = trained
-    from jupyter_vram import session
-    from jupyter_vram.capture import profiler_events
+    from jupyter_vram import _session as session
+    from jupyter_vram._capture import profiler_events
 
     read: list[int] = []
     real = profiler_events.read_events

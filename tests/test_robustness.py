@@ -17,7 +17,7 @@ import torch
 from IPython.core.interactiveshell import InteractiveShell
 
 import jupyter_vram as jv
-from jupyter_vram.capture.tagging import Tagger
+from jupyter_vram._capture.tagging import Tagger
 
 from .conftest import CLEAN, ipython_shell, recording_state
 
@@ -238,7 +238,7 @@ def test_other_threads_are_named_not_misfiled(shell: InteractiveShell) -> None:
     prof = shell.user_ns["_vram"]
     threads = prof.meta.get("other_threads", [])
     assert any(name.startswith("loader") for name in threads)
-    from jupyter_vram.render.text import summary
+    from jupyter_vram._render.text import summary
 
     assert "other threads ran meanwhile" in summary(prof)
     assert prof.timeline.baseline_bytes < 256 * 256 * 4  # the workers' batches are not baseline
@@ -283,7 +283,7 @@ def test_interrupt_during_stop_keeps_the_profile() -> None:
     import os
     import signal
 
-    from jupyter_vram.capture import profiler_events
+    from jupyter_vram._capture import profiler_events
 
     original = profiler_events.build_rows
 
@@ -331,7 +331,7 @@ def test_a_profiler_started_in_the_cell_is_reported(shell: InteractiveShell) -> 
     assert len(shell.user_ns["users_own"].events()) > 0  # the user's profiler worked
     prof = shell.user_ns["_vram"]
     assert any("incomplete" in w for w in prof.meta["warnings"])
-    from jupyter_vram.render.text import summary
+    from jupyter_vram._render.text import summary
 
     assert "this profile is incomplete" in summary(prof)
     still_works(shell)
@@ -375,7 +375,7 @@ def _await_cells(shell: InteractiveShell) -> None:
 
 
 def test_async_rewrite_leaves_other_cells_alone() -> None:
-    from jupyter_vram.async_cells import has_top_level_await, rewrite_lines
+    from jupyter_vram._async_cells import has_top_level_await, rewrite_lines
 
     plain = ["%%vram -q\n", "x = 1\n"]
     assert rewrite_lines(plain) == plain

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from jupyter_vram.estimator import EstimateError, estimate
+from jupyter_vram._estimator import EstimateError, estimate
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -63,7 +63,7 @@ def test_sequence_longer_than_a_plain_position_table() -> None:
 
 def test_rotary_models_are_not_limited_by_max_position_embeddings() -> None:
     """Llama's rotary positions have no table: the real model runs past the config's limit."""
-    from jupyter_vram.estimator.worker import position_tables
+    from jupyter_vram._estimator.worker import position_tables
 
     config = transformers.LlamaConfig(
         hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -117,7 +117,7 @@ needs_onednn = pytest.mark.skipif(
 def test_onednn_workspace_formula_matches_the_real_kernel(
     shape: tuple[int, int, int, int],
 ) -> None:
-    from jupyter_vram.estimator.kernels import onednn_lstm_workspace_bytes
+    from jupyter_vram._estimator.kernels import onednn_lstm_workspace_bytes
 
     inp, hidden, batch, steps = shape
     lstm = nn.LSTM(inp, hidden)
@@ -147,7 +147,7 @@ def test_lstm_estimate_matches_the_allocator_on_the_cpu() -> None:
     """A 2-layer LSTM training step: the estimate's rise above what exists before the step
     against the CPU allocator's events (the estimate used to miss oneDNN's workspace, -70 %
     of the activations)."""
-    from jupyter_vram.estimator.step import StepSettings, make_optimizer, training_step
+    from jupyter_vram._estimator.step import StepSettings, make_optimizer, training_step
 
     torch.manual_seed(0)
     model = TwoLayerLSTM()
@@ -168,7 +168,7 @@ def test_lstm_estimate_matches_the_allocator_on_the_cpu() -> None:
 
 
 def test_cuda_lstm_estimate_charges_a_reserve_space() -> None:
-    from jupyter_vram.estimator.kernels import cudnn_lstm_reserve_bytes
+    from jupyter_vram._estimator.kernels import cudnn_lstm_reserve_bytes
 
     cpu = estimate(TwoLayerLSTM(), "8x64x128", device="cpu", optimizer="sgd")
     cuda = estimate(TwoLayerLSTM(), "8x64x128", optimizer="sgd")
@@ -213,7 +213,7 @@ class ConvNet(nn.Module):
 def measured_step(model: nn.Module, x: torch.Tensor) -> Any:
     """A real CPU training step (SGD with momentum, as the estimate), recorded."""
     import jupyter_vram as jv
-    from jupyter_vram.estimator.step import StepSettings, make_optimizer, training_step
+    from jupyter_vram._estimator.step import StepSettings, make_optimizer, training_step
 
     settings = StepSettings(device="cpu", optimizer="sgd")
     optimizer = make_optimizer(settings, model)
@@ -239,7 +239,7 @@ def with_other_model(profile: Any, sizes: list[int], module: str = "Other.big") 
     alive before the cell (baseline rows charged to its modules), untouched by the step."""
     import numpy as np
 
-    from jupyter_vram.model import CATEGORY_INDEX, Allocations
+    from jupyter_vram._model import CATEGORY_INDEX, Allocations
 
     a = profile.allocations
     n = len(sizes)
@@ -325,8 +325,8 @@ def test_inference_of_the_model_does_not_match_a_training_estimate(
 
 
 def test_comparison_text_says_what_was_left_out(two_layer: tuple[nn.Module, Any]) -> None:
-    from jupyter_vram.render.estimate_text import comparison_text
-    from jupyter_vram.render.text import format_bytes
+    from jupyter_vram._render.estimate_text import comparison_text
+    from jupyter_vram._render.text import format_bytes
 
     model, est = two_layer
     measured = with_other_model(measured_step(model, torch.randn(32, 64)), [1 << 22])
@@ -370,7 +370,7 @@ def test_checkpointing_on_the_cuda_target(family: str, variant: dict[str, str]) 
     CUDA kernels for the CPU path and saved a different number of tensors)."""
     from dataclasses import replace
 
-    from jupyter_vram.model import CATEGORIES
+    from jupyter_vram._model import CATEGORIES
 
     build, inputs = _families()[family]
     with torch.device("meta"):
@@ -389,7 +389,7 @@ def test_checkpointing_on_the_cuda_target(family: str, variant: dict[str, str]) 
 
 
 def test_gpus_know_flash_attention_and_usable_memory() -> None:
-    from jupyter_vram.estimator.gpus import RUNTIME_HIDDEN_BYTES, find_gpu, gpu_from_bytes
+    from jupyter_vram._estimator.gpus import RUNTIME_HIDDEN_BYTES, find_gpu, gpu_from_bytes
 
     assert not find_gpu("T4").flash_attention and not find_gpu("V100 16GB").flash_attention
     assert find_gpu("A100 80GB").flash_attention and find_gpu("L4").flash_attention
@@ -418,7 +418,7 @@ class CausalAttention(nn.Module):
 def test_fit_checks_use_the_attention_kernel_of_each_gpu() -> None:
     from dataclasses import replace
 
-    from jupyter_vram.estimator.gpus import find_gpu, gpu_from_bytes
+    from jupyter_vram._estimator.gpus import find_gpu, gpu_from_bytes
 
     est = estimate(CausalAttention(), "2x128x64", dtype="bf16")
     assert "_scaled_dot_product_flash_attention" in est.profile.ops
@@ -441,7 +441,7 @@ def test_fit_checks_use_the_attention_kernel_of_each_gpu() -> None:
 
 
 def test_an_fp32_model_needs_no_second_run_for_pre_ampere_cards() -> None:
-    from jupyter_vram.estimator.gpus import find_gpu
+    from jupyter_vram._estimator.gpus import find_gpu
 
     est = estimate(CausalAttention(), "2x128x64")  # fp32: memory-efficient everywhere
     assert "_scaled_dot_product_flash_attention" not in est.profile.ops
@@ -449,8 +449,8 @@ def test_an_fp32_model_needs_no_second_run_for_pre_ampere_cards() -> None:
 
 
 def test_text_marks_the_runtime_allowance_as_a_guess() -> None:
-    from jupyter_vram.render.estimate_text import estimate_summary
-    from jupyter_vram.render.text import format_bytes
+    from jupyter_vram._render.estimate_text import estimate_summary
+    from jupyter_vram._render.text import format_bytes
 
     est = estimate(CausalAttention(), "2x128x64")
     assert est.runtime_overhead.guessed and est.runtime_overhead.bytes == 2**30
@@ -483,7 +483,7 @@ class HoldsArrays(nn.Module):
 
 
 def test_large_arrays_and_buffers_travel_as_shapes() -> None:
-    from jupyter_vram.estimator.transport import dumps, loads
+    from jupyter_vram._estimator.transport import dumps, loads
 
     model = HoldsArrays()
     payload = dumps(model)
@@ -500,7 +500,7 @@ def test_kept_estimates_do_not_grow_with_the_model_data() -> None:
     import gc
     import tracemalloc
 
-    from jupyter_vram.session import remember_estimate
+    from jupyter_vram._session import remember_estimate
 
     model = HoldsArrays()
     gc.collect()
@@ -524,7 +524,7 @@ KERNEL = r"""
 import sys, time
 import torch
 from torch import nn
-from jupyter_vram.estimator import estimate
+from jupyter_vram._estimator import estimate
 
 class Sleeps(nn.Module):
     def __init__(self):
@@ -560,7 +560,7 @@ def test_a_killed_kernel_takes_its_estimator_process_and_folder_with_it(tmp_path
         worker = None
         while time.monotonic() < deadline and worker is None:
             for child in psutil.Process(kernel.pid).children(recursive=True):
-                if "jupyter_vram.estimator.worker" in " ".join(child.cmdline()):
+                if "jupyter_vram._estimator.worker" in " ".join(child.cmdline()):
                     worker = child
             time.sleep(0.2)
         assert worker is not None, "the estimator process did not start"
@@ -590,8 +590,8 @@ def test_cuda_estimates_hold_one_cublas_workspace_per_matmul_thread() -> None:
     CUBLAS_WORKSPACE_CONFIG: 4096 KiB x 8 = 32 MiB on compute capability 9.x and later,
     4096 KiB x 2 + 16 KiB x 8 before; measured on an H200: 32 MiB for the forward thread and
     32 MiB for autograd's backward thread)."""
-    from jupyter_vram.estimator.gpus import find_gpu
-    from jupyter_vram.model import CATEGORIES
+    from jupyter_vram._estimator.gpus import find_gpu
+    from jupyter_vram._model import CATEGORIES
 
     train = estimate(TwoLayer(), "32x64", optimizer="sgd")
     infer = estimate(TwoLayer(), "32x64", inference=True)

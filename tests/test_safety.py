@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import jupyter_vram as jv
-from jupyter_vram.capture import RecordingError
-from jupyter_vram.session import last_profile, run_code
+from jupyter_vram._capture import RecordingError
+from jupyter_vram._session import last_profile, run_code
 
 from .conftest import CLEAN, MLP, recording_state
 

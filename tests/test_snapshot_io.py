@@ -16,8 +16,8 @@ import torch
 from torch.cuda import _memory_viz
 
 import jupyter_vram as jv
-from jupyter_vram.capture.snapshot_file import profile_from_snapshot_source, profiles_from_snapshot
-from jupyter_vram.model import CATEGORY_INDEX, ProfileFileError
+from jupyter_vram._capture.snapshot_file import profile_from_snapshot_source, profiles_from_snapshot
+from jupyter_vram._model import CATEGORY_INDEX, ProfileFileError
 
 H200 = Path(__file__).parent / "fixtures" / "h200"
 
@@ -218,8 +218,8 @@ def test_column_conversion_matches_the_recorders_converter(name: str) -> None:
     """Snapshots from elsewhere are converted column-wise (for millions of entries); on the
     real H200 snapshots, every row (sizes, alloc/free order and times, stacks, ops) and the
     reserved memory match the recorder's entry-by-entry converter."""
-    from jupyter_vram.capture.cuda_convert import profile_from_snapshot
-    from jupyter_vram.capture.snapshot_columns import columns_from_trace, profile_from_columns
+    from jupyter_vram._capture.cuda_convert import profile_from_snapshot
+    from jupyter_vram._capture.snapshot_columns import columns_from_trace, profile_from_columns
 
     snapshot = unlabelled(raw(name)["snapshot"])
     ref = profile_from_snapshot(snapshot)

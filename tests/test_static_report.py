@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from jupyter_vram.capture.builder import ProfileBuilder
-from jupyter_vram.model import CATEGORIES, CATEGORY_INDEX, PHASE_INDEX, Frame, Profile
-from jupyter_vram.render.figures import CRUMB_SEP
-from jupyter_vram.render.mime import PROFILE_MIME, flame_payload, profile_payload
-from jupyter_vram.render.static_report import report_html, static_report_html
+from jupyter_vram._capture.builder import ProfileBuilder
+from jupyter_vram._model import CATEGORIES, CATEGORY_INDEX, PHASE_INDEX, Frame, Profile
+from jupyter_vram._render.figures import CRUMB_SEP
+from jupyter_vram._render.mime import PROFILE_MIME, flame_payload, profile_payload
+from jupyter_vram._render.static_report import report_html, static_report_html
 
 if TYPE_CHECKING:
-    from jupyter_vram.estimator.api import Estimate
+    from jupyter_vram._estimator.api import Estimate
 
 P, A, T = (CATEGORY_INDEX[c] for c in ("parameter", "activation", "temporary"))
 FWD = PHASE_INDEX["forward"]
@@ -85,7 +85,7 @@ def test_flame_is_the_module_tree_live_at_the_peak_pruned_at_a_thousandth(
 
 
 def test_flame_node_cap_keeps_the_largest_and_a_tree(profile: Profile) -> None:
-    from jupyter_vram.analysis.flame import flame_tree
+    from jupyter_vram._analysis.flame import flame_tree
 
     f = flame_payload(flame_tree(profile, "module", "peak"), 10505, max_nodes=4)
     assert f["name"] == ["all", "net", "encoder", "(before recording)"]
@@ -191,7 +191,7 @@ def test_flame_svg_widths_are_bytes_and_titles_name_the_path(profile: Profile) -
 
 
 def test_flame_svg_draws_at_most_its_cap_of_the_largest_blocks(profile: Profile) -> None:
-    from jupyter_vram.render.svg_flame import flame_svg
+    from jupyter_vram._render.svg_flame import flame_svg
 
     d = profile_payload(profile)
     svg = flame_svg(d["flame"], d["categories"], d["colors"], d["peak_bytes"], max_blocks=3)
@@ -222,7 +222,7 @@ def test_report_breakdown_tables_and_header(profile: Profile) -> None:
 
 
 def test_app_bundle_carries_the_report_and_the_saved_profile(profile: Profile) -> None:
-    from jupyter_vram.app import ProfileApp
+    from jupyter_vram._app import ProfileApp
 
     bundle = ProfileApp(profile)._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
@@ -243,7 +243,7 @@ def test_bundle_is_bounded_and_not_kept_by_the_app() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     from synthetic import synthetic_profile
 
-    from jupyter_vram.app import ProfileApp
+    from jupyter_vram._app import ProfileApp
 
     big = synthetic_profile(300_000)
     app = ProfileApp(big)
@@ -285,14 +285,14 @@ def test_empty_and_baseline_only_profiles() -> None:
 def est() -> Estimate:
     from torch import nn
 
-    from jupyter_vram.estimator.api import estimate
+    from jupyter_vram._estimator.api import estimate
 
     return estimate(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)), "8x64")
 
 
 @pytest.mark.slow  # an estimate runs in a subprocess (~10 s here)
 def test_estimate_report_carries_its_summary(est: Estimate) -> None:
-    from jupyter_vram.render.estimate_text import estimate_summary
+    from jupyter_vram._render.estimate_text import estimate_summary
 
     d = profile_payload(est.profile, est)
     assert d["kind"] == "estimate" and d["estimate"]["summary"] == estimate_summary(est)
@@ -303,7 +303,7 @@ def test_estimate_report_carries_its_summary(est: Estimate) -> None:
     assert html.escape(estimate_summary(est)) in page
     assert "fits at this batch size" in page
     # the %vram_estimate --gpu output: the app's answer for that GPU heads the report
-    from jupyter_vram.app import ProfileApp
+    from jupyter_vram._app import ProfileApp
 
     app = ProfileApp(est.profile, estimate=est, gpu="T4")
     bundle = app._repr_mimebundle_()

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 import jupyter_vram as jv
-from jupyter_vram.capture.builder import ProfileBuilder
-from jupyter_vram.capture.profiler_events import (
+from jupyter_vram._capture.builder import ProfileBuilder
+from jupyter_vram._capture.profiler_events import (
     BASELINE_OP,
     ELSEWHERE_OP,
     AllocEvent,
@@ -29,7 +29,7 @@ from jupyter_vram.capture.profiler_events import (
     MemoryMap,
     build_rows,
 )
-from jupyter_vram.model import CATEGORY_INDEX
+from jupyter_vram._model import CATEGORY_INDEX
 
 from .test_observer_effect import _case, recorded_peak, train_step, true_peak
 

@@ -130,8 +130,8 @@ def test_checkpointing_rerun_in_jupyterlab(lab: Lab, page: Page, page_log: PageL
     expected = kernel_print(
         page,
         name,
-        "from jupyter_vram.analysis.compare import verdict\n"
-        "from jupyter_vram.app.compare_view import latest_variant\n"
+        "from jupyter_vram._analysis.compare import verdict\n"
+        "from jupyter_vram._app.compare_view import latest_variant\n"
         "print(verdict(_vram, latest_variant()))",
     )
     assert expected.startswith("checkpointing 4 blocks: activations"), expected

@@ -186,7 +186,7 @@ def test_notebook_from_elsewhere_shows_the_saved_profile(
     import torch
 
     import jupyter_vram as jv
-    from jupyter_vram.render.mime import profile_payload
+    from jupyter_vram._render.mime import profile_payload
 
     with jv.record(device="cpu") as rec:
         kept = torch.ones(256, 256)

@@ -24,7 +24,7 @@ import bokeh
 import pytest
 from tornado import httputil, web
 
-from jupyter_vram import server
+from jupyter_vram import _server as server
 
 from .lab import Lab
 
@@ -52,8 +52,8 @@ def raw_get(lab: Lab, path: str) -> int:
 def test_entry_points_name_the_server_module() -> None:
     import jupyter_vram
 
-    assert jupyter_vram._jupyter_server_extension_points() == [{"module": "jupyter_vram.server"}]
-    assert server._jupyter_server_extension_points() == [{"module": "jupyter_vram.server"}]
+    assert jupyter_vram._jupyter_server_extension_points() == [{"module": "jupyter_vram._server"}]
+    assert server._jupyter_server_extension_points() == [{"module": "jupyter_vram._server"}]
 
 
 def test_install_put_both_extensions_into_the_environment() -> None:

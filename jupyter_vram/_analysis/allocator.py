@@ -1,0 +1,229 @@
+"""Allocator state: allocated vs reserved vs device used, and what explains each gap."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from .._allocator_rules import is_small
+from .._model import Int64Array
+from .._units import format_bytes
+
+if TYPE_CHECKING:
+    from .._model import Profile
+
+EXCESS_RESERVED_ADVICE_SHARE = 0.2  # share of reserved memory beyond the allocated peak
+EXPANDABLE_MIN_RESERVED = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Bytes between two levels (e.g. reserved - allocated) and what they are."""
+
+    label: str
+    bytes: int
+    explanation: str
+
+
+@dataclass(frozen=True)
+class StrandedRequest:
+    """A request that made the allocator reserve a new segment although at least as many
+    bytes were cached but free: the free bytes were in pieces too small for it (or in the
+    other pool). This is the fragmentation that ``expandable_segments`` avoids."""
+
+    seq: int
+    size: int  # the request (its block)
+    cached_free: int  # reserved minus allocated just before it
+
+
+@dataclass(frozen=True)
+class AllocatorState:
+    """Allocated, reserved and device levels, and how much of reserved memory was not in use.
+
+    ``cached_free_share`` is the cached-but-free share of reserved memory *at the allocated
+    peak* (reserved then minus the peak, over reserved then): what the caching allocator kept
+    aside when memory was tightest. ``excess_reserved`` is how far the reserved peak exceeds the
+    allocated peak. Neither is fragmentation by itself; ``stranded`` lists the requests that
+    fragmentation made cost a new segment.
+    """
+
+    device: str
+    has_caching_allocator: bool
+    peak_allocated: int
+    peak_reserved: int | None
+    allocated_at_reserved_peak: int | None
+    end_allocated: int
+    end_reserved: int | None
+    device_used: int | None
+    device_total: int | None
+    reserved_at_allocated_peak: int | None
+    cached_free_share: float | None
+    excess_reserved: int | None
+    stranded: tuple[StrandedRequest, ...]  # largest first
+    gaps: tuple[Gap, ...]
+    advice: tuple[str, ...]
+    expandable_segments: bool = False
+
+    @property
+    def stranded_bytes(self) -> int:
+        return sum(r.size for r in self.stranded)
+
+
+def has_segments(profile: Profile) -> bool:
+    return bool(len(profile.segments.seq) or profile.segments.baseline)
+
+
+def reserved_series(profile: Profile) -> tuple[Int64Array, Int64Array]:
+    """(seq, reserved bytes after that segment event), in sequence order."""
+    seg = profile.segments
+    order = np.argsort(seg.seq, kind="stable")
+    return seg.seq[order], seg.baseline + np.cumsum(seg.delta[order], dtype=np.int64)
+
+
+def reserved_peak(profile: Profile) -> int:
+    _, reserved = reserved_series(profile)
+    return int(max(profile.segments.baseline, int(reserved.max(initial=0))))
+
+
+def reserved_at(profile: Profile, seqs: npt.ArrayLike) -> Int64Array:
+    """Reserved bytes right after each event in ``seqs`` (-1: before the run), in one pass."""
+    seg_seqs, reserved = reserved_series(profile)
+    at = np.searchsorted(seg_seqs, np.asarray(seqs, np.int64), side="right") - 1
+    with_baseline = np.concatenate([[profile.segments.baseline], reserved]).astype(np.int64)
+    return with_baseline[at + 1]
+
+
+def stranded_requests(profile: Profile) -> list[StrandedRequest]:
+    """Large requests that got a new segment while at least their size was cached but free.
+
+    A segment event at seq ``s`` is made for the first allocation at or after ``s``; the free
+    cached bytes are reserved minus allocated just before that allocation. Largest first.
+    """
+    t = profile.timeline
+    seg = profile.segments
+    order = np.argsort(seg.seq, kind="stable")
+    seg_seq, delta = seg.seq[order], seg.delta[order]
+    reserved_after = seg.baseline + np.cumsum(delta, dtype=np.int64)
+    reserved_before = reserved_after - delta
+    allocs = np.flatnonzero(t.delta > 0)
+    grows = np.flatnonzero(delta > 0)
+    requests = np.searchsorted(t.seq[allocs], seg_seq[grows], side="left")
+    out = []
+    for k, j in zip(grows.tolist(), requests.tolist(), strict=True):
+        if j >= len(allocs):
+            continue
+        event = int(allocs[j])
+        size = int(t.delta[event])
+        if is_small(size):  # small-pool requests share 2 MiB segments
+            continue
+        free = int(reserved_before[k]) - t.total_at(event - 1)
+        if free >= size:
+            out.append(StrandedRequest(int(t.seq[event]), size, free))
+    out.sort(key=lambda r: -r.size)
+    return out
+
+
+def allocator_state(profile: Profile) -> AllocatorState:
+    """Reconcile the levels the user sees in different tools, and explain the differences."""
+    t = profile.timeline
+    info = profile.device_info
+    used = info.get("device_used")
+    total = info.get("total")
+    end_allocated = t.total_at(len(t) - 1)
+    gaps: list[Gap] = []
+    advice: list[str] = []
+    if not has_segments(profile):
+        gaps.append(
+            Gap(
+                "no caching allocator",
+                0,
+                "The tensor tracker counts live tensor storages; there is no reserved pool on "
+                "this device, so allocated is what the process holds for tensors.",
+            )
+        )
+        state = AllocatorState(
+            profile.device, False, profile.peak_bytes, None, None, end_allocated, None,
+            used, total, None, None, None, (), tuple(gaps), tuple(_category_advice(profile)),
+        )  # fmt: skip
+        return state
+
+    seqs, reserved = reserved_series(profile)
+    peak_reserved = reserved_peak(profile)
+    if len(reserved) and int(reserved.max()) >= profile.segments.baseline:
+        at = int(seqs[int(np.argmax(reserved))])
+    else:
+        at = -1
+    allocated_then = t.total_at(t.index_at_seq(at))
+    cached = max(0, peak_reserved - allocated_then)
+    end_reserved = int(reserved[-1]) if len(reserved) else profile.segments.baseline
+    peak = profile.peak_bytes
+    reserved_then = int(reserved_at(profile, [t.seq_at(t.peak_index)])[0])
+    cached_at_peak = max(0, reserved_then - peak)
+    share = cached_at_peak / reserved_then if reserved_then else 0.0
+    excess = max(0, peak_reserved - peak)
+    stranded = tuple(stranded_requests(profile))
+    expandable = bool(profile.meta.get("expandable_segments"))
+    gaps.append(
+        Gap(
+            "cached free blocks",
+            cached,
+            "Reserved minus allocated when reserved peaked: blocks the caching allocator keeps "
+            "after tensors are freed, for reuse. torch.cuda.empty_cache() hands them back, but "
+            "the next step reserves them again.",
+        )
+    )
+    if used is not None:
+        gaps.append(
+            Gap(
+                "CUDA context and others",
+                max(0, int(used) - end_reserved),
+                "Device used (nvidia-smi) minus reserved at the end: the CUDA context and "
+                "kernels (hundreds of MiB), cuBLAS / cuDNN workspaces, NCCL buffers and other "
+                "processes on this GPU.",
+            )
+        )
+    if (
+        stranded
+        and not expandable
+        and peak_reserved >= EXPANDABLE_MIN_RESERVED
+        and excess > EXCESS_RESERVED_ADVICE_SHARE * peak_reserved
+    ):
+        big = stranded[0]
+        advice.append(
+            f"Reserved memory peaked {format_bytes(excess)} ({100 * excess / peak_reserved:.0f}% "
+            f"of it) above the allocated peak, and {len(stranded)} request(s) needed a new "
+            f"segment while enough was cached but free in smaller pieces (largest: "
+            f"{format_bytes(big.size)} with {format_bytes(big.cached_free)} free): set "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (before CUDA initialises) so "
+            "segments can grow instead of fragmenting."
+        )
+    if total and used is not None and int(used) > 0.9 * int(total):
+        advice.append("The device is more than 90% full: the next larger batch will likely OOM.")
+    advice += _category_advice(profile)
+    return AllocatorState(
+        profile.device, True, peak, peak_reserved, allocated_then, end_allocated,
+        end_reserved, used, total, reserved_then, share, excess, stranded, tuple(gaps),
+        tuple(advice), expandable,
+    )  # fmt: skip
+
+
+def _category_advice(profile: Profile) -> list[str]:
+    peak = profile.peak_bytes
+    if not peak:
+        return []
+    b = profile.peak_breakdown()
+    out = []
+    if b["activation"] > 0.4 * peak:
+        out.append(
+            f"Activations are {100 * b['activation'] / peak:.0f}% of the peak: activation "
+            "checkpointing or bf16 autocast cut them most."
+        )
+    if b["optimizer_state"] > 0.3 * peak:
+        out.append(
+            f"Optimizer state is {100 * b['optimizer_state'] / peak:.0f}% of the peak: a "
+            "lower-memory optimizer (SGD, Adafactor, 8-bit Adam) or sharding (FSDP/ZeRO) helps."
+        )
+    return out

@@ -1,0 +1,154 @@
+"""Flame trees: where the bytes come from, by module path -> op, or by Python stack."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from .._model import CATEGORIES, PHASES
+
+if TYPE_CHECKING:
+    from .._model import Profile
+
+Hierarchy = Literal["module", "stack"]
+Mode = Literal["peak", "cumulative"]
+
+
+@dataclass
+class FlameNode:
+    """A node of the tree; ``bytes`` includes its children."""
+
+    name: str
+    bytes: int = 0
+    count: int = 0
+    by_category: tuple[int, ...] = (0,) * len(CATEGORIES)
+    children: dict[str, FlameNode] = field(default_factory=dict)
+
+    def sorted_children(self) -> list[FlameNode]:
+        return sorted(self.children.values(), key=lambda n: -n.bytes)
+
+    def find(self, path: list[str]) -> FlameNode | None:
+        node: FlameNode | None = self
+        for name in path:
+            node = node.children.get(name) if node is not None else None
+        return node
+
+    def walk(self, depth: int = 0) -> list[tuple[int, FlameNode]]:
+        """(depth, node) pairs, depth first, largest child first."""
+        out = [(depth, self)]
+        for c in self.sorted_children():
+            out.extend(c.walk(depth + 1))
+        return out
+
+
+def _module_path(profile: Profile, module_id: int, phase: int) -> list[str]:
+    name = profile.modules[module_id]
+    prefix = [] if PHASES[phase] in ("forward", "other") else [f"[{PHASES[phase]}]"]
+    if not name:
+        return [*prefix, "(no module)"]
+    return prefix + name.split(".")
+
+
+def _stack_path(profile: Profile, stack_id: int) -> list[str]:
+    frames = profile.stack_of(stack_id)
+    return [str(f) for f in frames] or ["(no Python stack)"]
+
+
+def flame_tree(
+    profile: Profile,
+    hierarchy: Hierarchy = "module",
+    mode: Mode = "peak",
+    mask: npt.NDArray[np.bool_] | None = None,
+) -> FlameNode:
+    """Aggregate allocations into a tree.
+
+    ``mode="peak"``: allocations live at the peak (or ``mask``); ``"cumulative"``: every
+    allocation made during the run. The module hierarchy puts backward and optimizer work under
+    ``[backward]`` / ``[optimizer]`` so a module's forward and backward bytes stay apart; each
+    path ends in the op that allocated.
+    """
+    from .groups import allocated_during_run
+
+    a = profile.allocations
+    if mask is None:
+        if mode == "peak":
+            mask = profile.timeline.live_mask(profile.timeline.peak_index)
+        else:
+            mask = allocated_during_run(profile)
+    rows = np.flatnonzero(mask)
+    if hierarchy == "module":
+        prefix_key = a.module[rows].astype(np.int64) * len(PHASES) + a.phase[rows]
+    else:
+        prefix_key = a.stack[rows].astype(np.int64) + 1
+    keys = prefix_key * len(profile.ops) + a.op[rows]
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    n_cat = len(CATEGORIES)
+    sizes = a.size[rows].astype(np.float64)
+    totals = np.bincount(inverse, weights=sizes, minlength=len(uniq))
+    counts = np.bincount(inverse, minlength=len(uniq))
+    per_cat = np.bincount(
+        inverse * n_cat + a.category[rows], weights=sizes, minlength=len(uniq) * n_cat
+    ).reshape(-1, n_cat)
+
+    # Tree shape in plain dicts first (one entry per node), then sums with numpy.
+    names = ["all"]
+    parents = [-1]
+    index: dict[tuple[int, str], int] = {}
+    leaves = np.empty(len(uniq), np.int64)
+    prefix_nodes: dict[int, int] = {}
+    for i, key in enumerate(uniq.tolist()):
+        prefix, op = divmod(key, len(profile.ops))
+        node = prefix_nodes.get(prefix)
+        if node is None:
+            if hierarchy == "module":
+                module, phase = divmod(prefix, len(PHASES))
+                path = _module_path(profile, module, phase)
+            else:
+                path = _stack_path(profile, prefix - 1)
+            node = 0
+            for name in path:
+                node = _child(index, names, parents, node, name)
+            prefix_nodes[prefix] = node
+        leaves[i] = _child(index, names, parents, node, profile.ops[op])
+    n_nodes = len(names)
+    node_bytes = np.bincount(leaves, weights=totals, minlength=n_nodes)
+    node_counts = np.bincount(leaves, weights=counts, minlength=n_nodes)
+    node_cats = np.zeros((n_nodes, n_cat))
+    np.add.at(node_cats, leaves, per_cat)
+    # roll sums up the tree, deepest level first (a parent is always created before its child)
+    parent_of = np.asarray(parents, np.int64)
+    depth = np.zeros(n_nodes, np.int64)
+    for i in range(1, n_nodes):
+        depth[i] = depth[parent_of[i]] + 1
+    for d in range(int(depth.max(initial=0)), 0, -1):
+        level = np.flatnonzero(depth == d)
+        up = parent_of[level]
+        np.add.at(node_bytes, up, node_bytes[level])
+        np.add.at(node_counts, up, node_counts[level])
+        np.add.at(node_cats, up, node_cats[level])
+    built = [
+        FlameNode(
+            names[i],
+            int(round(node_bytes[i])),
+            int(round(node_counts[i])),
+            tuple(int(round(v)) for v in node_cats[i]),
+        )
+        for i in range(n_nodes)
+    ]
+    for i in range(1, n_nodes):
+        built[parents[i]].children[names[i]] = built[i]
+    return built[0]
+
+
+def _child(
+    index: dict[tuple[int, str], int], names: list[str], parents: list[int], parent: int, name: str
+) -> int:
+    node = index.get((parent, name))
+    if node is None:
+        node = index[(parent, name)] = len(names)
+        names.append(name)
+        parents.append(parent)
+    return node

@@ -1,0 +1,105 @@
+"""pandas views of a profile: one row per allocation, and top allocation sites."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from .._model import CATEGORIES, PHASES
+from .groups import stack_label
+
+if TYPE_CHECKING:
+    from .._model import Profile
+
+
+SITE_COLUMNS = [
+    "site", "op", "live_at_peak_bytes", "allocated_bytes", "allocations", "largest_bytes",
+    "category", "stack",
+]  # fmt: skip
+
+
+def allocations_frame(profile: Profile) -> pd.DataFrame:
+    """One row per allocation, with names resolved and a live-at-peak flag."""
+    a = profile.allocations
+    timeline = profile.timeline
+    site_names = _unique([stack_label(profile, s) for s in range(len(profile.stacks))])
+    site_codes = np.where(a.stack >= 0, a.stack, -1)
+    return pd.DataFrame(
+        {
+            "op": _categorical(a.op, _unique(profile.ops)),
+            "module": _categorical(a.module, _unique(profile.modules)),
+            "phase": _categorical(a.phase, list(PHASES)),
+            "category": _categorical(a.category, list(CATEGORIES)),
+            "bytes": a.size,
+            "device": _categorical(a.device, _unique(profile.devices)),
+            "alloc_seq": a.alloc_seq,
+            "free_seq": a.free_seq,
+            "alloc_ms": np.where(a.alloc_seq >= 0, a.alloc_ns / 1e6, np.nan),
+            "free_ms": np.where(a.free_seq >= 0, a.free_ns / 1e6, np.nan),
+            "live_at_peak": timeline.live_mask(timeline.peak_index),
+            "site": _categorical(site_codes, site_names),
+            "stack_id": a.stack,
+        }
+    )
+
+
+def _categorical(codes: npt.NDArray[np.integer[Any]], names: list[str]) -> pd.Categorical[str]:
+    return pd.Categorical.from_codes(codes, categories=pd.Index(names))
+
+
+def _unique(names: list[str] | tuple[str, ...]) -> list[str]:
+    """pandas categories must be unique: number repeats (two stacks, one innermost frame)."""
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        n = seen.get(name, 0)
+        seen[name] = n + 1
+        out.append(name if n == 0 else f"{name} #{n + 1}")
+    return out
+
+
+def top_sites(profile: Profile, limit: int = 20, *, by: str = "peak") -> pd.DataFrame:
+    """Allocation sites (Python stack + op), ranked by bytes live at the peak or allocated.
+
+    Only allocations made during the run count: the baseline has no site. Columns: site
+    (innermost user frame), op, live_at_peak_bytes, allocated_bytes, allocations,
+    largest_bytes, category (the one holding most of the site's bytes), stack (full).
+    """
+    a = profile.allocations
+    t = profile.timeline
+    rows = np.flatnonzero((a.alloc_seq >= 0) & t.device_mask)
+    if len(rows) == 0:
+        return pd.DataFrame(columns=SITE_COLUMNS)
+    n_ops = len(profile.ops)
+    keys = (a.stack[rows].astype(np.int64) + 1) * n_ops + a.op[rows]
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    sizes = a.size[rows].astype(np.float64)
+    live = t.live_mask(t.peak_index)[rows]
+    n = len(uniq)
+    peak_bytes = np.bincount(inverse, weights=np.where(live, sizes, 0), minlength=n)
+    allocated = np.bincount(inverse, weights=sizes, minlength=n)
+    counts = np.bincount(inverse, minlength=n)
+    largest = np.zeros(n)
+    np.maximum.at(largest, inverse, sizes)
+    n_cat = len(CATEGORIES)
+    per_cat = np.bincount(inverse * n_cat + a.category[rows], weights=sizes, minlength=n * n_cat)
+    main_cat = per_cat.reshape(n, n_cat).argmax(axis=1)
+    primary, secondary = (peak_bytes, allocated) if by == "peak" else (allocated, peak_bytes)
+    top = np.lexsort((-secondary, -primary))[:limit]
+    stacks = uniq[top] // n_ops - 1
+    return pd.DataFrame(
+        {
+            "site": [stack_label(profile, int(s)) for s in stacks],
+            "op": [profile.ops[int(k % n_ops)] for k in uniq[top]],
+            "live_at_peak_bytes": peak_bytes[top].astype(np.int64),
+            "allocated_bytes": allocated[top].astype(np.int64),
+            "allocations": counts[top],
+            "largest_bytes": largest[top].astype(np.int64),
+            "category": [CATEGORIES[int(c)] for c in main_cat[top]],
+            "stack": [stack_label(profile, int(s), full=True) for s in stacks],
+        },
+        columns=SITE_COLUMNS,
+    )

@@ -1,0 +1,401 @@
+"""A snapshot's trace as columns, converted to a Profile with array operations.
+
+Snapshots dumped outside jupyter_vram reach millions of trace entries; a dict per entry costs
+hundreds of bytes and a Python loop per entry seconds per million. Here a device's trace is a
+handful of integer columns (:class:`TraceColumns`, filled by :mod:`.snapshot_stream` straight
+from the pickle, or from a dict by :func:`columns_from_trace`) plus tables of the distinct
+stacks and metadata strings, and :func:`profile_from_columns` converts it with numpy.
+
+The rules are those of :func:`.cuda_convert.profile_from_snapshot` without a baseline (which a
+foreign snapshot never has): an ``alloc`` opens a row, the first ``free_completed`` at its
+address closes it (else another ``alloc`` there, else an uncompleted ``free_requested``); a
+``free_requested`` at an address with no open row is a block from before the trace; sizes are
+rounded requests, exact for blocks live at the end (from ``segments``), where blocks the trace
+never touched are added as alive throughout. tests/test_snapshot_io.py checks both agree.
+
+Labels (see :mod:`.snapshot_file`): the phase of each allocation comes from its stack (one
+decision per distinct stack), carried forward over allocations without Python frames, and the
+optimizer's annotations; the module from its ``user_metadata``; the op from its innermost
+user frame.
+"""
+
+from __future__ import annotations
+
+import re
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .._allocator_rules import round_size
+from .._model import PHASE_INDEX, Allocations, Profile, SegmentEvents
+from .builder import OTHER, TEMPORARY, UNKNOWN, ProfileBuilder
+from .cuda_allocator import _active_blocks, _device_segments, _divisions
+from .cuda_convert import MARKER_PREFIX, SOURCE, _Stacks
+from .dispatch import BASELINE_OP
+
+ACTIONS: tuple[str, ...] = (
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+    "oom",
+    "other",
+)
+ACTION_CODE: dict[str, int] = {name: i for i, name in enumerate(ACTIONS)}
+ALLOC, FREE_REQUESTED, FREE_COMPLETED = 0, 1, 2
+_SEGMENT_ADD = (3, 5)
+_SEGMENT_REMOVE = (4, 6)
+OOM = 7
+
+FORWARD, BACKWARD, OPTIMIZER, OTHER_PHASE = (PHASE_INDEX[p] for p in ("forward", "backward",
+                                             "optimizer", "other"))  # fmt: skip
+_OPTIM = re.compile(r"[\\/]torch[\\/]optim[\\/]")
+_BACKWARD = re.compile(r"[\\/]torch[\\/](?:autograd[\\/]|_tensor\.py$)")
+_MODULE_CALL = re.compile(r"[\\/]torch[\\/]nn[\\/]modules[\\/]module\.py$")
+
+IntArray = npt.NDArray[np.integer[Any]]
+
+
+class UnsupportedPickle(Exception):
+    """A pickle opcode the stream reader does not interpret (old text protocols): load it
+    whole. (Here, below both readers: the stream reader and its bulk loop raise it.)"""
+
+
+@dataclass
+class TraceColumns:
+    """One device's trace: one value per entry in each column.
+
+    ``stack`` indexes ``stacks`` (raw frame lists, innermost first; -1: no frames) and
+    ``meta`` indexes ``metas`` (``user_metadata`` strings; 0 is the empty string).
+    """
+
+    action: array[int] = field(default_factory=lambda: array("b"))
+    addr: array[int] = field(default_factory=lambda: array("q"))
+    size: array[int] = field(default_factory=lambda: array("q"))
+    time_us: array[int] = field(default_factory=lambda: array("q"))
+    stack: array[int] = field(default_factory=lambda: array("i"))
+    meta: array[int] = field(default_factory=lambda: array("i"))
+    stacks: list[Sequence[Mapping[str, Any]]] = field(default_factory=list)
+    metas: list[str] = field(default_factory=lambda: [""])
+
+    def __len__(self) -> int:
+        return len(self.action)
+
+
+class _Interner:
+    """Stack / metadata ids for :func:`columns_from_trace`, keyed on identity then content."""
+
+    def __init__(self, cols: TraceColumns) -> None:
+        self.cols = cols
+        self.by_id: dict[int, tuple[object, int]] = {}
+        self.by_content: dict[tuple[tuple[str, int, str], ...], int] = {}
+        self.meta_ids: dict[str, int] = {"": 0}
+
+    def stack(self, frames: Any) -> int:
+        if not frames:
+            return -1
+        hit = self.by_id.get(id(frames))
+        if hit is not None and hit[0] is frames:
+            return hit[1]
+        key = tuple(
+            (str(f.get("filename", "")), int(f.get("line", 0)), str(f.get("name", "")))
+            for f in frames
+        )
+        sid = self.by_content.get(key)
+        if sid is None:
+            sid = self.by_content[key] = len(self.cols.stacks)
+            self.cols.stacks.append(frames)
+        self.by_id[id(frames)] = (frames, sid)
+        return sid
+
+    def meta(self, value: object) -> int:
+        text = value if isinstance(value, str) else ""
+        mid = self.meta_ids.get(text)
+        if mid is None:
+            mid = self.meta_ids[text] = len(self.cols.metas)
+            self.cols.metas.append(text)
+        return mid
+
+
+def columns_from_trace(trace: Sequence[Mapping[str, Any]]) -> TraceColumns:
+    """The columns of a trace held as a list of dicts (a ``_snapshot()`` dict's)."""
+    cols = TraceColumns()
+    intern = _Interner(cols)
+    other = ACTION_CODE["other"]
+    for e in trace:
+        cols.action.append(ACTION_CODE.get(str(e.get("action")), other))
+        cols.addr.append(int(e.get("addr", 0)))
+        cols.size.append(int(e.get("size", 0)))
+        cols.time_us.append(int(e.get("time_us", 0)))
+        cols.stack.append(intern.stack(e.get("frames")))
+        cols.meta.append(intern.meta(e.get("user_metadata")))
+    return cols
+
+
+def _frame_phase(frames: Sequence[Mapping[str, Any]]) -> int:
+    """The phase a Python stack shows (innermost first); -1 if it shows none."""
+    forward = False
+    for f in frames:
+        filename = str(f.get("filename", ""))
+        if _OPTIM.search(filename):
+            return OPTIMIZER
+        if _BACKWARD.search(filename):
+            return BACKWARD
+        if _MODULE_CALL.search(filename):
+            forward = True
+    return FORWARD if forward else -1
+
+
+def _optimizer_spans(snapshot: Mapping[str, Any], index: int) -> list[tuple[int, int]]:
+    """(start, end) times in us of the optimizer's annotated ``step`` / ``zero_grad`` calls."""
+    spans: list[tuple[int, int]] = []
+    open_at: dict[str, int] = {}
+    for a in snapshot.get("external_annotations") or ():
+        if not isinstance(a, Mapping) or int(a.get("device", index)) != index:
+            continue
+        name = str(a.get("name", ""))
+        if not name.startswith("Optimizer."):
+            continue
+        if a.get("stage") == "START":
+            open_at[name] = int(a.get("time_us", 0))
+        elif a.get("stage") == "END" and name in open_at:
+            spans.append((open_at.pop(name), int(a.get("time_us", 0))))
+    return spans
+
+
+def _forward_fill(values: IntArray) -> IntArray:
+    """Each -1 replaced by the last value before it that is not -1 (OTHER_PHASE if none)."""
+    known = values >= 0
+    last = np.maximum.accumulate(np.where(known, np.arange(len(values)), -1))
+    return np.where(last >= 0, values[np.maximum(last, 0)], OTHER_PHASE)
+
+
+def _first_after(group_end: IntArray, targets: npt.NDArray[np.bool_], at: IntArray) -> IntArray:
+    """For positions ``at`` of a grouped sequence (``group_end``: where each position's group
+    ends): the next position strictly after, in the same group, where ``targets`` holds; -1
+    if none."""
+    m = len(targets)
+    nxt = np.where(targets, np.arange(m, dtype=np.int32), np.int32(m))
+    suffix = np.minimum.accumulate(nxt[::-1])[::-1]  # first target at or after each position
+    after = np.append(suffix[1:], m)[at]
+    return np.where(after < group_end[at], after, -1)
+
+
+def _round_sizes(requests: IntArray, divisions: Sequence[int]) -> IntArray:
+    """:func:`.cuda_allocator.round_size` of each request: the default 512-byte rounding with
+    array operations; the requests ``roundup_power2_divisions`` may change, one at a time."""
+    size = np.maximum((requests + 511) // 512 * 512, 512).astype(np.int64)
+    if any(int(d) > 1 for d in divisions):
+        special = np.flatnonzero(requests > 512)
+        uniq, inv = np.unique(requests[special], return_inverse=True)
+        size[special] = np.asarray([round_size(int(r), divisions) for r in uniq], np.int64)[inv]
+    return size
+
+
+def profile_from_columns(
+    cols: TraceColumns, snapshot: Mapping[str, Any], device_index: int
+) -> Profile:
+    """Convert one device's trace columns (see the module docstring)."""
+    b = ProfileBuilder()
+    device = f"cuda:{device_index}"
+    device_id = b.devices(device)
+    action = np.frombuffer(cols.action, np.int8)
+    addr = np.frombuffer(cols.addr, np.int64)
+    req = np.frombuffer(cols.size, np.int64)
+    time_us = np.frombuffer(cols.time_us, np.int64)
+    stack_of = np.frombuffer(cols.stack, np.int32)
+    meta_of = np.frombuffer(cols.meta, np.int32)
+    n = len(action)  # sequence numbers are trace indices
+    t0 = int(time_us[0]) if n else 0
+
+    def ns(index: IntArray) -> IntArray:
+        return (time_us[index] - t0) * 1000
+
+    settings = snapshot.get("allocator_settings") or {}
+    divisions = _divisions(settings)
+    expandable = bool(settings.get("expandable_segments")) or bool(np.isin(action, (5, 6)).any())
+
+    # -- per-stack facts: interned frames, innermost user function, phase shown ---------------
+    stacks = _Stacks(b)
+    stack_ids = np.full(len(cols.stacks) + 1, -1, np.int64)  # last slot: no frames
+    inner_ops = np.zeros(len(cols.stacks) + 1, np.int64)
+    stack_phase = np.full(len(cols.stacks) + 1, -1, np.int64)
+    unknown_op = b.ops(UNKNOWN)
+    inner_ops[-1] = unknown_op
+    for i, frames in enumerate(cols.stacks):
+        sid, inner = stacks(frames)
+        stack_ids[i] = sid
+        inner_ops[i] = b.ops(inner) if inner else unknown_op
+        stack_phase[i] = _frame_phase(frames)
+
+    # -- rows: openers are allocs and free_requests at addresses with no open row --------------
+    marker = np.asarray([t.startswith(MARKER_PREFIX) for t in cols.metas], bool)
+    # positions as int32 (a trace of 2**31 entries is far past any snapshot): half the memory
+    mem = np.flatnonzero((action <= FREE_COMPLETED) & ~marker[meta_of]).astype(np.int32)
+    order = mem[np.argsort(addr[mem], kind="stable").astype(np.int32)]  # by address, then time
+    del mem
+    a_addr, a_act = addr[order], action[order]
+    m = len(order)
+    first_in_group = np.r_[True, a_addr[1:] != a_addr[:-1]] if m else np.zeros(0, bool)
+    del a_addr
+    starts = np.flatnonzero(first_in_group).astype(np.int32)
+    is_alloc = a_act == ALLOC
+    # a free_requested with nothing open at its address (first there, or right after a
+    # completed free) is a block from before the trace
+    prev_act = np.r_[-1, a_act[:-1]] if m else a_act
+    pre_open = (a_act == FREE_REQUESTED) & (first_in_group | (prev_act == FREE_COMPLETED))
+    opener = is_alloc | pre_open
+
+    rows = np.flatnonzero(opener)  # positions in `order`
+    completed = a_act == FREE_COMPLETED
+    requested = a_act == FREE_REQUESTED
+    # first completion after each opener, owned by it (no opener in between)
+    group_end = np.repeat(np.append(starts[1:], m).astype(np.int32), np.diff(np.append(starts, m)))
+    next_done = _first_after(group_end, completed, rows)
+    next_open = _first_after(group_end, opener, rows)
+    next_req = _first_after(group_end, requested, rows)
+    del group_end, completed, requested
+    done_ok = (next_done >= 0) & ((next_open < 0) | (next_done < next_open))
+    # a request that was the opener itself counts as the request
+    req_pos = np.where(pre_open[rows], rows, next_req)
+    req_ok = (req_pos >= 0) & ((next_open < 0) | (req_pos < next_open))
+    free_pos = np.where(done_ok, next_done, np.where(next_open >= 0, next_open, -1))
+    free_pos = np.where((free_pos < 0) & req_ok, req_pos, free_pos)
+    # an alloc over a live block ends that block there (a free never seen)
+    inconsistencies = int(((~done_ok) & (next_open >= 0) & is_alloc[next_open.clip(0)]).sum())
+
+    src = order[rows]  # trace index of each row's opening event
+    alloc_seq = np.where(is_alloc[rows], src, -1)
+    free_at = order[free_pos.clip(0)]
+    free_seq = np.where(free_pos >= 0, free_at, -1)
+    free_ns = np.where(free_pos >= 0, ns(free_at), -1)
+    alloc_ns = np.where(is_alloc[rows], ns(src), 0)  # as the converter: 0 before the trace
+    del free_at, order
+    size = _round_sizes(req[src], divisions)
+    row_addr = addr[src]
+    row_stack = stack_of[src]
+    stack_slot = np.where(row_stack >= 0, row_stack, len(cols.stacks))
+    stack_col = stack_ids[stack_slot]
+    op_col = np.where(is_alloc[rows], inner_ops[stack_slot], b.ops(BASELINE_OP))
+
+    # -- phases: per alloc in trace order, from its stack, carried over frameless allocs -----
+    allocs = np.flatnonzero(action == ALLOC)
+    slot = np.where(stack_of[allocs] >= 0, stack_of[allocs], len(cols.stacks))
+    phase_seen = stack_phase[slot]
+    phase_by_alloc = _forward_fill(phase_seen) if len(allocs) else phase_seen
+    for t_start, t_end in _optimizer_spans(snapshot, device_index):
+        inside = (time_us[allocs] >= t_start) & (time_us[allocs] <= t_end)
+        phase_by_alloc[inside] = OPTIMIZER
+    phase_at = np.full(n, OTHER_PHASE, np.int8)
+    phase_at[allocs] = phase_by_alloc
+    del allocs, slot, phase_seen, phase_by_alloc
+    phase_col = np.where(is_alloc[rows], phase_at[src], OTHER_PHASE)
+
+    module_of_meta = np.asarray([0] + [b.modules(name) for name in cols.metas[1:]], np.int64)
+    module_col = np.where(is_alloc[rows], module_of_meta[meta_of[src]], 0)
+    category_col = np.where(is_alloc[rows], TEMPORARY, OTHER)
+    estimated = (is_alloc[rows] & (not expandable)) | ~is_alloc[rows]
+
+    # -- the end state: exact sizes of live blocks, blocks the trace never touched ------------
+    end = _active_blocks(snapshot, device_index)
+    live = free_seq < 0
+    extra: list[tuple[int, Mapping[str, Any]]] = []
+    notes = {"size_mismatches": 0, "inconsistencies": inconsistencies}
+    if end:
+        live_rows = np.flatnonzero(live)
+        seen: set[int] = set()
+        for r in live_rows.tolist():
+            block = end.get(int(row_addr[r]))
+            seen.add(int(row_addr[r]))
+            if block is None:
+                notes["inconsistencies"] += 1
+                continue
+            exact = int(block["size"])
+            if size[r] != exact and not estimated[r]:
+                notes["size_mismatches"] += 1
+            size[r] = exact
+            estimated[r] = False
+        extra = [(a, blk) for a, blk in end.items() if a not in seen]
+
+    k = len(rows)
+    columns: dict[str, Any] = {
+        "size": size,
+        "alloc_seq": alloc_seq,
+        "free_seq": free_seq,
+        "alloc_ns": alloc_ns,
+        "free_ns": free_ns,
+        "device": np.full(k, device_id, np.int32),
+        "op": op_col,
+        "module": module_col,
+        "stack": stack_col,
+        "phase": phase_col,
+        "category": category_col,
+    }
+    if extra:
+        baseline_op = b.ops(BASELINE_OP)
+        more = {
+            "size": [int(blk["size"]) for _, blk in extra],
+            "alloc_seq": [-1] * len(extra),
+            "free_seq": [-1] * len(extra),
+            "alloc_ns": [0] * len(extra),
+            "free_ns": [-1] * len(extra),
+            "device": [device_id] * len(extra),
+            "op": [baseline_op] * len(extra),
+            "module": [0] * len(extra),
+            "stack": [stacks(blk.get("frames"))[0] for _, blk in extra],
+            "phase": [OTHER_PHASE] * len(extra),
+            "category": [OTHER] * len(extra),
+        }
+        columns = {key: np.concatenate([np.asarray(v), np.asarray(more[key])])
+                   for key, v in columns.items()}  # fmt: skip
+    # rows in the order the converter makes them: by the trace index of their first event
+    first = np.concatenate([src, np.full(len(extra), n)]) if extra else src
+    rank = np.argsort(first, kind="stable")
+    allocations = Allocations.from_columns({key: np.asarray(v)[rank] for key, v in columns.items()})
+
+    # -- reserved memory ---------------------------------------------------------------------
+    is_add = np.isin(action, _SEGMENT_ADD)
+    is_remove = np.isin(action, _SEGMENT_REMOVE)
+    seg_mask = is_add | is_remove
+    seg_seq = np.flatnonzero(seg_mask).astype(np.int64)
+    seg_delta = np.where(is_add, req, -req)[seg_mask]
+    if "segments" in snapshot:
+        end_reserved = sum(int(s["total_size"]) for s in _device_segments(snapshot, device_index))
+        reserved0 = max(end_reserved - int(seg_delta.sum()), 0)
+    else:
+        running = np.cumsum(seg_delta)
+        reserved0 = -int(min(running.min(initial=0), 0))
+    ooms = [{"seq": int(i), "size": int(req[i]), "device_free": 0}
+            for i in np.flatnonzero(action == OOM)]  # fmt: skip
+    meta: dict[str, Any] = {
+        "trace_events": n,
+        "truncated": False,
+        "markers": 0,
+        "estimated_sizes": int(estimated.sum()),
+        "expandable_segments": expandable,
+        **notes,
+        "sizes_replayed": False,
+    }
+    if ooms:
+        meta["oom"] = ooms
+    if "segments" in snapshot:
+        meta["reserved_end"] = end_reserved
+    return Profile(
+        allocations,
+        device=device,
+        source=SOURCE,
+        devices=b.devices.names,
+        ops=b.ops.names,
+        modules=b.modules.names,
+        frames=b.frames,
+        stacks=b.stacks,
+        segments=SegmentEvents(seg_seq, seg_delta, reserved0),
+        meta=meta,
+    )

@@ -1,0 +1,591 @@
+"""Who is allocating, and what role a tensor plays: module path, phase and category hints.
+
+Roles come from identity, never from names: parameters and buffers of the modules that run,
+their ``.grad``, the state tensors of optimizers that step, tensors autograd saves for backward
+(saved-tensor hooks) and tensors passed into a top-level module. Every hook installed here is
+removed in :meth:`Tagger.stop`, and nothing here holds a strong reference to a user object once
+a hook returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import sys
+import types
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import FrameType
+from typing import Any, cast
+
+import torch
+from torch import nn
+from torch.autograd.graph import Node
+from torch.optim import Optimizer
+from torch.optim import optimizer as optimizer_module
+from torch.utils.hooks import RemovableHandle
+
+from .._model import CATEGORY_INDEX, PHASE_INDEX
+from .builder import Interner
+from .distributed_roles import local_tensor
+
+PARAMETER = CATEGORY_INDEX["parameter"]
+BUFFER = CATEGORY_INDEX["buffer"]
+GRADIENT = CATEGORY_INDEX["gradient"]
+OPTIMIZER_STATE = CATEGORY_INDEX["optimizer_state"]
+INPUT = CATEGORY_INDEX["input"]
+ACTIVATION = CATEGORY_INDEX["activation"]
+
+PHASE_OTHER = PHASE_INDEX["other"]
+PHASE_FORWARD = PHASE_INDEX["forward"]
+PHASE_BACKWARD = PHASE_INDEX["backward"]
+PHASE_OPTIMIZER = PHASE_INDEX["optimizer"]
+
+NODE_MODULE_KEY = "jupyter_vram.module"
+RoleCallback = Callable[[torch.Tensor, int, int], None]  # tensor, category, module id
+
+
+def iter_tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    """Tensors inside args / outputs (tuples, lists, mappings such as model-output dicts),
+    four levels deep at most. The one walker both recording and the estimator's step use."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth > 3:
+        return
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from iter_tensors(item, depth + 1)
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from iter_tensors(item, depth + 1)
+
+
+def storages_of(tensor: torch.Tensor) -> list[torch.UntypedStorage]:
+    """The storages holding a tensor's data: one for strided tensors, several for sparse ones
+    (indices and values), none for tensors without plain storage (wrappers, nested, meta-less)."""
+    layout = tensor.layout
+    try:
+        if type(tensor) is not torch.Tensor and type(tensor) is not nn.Parameter:
+            shard = local_tensor(tensor)  # a DTensor's memory is its local shard
+            if shard is not None:
+                return storages_of(shard)
+        if layout == torch.strided:
+            return [tensor.untyped_storage()]
+        if layout == torch.sparse_coo:
+            return [tensor._indices().untyped_storage(), tensor._values().untyped_storage()]
+        if layout in (torch.sparse_csr, torch.sparse_bsr):
+            parts = (tensor.crow_indices(), tensor.col_indices(), tensor.values())
+        elif layout in (torch.sparse_csc, torch.sparse_bsc):
+            parts = (tensor.ccol_indices(), tensor.row_indices(), tensor.values())
+        else:
+            return []
+        return [t.untyped_storage() for t in parts]
+    except Exception:  # noqa: BLE001 - odd tensor subclasses: nothing we can count
+        return []
+
+
+def reachable_objects(
+    namespace: Mapping[str, Any] | None,
+    *,
+    max_depth: int = 3,
+    max_objects: int = 200_000,
+    names: dict[int, str] | None = None,
+) -> tuple[list[torch.Tensor], list[nn.Module], list[Optimizer]]:
+    """Tensors, modules and optimizers reachable from a namespace's variables (a notebook's,
+    or a module's globals), through containers and plain objects.
+
+    Cost is proportional to what the code can name, not to the kernel's object count (a gc
+    scan of a kernel with transformers imported costs ~70 ms). A function's locals are not
+    read: ``frame.f_locals`` would pin them in a cached dict after they are deleted. Anything
+    that cannot be inspected is skipped; nothing here raises. ``names``, if given, receives
+    ``id(object) -> the variable it was reached from`` for what is found.
+    """
+    found: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
+    if namespace is None:
+        return found
+    seen: set[int] = set()
+    todo: list[tuple[Any, int, str]] = []
+    with contextlib.suppress(Exception):
+        todo.extend((v, 0, str(k)) for k, v in list(namespace.items()))
+    kind_of = _KindCache()
+    budget = max_objects
+    while todo and budget > 0:
+        obj, depth, root = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        budget -= 1
+        cls = type(obj)
+        kind = kind_of(cls)
+        if kind >= 0:
+            found[kind].append(obj)
+            if names is not None:
+                names[id(obj)] = root
+            continue
+        if depth >= max_depth:
+            continue
+        try:
+            if cls in (list, tuple, set, frozenset):
+                todo.extend((v, depth + 1, root) for v in obj)
+            elif cls is dict:
+                todo.extend((v, depth + 1, root) for v in list(obj.values()))
+            elif not isinstance(obj, _OPAQUE):
+                attrs = getattr(obj, "__dict__", None)
+                if type(attrs) is dict:
+                    todo.extend((v, depth + 1, root) for v in list(attrs.values()))
+        except Exception:  # noqa: BLE001 - exotic containers: skip
+            continue
+    return found
+
+
+_OPAQUE = (type, types.ModuleType, types.FunctionType, types.MethodType, str, bytes)
+
+
+def live_objects() -> tuple[list[torch.Tensor], list[nn.Module], list[Optimizer]]:
+    """Every tensor, module and optimizer the garbage collector can see right now.
+
+    Classifies by exact type through a per-type cache: a kernel holds hundreds of thousands of
+    objects, and a plain isinstance() on each costs several times more.
+    """
+    found: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
+    kind_of = _KindCache()
+    for obj in gc.get_objects():
+        kind = kind_of(type(obj))
+        if kind >= 0:
+            found[kind].append(obj)
+    return found
+
+
+class _KindCache:
+    """0 tensor, 1 module, 2 optimizer, -1 anything else; decided once per type."""
+
+    def __init__(self) -> None:
+        self._kinds: dict[type, int] = {}
+
+    def __call__(self, cls: type) -> int:
+        kind = self._kinds.get(cls)
+        if kind is None:
+            kind = self._kinds[cls] = _kind_of(cls)
+        return kind
+
+
+def _kind_of(cls: type) -> int:
+    try:
+        if issubclass(cls, torch.Tensor):
+            return 0
+        if issubclass(cls, nn.Module):
+            return 1
+        if issubclass(cls, Optimizer):
+            return 2
+    except TypeError:
+        pass
+    return -1
+
+
+class Tagger:
+    """Hooks that tell the recorder the module, phase and role behind each allocation.
+
+    Only process-wide hooks are used (global module and optimizer hooks, default saved-tensor
+    hooks): nothing is attached to a user object, so pickling, ``copy.deepcopy``, TorchScript
+    and ``torch.save`` of a model never see us.
+
+    ``saved_hooks``: ``"global"`` keeps saved-tensor hooks on for the whole recording;
+    ``"per_call"`` pushes them when a top-level module call starts and pops them when an
+    optimizer steps, the call's output needs no gradient, or recording stops (not inside
+    backward: the engine runs on a copy of the thread's hook stack), and only when no other
+    saved-tensor hooks are active and they are not disabled:
+    ``torch.func`` transforms refuse to run under them, and a user's own ``save_on_cpu`` must
+    keep working.
+    ``on_enter`` / ``on_exit`` are called around every module call (recorders mark ranges).
+    ``tag_graph``: mark the autograd nodes each module call created, for recorders that ask
+    for the module of a backward op while it runs.
+    """
+
+    def __init__(
+        self,
+        on_role: RoleCallback,
+        modules: Interner,
+        *,
+        saved_hooks: str = "global",
+        on_enter: Callable[[int], None] | None = None,
+        on_exit: Callable[[], None] | None = None,
+        tag_graph: bool = True,
+    ) -> None:
+        self._on_role = on_role
+        self._modules = modules
+        self._names: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
+        #: module path -> class name (``Sequential.3`` -> ``Conv2d``), for the profile's meta
+        self.module_types: dict[str, str] = {}
+        # id -> (weakref, name id): the per-call lookup without building a weakref each time
+        self._fast_names: dict[int, tuple[weakref.ref[nn.Module], int]] = {}
+        self._params = _WeakTensorMap()  # parameter -> owning module id
+        self._optimizers: weakref.WeakSet[Optimizer] = weakref.WeakSet()
+        self.module_stack: list[int] = []
+        self._first_node_seq: list[int] = []
+        self._holding = False  # our per-call saved-tensor hooks are on the stack
+        self.optimizer_depth = 0
+        self.optimizer_module = 0
+        self.forward_sticky = False
+        self.backward_task = -1
+        self._handles: list[RemovableHandle] = []
+        self._saved_hooks: torch.autograd.graph.saved_tensors_hooks | None = None
+        self._per_call = saved_hooks == "per_call"
+        self._on_enter = on_enter
+        self._on_exit = on_exit
+        self._tag_graph_enabled = tag_graph
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._handles = [
+            nn.modules.module.register_module_forward_pre_hook(self._pre_forward),
+            nn.modules.module.register_module_forward_hook(
+                self._post_forward, with_kwargs=True, always_call=True
+            ),
+            optimizer_module.register_optimizer_step_pre_hook(self._pre_step),
+            optimizer_module.register_optimizer_step_post_hook(self._post_step),
+        ]
+        if not self._per_call and _saved_hooks_allowed():
+            self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+            self._saved_hooks.__enter__()
+
+    def stop(self) -> None:
+        """Remove every hook; safe to call twice and after a failed start."""
+        if self._saved_hooks is not None:
+            hooks, self._saved_hooks = self._saved_hooks, None
+            with contextlib.suppress(Exception):  # a user context was left open above ours
+                hooks.__exit__(None, None, None)
+        self._release_call_hooks(force=True)
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.module_stack.clear()
+        self._first_node_seq.clear()
+
+    def _hold_call_hooks(self) -> None:
+        """Push our saved-tensor hooks for a top-level module call, unless another context's
+        hooks are active (a user's ``save_on_cpu`` must keep working) or they are disabled
+        (``torch.func`` transforms refuse to run under them)."""
+        if self._holding or not _saved_hooks_allowed() or _top_saved_hooks() is not None:
+            return
+        torch._C._autograd._push_saved_tensors_default_hooks(self._pack, self._unpack)
+        self._holding = True
+
+    def _release_call_hooks(self, *, force: bool = False) -> None:
+        """Pop our saved-tensor hooks while they are on top. ``force`` (at stop) also lifts
+        any user hooks a cell left open above ours and puts them back, in order."""
+        if not self._holding:
+            return
+        above: list[tuple[Any, Any]] = []
+        with contextlib.suppress(Exception):
+            while True:
+                top = _top_saved_hooks()
+                if top is None:
+                    break
+                torch._C._autograd._pop_saved_tensors_default_hooks()
+                if top[0] == self._pack:
+                    self._holding = False
+                    break
+                if not force:  # not ours on top: leave the stack alone
+                    torch._C._autograd._push_saved_tensors_default_hooks(*top)
+                    break
+                above.append(top)
+        for pack, unpack in reversed(above):
+            torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
+
+    # -- roles -----------------------------------------------------------------------------
+
+    def adopt(self, modules: Iterable[nn.Module], optimizers: Iterable[Optimizer]) -> None:
+        """Report the roles of tensors held by these modules (and all their submodules) and
+        optimizers.
+
+        Modules are named first (top-level ones by class name, submodules by their path), so
+        parameters, buffers, gradients and optimizer state are charged to the module that owns
+        the parameter. Objects that cannot be inspected (a half-constructed module, a
+        ScriptModule that refuses) are skipped, never raised on.
+        """
+        trees: list[list[nn.Module]] = []
+        inside: set[int] = set()
+        for module in modules:
+            try:
+                subs = list(module.modules())
+            except Exception:  # noqa: BLE001 - half-constructed or exotic module
+                continue
+            trees.append(subs)
+            inside.update(id(c) for c in subs[1:])
+        for subs in trees:
+            if id(subs[0]) not in inside:
+                self._name_tree(subs[0])
+        for subs in trees:
+            for module in subs:
+                with contextlib.suppress(Exception):
+                    self._report_module(module)
+        for opt in optimizers:
+            with contextlib.suppress(Exception):
+                self._optimizers.add(opt)
+                self._report_optimizer(opt)
+
+    def _report_module(self, module: nn.Module) -> None:
+        owner = self._names.get(module, 0)
+        for p in module.parameters(recurse=False):
+            self._params.add(p, owner)
+            self._on_role(p, PARAMETER, owner)
+            if p.grad is not None:
+                self._on_role(p.grad, GRADIENT, owner)
+        for b in module.buffers(recurse=False):
+            self._on_role(b, BUFFER, owner)
+
+    def _report_optimizer(self, opt: Optimizer) -> None:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                owner = self._params.get(p)
+                self._params.add(p, owner)
+                self._on_role(p, PARAMETER, owner)
+                if p.grad is not None:
+                    self._on_role(p.grad, GRADIENT, owner)
+        for p, state in opt.state.items():
+            owner = self._params.get(p) if isinstance(p, torch.Tensor) else 0
+            for value in iter_tensors(state):
+                self._on_role(value, OPTIMIZER_STATE, owner)
+
+    def scan_gradients(self) -> None:
+        """Report the ``.grad`` of every parameter seen so far (after backward, before step)."""
+        for p, owner in self._params.items():
+            if p.grad is not None:
+                self._on_role(p.grad, GRADIENT, owner)
+
+    def final_scan(self) -> None:
+        self.scan_gradients()
+        self.adopt((), list(self._optimizers))
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        self._on_role(tensor, ACTIVATION, 0)
+        return tensor
+
+    def _unpack(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Saved tensors are unpacked by backward: the first one of a graph task marks its
+        start (recorders without a per-op callback learn of backward here)."""
+        try:
+            task = torch._C._current_graph_task_id()
+            if task != -1 and task != self.backward_task:
+                self._backward_started(task)
+        except Exception:  # noqa: BLE001 - bookkeeping must never break backward
+            pass
+        return tensor
+
+    # -- phase and module ------------------------------------------------------------------
+
+    def phase_and_module(self) -> tuple[int, int]:
+        """The phase and module path id to charge an allocation made right now to."""
+        if self.optimizer_depth:
+            return PHASE_OPTIMIZER, self.optimizer_module
+        task = torch._C._current_graph_task_id()
+        if task != -1:
+            if task != self.backward_task:
+                self._backward_started(task)
+            node = torch._C._current_autograd_node()
+            module = _metadata(node).get(NODE_MODULE_KEY, 0) if node is not None else 0
+            return PHASE_BACKWARD, module
+        if self.module_stack:
+            return PHASE_FORWARD, self.module_stack[-1]
+        if _seeding_backward():
+            return PHASE_BACKWARD, 0
+        return (PHASE_FORWARD if self.forward_sticky else PHASE_OTHER), 0
+
+    def _backward_started(self, task: int) -> None:
+        self.backward_task = task
+        self.forward_sticky = False
+        # not inside the engine after all? then the next scan catches the grads
+        with contextlib.suppress(RuntimeError):
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_finished)
+
+    def _backward_finished(self) -> None:
+        self.backward_task = -1
+        with contextlib.suppress(Exception):
+            self.scan_gradients()
+
+    def _module_id(self, module: nn.Module) -> int:
+        cached = self._fast_names.get(id(module))
+        if cached is not None and cached[0]() is module:
+            return cached[1]
+        mid = self._names.get(module)
+        if mid is not None:
+            self._fast_names[id(module)] = (weakref.ref(module), mid)
+            return mid
+        if self.module_stack:
+            # first seen as a child: a submodule created or attached after its parent was named
+            parent = self._modules.names[self.module_stack[-1]]
+            path = f"{parent}.{type(module).__name__}"
+            mid = self._names[module] = self._modules(path)
+            self.module_types[path] = type(module).__name__
+            with contextlib.suppress(Exception):
+                for sub in module.modules():
+                    if sub is not module and sub not in self._names:
+                        path = f"{parent}.{type(sub).__name__}"
+                        self._names[sub] = self._modules(path)
+                        self.module_types[path] = type(sub).__name__
+                    self._report_module(sub)
+            return mid
+        self.adopt([module], ())
+        return self._names.get(module, 0)
+
+    def _name_tree(self, root: nn.Module) -> None:
+        """Name a top-level module by its class and every submodule by its attribute path."""
+        prefix = type(root).__name__
+        for name, sub in root.named_modules():
+            if sub not in self._names:
+                path = f"{prefix}.{name}" if name else prefix
+                self._names[sub] = self._modules(path)
+                self.module_types[path] = type(sub).__name__
+
+    def _pre_forward(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        try:
+            top_level = not self.module_stack
+            mid = self._module_id(module)
+            self.module_stack.append(mid)
+            if self._on_enter is not None:
+                self._on_enter(mid)
+            first = 0
+            if top_level or self._tag_graph_enabled:  # the hot path skips the walk otherwise
+                # A top-level call inside backward is activation checkpointing recomputing a
+                # block: its arguments are the activations the checkpoint kept, not inputs.
+                role = INPUT
+                if top_level and torch._C._current_graph_task_id() != -1:
+                    role = ACTIVATION
+                for t in iter_tensors(args):
+                    if top_level:
+                        self._on_role(t, role, 0)
+                    if self._tag_graph_enabled and t.grad_fn is not None:
+                        first = max(first, t.grad_fn._sequence_nr() + 1)
+            self._first_node_seq.append(first)
+            if top_level:
+                self.forward_sticky = True
+                if self._per_call:
+                    self._hold_call_hooks()
+        except Exception:  # noqa: BLE001 - bookkeeping must never break the user's forward
+            pass
+
+    def _post_forward(self, module: nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
+        """``rest`` is (kwargs, output), or (output,) when the forward raised."""
+        if not self.module_stack:
+            return
+        kwargs = rest[0] if len(rest) == 2 else {}
+        output = rest[-1] if rest else None
+        try:
+            if len(self.module_stack) == 1:  # the top-level call ends
+                # Keep saving roles until backward starts (a loss computed outside the model
+                # saves tensors too), unless nothing here will ever be backpropagated.
+                if self._holding and not any(t.requires_grad for t in iter_tensors(output)):
+                    self._release_call_hooks()
+                # positional inputs were reported before the call; keyword ones only reach here
+                role = INPUT if torch._C._current_graph_task_id() == -1 else ACTIVATION
+                for t in iter_tensors(kwargs):
+                    self._on_role(t, role, 0)
+        except Exception:  # noqa: BLE001 - bookkeeping must never break the user's forward
+            pass
+        module_id = self.module_stack.pop()
+        first = self._first_node_seq.pop() if self._first_node_seq else 0
+        try:
+            if self._on_exit is not None:
+                self._on_exit()
+            if self._tag_graph_enabled and torch.is_grad_enabled():
+                self._tag_graph(output, module_id, first)
+        except Exception:  # noqa: BLE001
+            pass
+
+    @staticmethod
+    def _tag_graph(output: Any, module_id: int, first_seq: int) -> None:
+        """Mark autograd nodes this module call created, so backward ops can name it.
+
+        Inner modules finish first and tag their nodes; an outer module tags only the nodes
+        still untagged, and never walks past nodes created before it was called.
+        """
+        stack: list[Node] = [t.grad_fn for t in iter_tensors(output) if t.grad_fn is not None]
+        seen: set[int] = set()
+        while stack:
+            node = stack.pop()
+            if id(node) in seen or node._sequence_nr() < first_seq:
+                continue
+            seen.add(id(node))
+            meta = _metadata(node)
+            if NODE_MODULE_KEY not in meta:
+                meta[NODE_MODULE_KEY] = module_id
+            stack.extend(fn for fn, _ in node.next_functions if fn is not None)
+
+    def _pre_step(self, opt: Optimizer, args: Any, kwargs: Any) -> None:
+        self._release_call_hooks()
+        self.optimizer_depth += 1
+        self.forward_sticky = False
+        with contextlib.suppress(Exception):  # bookkeeping must never break the user's step
+            self.optimizer_module = self._modules(f"{type(opt).__name__}.step")
+            self.adopt((), [opt])
+
+    def _post_step(self, opt: Optimizer, args: Any, kwargs: Any) -> None:
+        self.optimizer_depth = max(0, self.optimizer_depth - 1)
+        with contextlib.suppress(Exception):  # bookkeeping must never break the user's step
+            self.adopt((), [opt])
+
+
+def _saved_hooks_allowed() -> bool:
+    """False inside ``torch.func`` transforms (and wherever saved-tensor hooks are disabled)."""
+    return torch._C._autograd._saved_tensors_hooks_get_disabled_error_message() is None
+
+
+def _top_saved_hooks() -> tuple[Any, Any] | None:
+    return cast(
+        "tuple[Any, Any] | None", torch._C._autograd._top_saved_tensors_default_hooks(False)
+    )
+
+
+# `loss.backward()` creates the initial gradient (ones_like) in Python, before the engine runs.
+_SEED_CODES = frozenset(
+    fn.__code__ for fn in (getattr(torch.autograd, "_make_grads", None),) if fn is not None
+)
+
+
+def _seeding_backward(max_depth: int = 10) -> bool:
+    """True while `torch.autograd.backward` is making the seed gradients of a backward pass."""
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(max_depth):
+        if frame is None:
+            return False
+        if frame.f_code in _SEED_CODES:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _metadata(node: Node) -> dict[str, Any]:
+    """An autograd node's free-form metadata dict (typed as a method in torch's stubs)."""
+    return cast(dict[str, Any], node.metadata)
+
+
+class _WeakTensorMap:
+    """Tensor -> int by identity, without keeping tensors alive (weakref containers compare
+    tensors with ``==``, which is elementwise)."""
+
+    def __init__(self) -> None:
+        self._refs: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+
+    def add(self, tensor: torch.Tensor, value: int) -> None:
+        key = id(tensor)
+        entry = self._refs.get(key)
+        if entry is not None and entry[0]() is tensor and (entry[1] or not value):
+            return
+
+        def forget(ref: weakref.ref[torch.Tensor], key: int = key) -> None:
+            entry = self._refs.get(key)
+            if entry is not None and entry[0] is ref:
+                del self._refs[key]
+
+        self._refs[key] = (weakref.ref(tensor, forget), value)
+
+    def get(self, tensor: torch.Tensor) -> int:
+        entry = self._refs.get(id(tensor))
+        return entry[1] if entry is not None and entry[0]() is tensor else 0
+
+    def items(self) -> Iterator[tuple[torch.Tensor, int]]:
+        for ref, value in list(self._refs.values()):
+            tensor = ref()
+            if tensor is not None:
+                yield tensor, value

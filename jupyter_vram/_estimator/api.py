@@ -1,0 +1,535 @@
+"""`jv.estimate()`: a full training step's memory, predicted without a GPU.
+
+The step runs on fake tensors in a separate process (see :mod:`.worker`) under the same
+recorder as ``%%vram``, so an estimate *is* a profile: same categories, flame graph and
+timeline. For a CUDA target the run's requests go through a model of the caching allocator
+(:mod:`.cuda_model`), which predicts ``max_memory_allocated`` and ``max_memory_reserved``;
+device used adds a fixed allowance for the CUDA context and library workspaces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+from torch import nn
+
+from .. import _display
+from .._model import CATEGORIES, CATEGORY_INDEX, Allocations, Profile
+from .._units import format_bytes
+from .gpus import GPUS, RUNTIME_HIDDEN_BYTES, Gpu, find_gpu
+from .inputs import make_batch_spec
+from .job import Job
+from .runner import DEFAULT_TIMEOUT_S, EstimateError, EstimatorProcess, pack_job
+from .search import largest_fitting
+from .step import LossFn, OptimizerFactory, StepSettings, check_optimizer
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: CUDA context, cuBLAS / cuDNN workspaces and what the driver keeps back, on top of the
+#: allocator's reserved memory. Not simulated: a guess (measured totals vary from about 0.5
+#: to 1.5 GiB with the card, driver and libraries loaded).
+RUNTIME_OVERHEAD_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """A fixed amount added to a prediction that the simulation does not compute."""
+
+    bytes: int
+    guessed: bool
+    note: str
+
+
+#: What "device used" adds to the predicted reserved memory (``Estimate.runtime_overhead``).
+RUNTIME_OVERHEAD = Allowance(
+    RUNTIME_OVERHEAD_BYTES,
+    guessed=True,
+    note=(
+        "a guess, not simulated: the CUDA context, cuBLAS / cuDNN workspaces and what the "
+        "driver keeps usually take 0.5 to 1.5 GiB"
+    ),
+)
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """The numbers of one simulated step that fit checks need."""
+
+    batch_size: int
+    peak_bytes: int  # allocated (CUDA: in allocator blocks, as max_memory_allocated counts)
+    reserved_bytes: int  # CUDA: predicted max_memory_reserved; CPU: same as peak
+    predicted_device_bytes: int  # CUDA: reserved + runtime overhead
+
+    @classmethod
+    def of(cls, profile: Profile, batch_size: int) -> RunSummary:
+        model = profile.meta.get("allocator_model")
+        if model is None:
+            return cls(batch_size, profile.peak_bytes, profile.peak_bytes, profile.peak_bytes)
+        reserved = int(model["peak_reserved"])
+        return cls(batch_size, profile.peak_bytes, reserved, reserved + RUNTIME_OVERHEAD_BYTES)
+
+
+class Estimate:
+    """A predicted training step: its profile, peak, and what it fits on.
+
+    Methods that need more runs (``max_batch_size``, ``gpu_table``, ``what_ifs``) start the
+    estimator process again; results are cached per settings and batch size.
+    """
+
+    def __init__(self, profile: Profile, settings: StepSettings, payload: bytes, *,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:  # fmt: skip
+        self.profile = profile
+        self.settings = settings
+        self._payload = payload  # the packed job: shapes and code, never the user's tensors
+        self._timeout_s = timeout_s
+        info = profile.meta.get("estimate", {})
+        self.batch_size: int = int(info.get("batch_size", 1))
+        self.model_name: str = str(info.get("model", ""))
+        self.parameters: int = int(info.get("parameters", 0))
+        self.input: str = str(info.get("input", ""))
+        self._summaries: dict[tuple[StepSettings, int], RunSummary] = {
+            (settings, self.batch_size): RunSummary.of(profile, self.batch_size)
+        }
+        self._process: EstimatorProcess | None = None
+
+    # -- the estimate itself --------------------------------------------------------------
+
+    @property
+    def peak_bytes(self) -> int:
+        """Peak allocated bytes (CUDA: what ``torch.cuda.max_memory_allocated`` would say)."""
+        return self.profile.peak_bytes
+
+    def peak_breakdown(self) -> dict[str, int]:
+        """Category -> bytes live at the peak; sums to :attr:`peak_bytes`."""
+        return self.profile.peak_breakdown()
+
+    @property
+    def summary(self) -> RunSummary:
+        return self._summaries[(self.settings, self.batch_size)]
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Predicted ``max_memory_reserved`` (CUDA); the peak itself on CPU."""
+        return self.summary.reserved_bytes
+
+    @property
+    def predicted_device_bytes(self) -> int:
+        """What nvidia-smi would show at the peak: reserved plus the runtime overhead."""
+        return self.summary.predicted_device_bytes
+
+    @property
+    def runtime_overhead(self) -> Allowance:
+        """What device used adds to reserved memory on CUDA (``bytes``; ``guessed`` is True:
+        it is not simulated; ``note`` says so in words)."""
+        return RUNTIME_OVERHEAD
+
+    def fits(self, gpu: str | Gpu) -> bool:
+        """Whether this step, at this batch size, fits ``gpu``: device used (reserved plus the
+        runtime allowance) within what the CUDA runtime offers (:attr:`Gpu.usable_bytes`),
+        with the attention kernel that card runs."""
+        target = _gpu(gpu)
+        return target.fits(self.used_on(target))
+
+    @property
+    def fitting_gpus(self) -> tuple[str, ...]:
+        """The GPUs of :data:`GPUS` this step fits at this batch size (:meth:`fits`); on a
+        card that runs another attention kernel that takes another simulated run (cached)."""
+        return tuple(g.name for g in GPUS if self.fits(g))
+
+    def first_fit(self, gpus: Sequence[Gpu], *, simulate: bool = True) -> FirstFit:
+        """The first of ``gpus`` (ascending by memory) the step fits, by :meth:`fits`.
+
+        ``simulate=False``: only the cards answered without another run (those running the
+        same attention kernel as the simulated step); the others are listed as skipped.
+        """
+        checked = [g for g in gpus if simulate or self.settings_for(g) == self.settings]
+        first = next((g.name for g in checked if self.fits(g)), None)
+        return FirstFit(first, tuple(g.name for g in gpus if g not in checked))
+
+    @property
+    def runtime_hidden_bytes(self) -> int:
+        """What a card's driver keeps of its memory, left out of every fit (a guess:
+        :data:`~.gpus.RUNTIME_HIDDEN_BYTES`)."""
+        return RUNTIME_HIDDEN_BYTES
+
+    @property
+    def weights(self) -> str | None:
+        """The dtype of the model's weights in the simulated step (:func:`model_weights`)."""
+        return model_weights(self.profile)
+
+    def used_on(self, gpu: str | Gpu, batch_size: int | None = None,
+                settings: StepSettings | None = None) -> int:  # fmt: skip
+        """Device used on ``gpu``: the same as :attr:`predicted_device_bytes` unless the card lacks
+        flash attention and the step uses it (then simulated with the memory-efficient
+        kernel, as CUDA would run it there)."""
+        target = _gpu(gpu)
+        settings = self.settings_for(target, settings)
+        used = self.run(settings, batch_size or self.batch_size).predicted_device_bytes
+        return used + self.cublas_adjustment(target)
+
+    @property
+    def cublas_workspace_total(self) -> int:
+        """Bytes of the cuBLAS workspaces the CUDA estimate holds (category other, alive
+        before the step): 32 MiB per thread that runs matmuls, 0 on the CPU."""
+        info = self.profile.meta.get("estimate", {})
+        return int(info.get("cublas_workspaces", 0)) * int(info.get("cublas_workspace_bytes", 0))
+
+    def cublas_adjustment(self, gpu: Gpu) -> int:
+        """Bytes to add on ``gpu`` for its cuBLAS workspace size (the simulation uses the
+        32 MiB of compute capability 9.x+; older cards take 8,519,680 bytes per thread)."""
+        if self.settings.target_type != "cuda":
+            return 0
+        info = self.profile.meta.get("estimate", {})
+        count = int(info.get("cublas_workspaces", 0))
+        simulated = int(info.get("cublas_workspace_bytes", gpu.cublas_workspace_bytes))
+        return count * (gpu.cublas_workspace_bytes - simulated)
+
+    def settings_for(self, gpu: Gpu, settings: StepSettings | None = None) -> StepSettings:
+        """``settings`` as run on ``gpu``: without flash attention on a pre-Ampere card."""
+        settings = settings or self.settings
+        if settings.target_type != "cuda" or gpu.flash_attention or not settings.flash_attention:
+            return settings
+        if settings == self.settings and not _uses_flash(self.profile):
+            return settings  # the same run: no attention went through flash
+        return replace(settings, flash_attention=False)
+
+    # -- more runs --------------------------------------------------------------------------
+
+    def run(
+        self, settings: StepSettings | None = None, batch_size: int | None = None
+    ) -> RunSummary:
+        """Simulate again with other settings or batch size (cached)."""
+        settings = settings or self.settings
+        batch = batch_size or self.batch_size
+        key = (settings, batch)
+        if key not in self._summaries:
+            with self.session() as process:
+                profile = process.run(settings, batch)
+            self._summaries[key] = RunSummary.of(profile, batch)
+        return self._summaries[key]
+
+    def max_batch_size(self, gpu: str | Gpu, *, progress: Progress | None = None,
+                       settings: StepSettings | None = None) -> int:  # fmt: skip
+        """The largest batch whose step fits ``gpu`` (0: not even batch 1)."""
+        return self.max_batch_sizes([gpu], progress=progress, settings=settings)[_gpu(gpu).name]
+
+    def max_batch_sizes(self, gpus: Iterable[str | Gpu] | None = None, *,
+                        progress: Progress | None = None,
+                        settings: StepSettings | None = None) -> dict[str, int]:  # fmt: skip
+        """Largest fitting batch for each GPU, sharing runs between them."""
+        settings = settings or self.settings
+        chosen = [_gpu(g) for g in gpus] if gpus is not None else list(GPUS)
+        results: dict[str, int] = {}
+        with self.session():
+            for gpu in chosen:
+                if progress is not None:
+                    progress(f"largest batch for {gpu.name} ...")
+
+                on_gpu = self.settings_for(gpu, settings)
+
+                extra = self.cublas_adjustment(gpu)
+
+                def used(batch: int, on_gpu: StepSettings = on_gpu, extra: int = extra) -> int:
+                    if progress is not None and (on_gpu, batch) not in self._summaries:
+                        progress(f"  simulating batch {batch}")
+                    return self.run(on_gpu, batch).predicted_device_bytes + extra
+
+                results[gpu.name] = largest_fitting(used, gpu.usable_bytes, start=self.batch_size)
+        return results
+
+    def gpu_table(self, gpus: Iterable[str | Gpu] | None = None, *, search: bool = True,
+                  progress: Progress | None = None) -> pd.DataFrame:  # fmt: skip
+        """One row per GPU: memory, whether this step fits, headroom, largest batch."""
+        import pandas as pd
+
+        chosen = [_gpu(g) for g in gpus] if gpus is not None else list(GPUS)
+        largest = self.max_batch_sizes(chosen, progress=progress) if search else {}
+        rows = []
+        for gpu in chosen:
+            row: dict[str, Any] = {
+                "gpu": gpu.name,
+                "memory_gib": round(gpu.memory_gib, 1),
+                "fits": self.fits(gpu),
+                "headroom_gib": round((gpu.usable_bytes - self.used_on(gpu)) / 2**30, 2),
+            }
+            if search:
+                row["max_batch_size"] = largest[gpu.name]
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def what_ifs(self, *, gpus: int = 8, progress: Progress | None = None) -> pd.DataFrame:
+        """The same step under other precision, checkpointing, optimizer and sharding."""
+        from .whatif import what_if_table
+
+        return what_if_table(self, data_parallel=gpus, progress=progress)
+
+    def matches(self, measured: Profile) -> bool:
+        """Whether ``measured`` recorded the step this estimate predicts.
+
+        The estimated model must have *taken part* in the recorded run, not merely be alive:
+        its modules (named from its class) made allocations during the run, its parameters
+        there weigh what the estimate's do (within 2 %, which absorbs CUDA block rounding), a
+        training step produced gradients for them, and the inputs weigh what the estimate's
+        do (the estimate's default ``labels`` may be missing: a training loop can pass the ids
+        as labels). A different model, a model alive but unused, or a cell that failed before
+        the model ran does not match.
+        """
+        if not self.model_name or measured.source == "estimate":
+            return False
+        a = measured.allocations
+        mine = _module_rows(measured, self.model_name)
+        during = a.alloc_seq >= 0
+        if not (mine & during).any():
+            return False  # the model did nothing in this run
+        estimated = self.peak_breakdown()
+        params = int(a.size[mine & (a.category == CATEGORY_INDEX["parameter"])].sum())
+        expected = estimated["parameter"]
+        if expected <= 0 or abs(params - expected) > 0.02 * expected:
+            return False
+        if not self.settings.inference:
+            grads = mine & during & (a.category == CATEGORY_INDEX["gradient"])
+            if not grads.any():
+                return False
+        return self._inputs_match(measured)
+
+    def _inputs_match(self, measured: Profile) -> bool:
+        a = measured.allocations
+        rows = a.category == CATEGORY_INDEX["input"]
+        inputs = int(a.size[rows].sum())
+        ours = self.profile.allocations
+        our_rows = ours.category == CATEGORY_INDEX["input"]
+        expected = int(ours.size[our_rows].sum())
+        labels = int(self.profile.meta.get("estimate", {}).get("default_label_bytes", 0))
+        slack = 512 * int(our_rows.sum()) + 0.02 * expected  # CUDA block rounding
+        return any(abs(inputs - want) <= slack for want in {expected, expected - labels})
+
+    def compare(self, measured: Profile) -> Comparison:
+        """This estimate against a measured profile of the same step."""
+        return Comparison.of(self, measured)
+
+    # -- process ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[EstimatorProcess]:
+        """An estimator process for the duration of the outermost call."""
+        if self._process is not None:
+            yield self._process
+            return
+        with EstimatorProcess(self._payload, timeout_s=self._timeout_s) as process:
+            self._process = process
+            try:
+                yield process
+            finally:
+                self._process = None
+
+    # -- display --------------------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        return (
+            f"<Estimate {self.model_name} batch {self.batch_size} on {self.settings.device}: "
+            f"peak {format_bytes(self.peak_bytes)}, reserved {format_bytes(self.reserved_bytes)}>"
+        )
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        # the summary is the renderer's; the package registers it (see _display.py)
+        printer.text(_display.text("estimate", self))
+
+
+@dataclass(frozen=True)
+class FirstFit:
+    """The first GPU of a list a step fits (None: none of them), and the GPUs left
+    unchecked (they run another attention kernel and no more runs were allowed)."""
+
+    gpu: str | None
+    skipped: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Estimated vs measured peak (and per category), with the relative error.
+
+    The measured side counts only what belongs to the step (see :meth:`of`);
+    :attr:`unrelated_bytes` says how much was left out at the measured peak.
+    """
+
+    estimated_bytes: int
+    measured_bytes: int
+    estimated: dict[str, int]
+    measured: dict[str, int]
+    estimated_device: str = ""
+    measured_device: str = ""
+    left_out_bytes: int = 0
+
+    @property
+    def unrelated_bytes(self) -> int:
+        """Bytes at the measured peak in tensors that play no role in the step (alive before
+        the cell and not the estimated model's, nor its inputs: another model's parameters,
+        earlier cells' tensors), left out of :attr:`measured_bytes`."""
+        return self.left_out_bytes
+
+    @property
+    def same_device(self) -> bool:
+        """Both sides on the same kind of device (a CUDA estimate vs a CPU run differs by the
+        allocator's rounding and CUDA-only kernels)."""
+        return self.estimated_device.split(":")[0] == self.measured_device.split(":")[0]
+
+    @property
+    def relative_difference(self) -> float:
+        """(estimated - measured) / measured: how far the prediction is from the measurement
+        of the same step (unrelated tensors are already left out of the measurement)."""
+        return (self.estimated_bytes - self.measured_bytes) / max(self.measured_bytes, 1)
+
+    @classmethod
+    def of(cls, estimate: Estimate, measured: Profile) -> Comparison:
+        """Compare with the part of ``measured`` that belongs to the step: rows allocated
+        during the run, plus, of what existed before it, the estimated model's own tensors
+        (parameters, buffers, optimizer state) and the inputs it was fed."""
+        a = measured.allocations
+        keep = (
+            (a.alloc_seq >= 0)
+            | _module_rows(measured, estimate.model_name)
+            | (a.category == CATEGORY_INDEX["input"])
+        )
+        step = measured.replace(
+            allocations=Allocations.from_columns(
+                {name: getattr(a, name)[keep] for name in a.to_columns()}
+            )
+        )
+        timeline = measured.timeline
+        at_peak = timeline.live_mask(timeline.peak_index)
+        left_out = int(a.size[at_peak & ~keep].sum())
+        # the estimate's cuBLAS workspaces exist before any measured cell (the session's first
+        # matmul made them), so the measurement leaves them out with the other earlier tensors
+        workspaces = estimate.cublas_workspace_total
+        estimated = estimate.peak_breakdown()
+        estimated["other"] = max(estimated.get("other", 0) - workspaces, 0)
+        return cls(estimate.peak_bytes - workspaces, step.peak_bytes, estimated,
+                   step.peak_breakdown(), estimate.settings.device, measured.device,
+                   left_out)  # fmt: skip
+
+
+#: Bytes per parameter -> the weights' dtype, for a model estimated in its own dtype.
+ITEMSIZE_NAMES = {8: "fp64", 4: "fp32", 2: "16-bit", 1: "8-bit"}
+BLOCK = 512  # the CUDA caching allocator rounds requests up to this
+
+
+def model_weights(profile: Profile) -> str | None:
+    """The dtype an estimated model's weights had, from the simulated step itself: the one
+    element size that makes the parameters alive before the step as large as they are (each
+    rounded up to the CUDA allocator's 512 B blocks on a CUDA target). None if no size or
+    more than one does, e.g. a model mixing dtypes."""
+    count = int(profile.meta.get("estimate", {}).get("parameters", 0))
+    t = profile.timeline
+    rows = t.live_mask(-1) & (profile.allocations.category == CATEGORIES.index("parameter"))
+    nbytes = int(profile.allocations.size[rows].sum())
+    if count <= 0 or not nbytes:
+        return None
+    slack = BLOCK * int(rows.sum())  # at most 511 B of rounding per allocation
+    names = [name for size, name in ITEMSIZE_NAMES.items() if 0 <= nbytes - size * count < slack]
+    return names[0] if len(names) == 1 else None
+
+
+def _module_rows(profile: Profile, model_name: str) -> npt.NDArray[np.bool_]:
+    """Rows charged to the modules of a model whose root class is ``model_name``."""
+    if not model_name:
+        return np.zeros(len(profile.allocations), bool)
+    prefix = model_name + "."
+    ours = np.array([m == model_name or m.startswith(prefix) for m in profile.modules], dtype=bool)
+    return ours[profile.allocations.module] if len(ours) else np.zeros(0, bool)
+
+
+def _uses_flash(profile: Profile) -> bool:
+    """Whether a simulated step ran attention through the flash kernel."""
+    return any("flash_attention" in op for op in profile.ops)
+
+
+def _gpu(gpu: str | Gpu) -> Gpu:
+    return gpu if isinstance(gpu, Gpu) else find_gpu(gpu)
+
+
+def estimate(
+    model: nn.Module | Callable[[], nn.Module],
+    inputs: Any = None,
+    optimizer: str | OptimizerFactory = "adamw",
+    device: str = "cuda",
+    dtype: str | None = None,
+    amp: str | None = None,
+    checkpoint: bool = False,
+    *,
+    batch_size: int | None = None,
+    inference: bool = False,
+    loss_fn: LossFn | None = None,
+    stacks: bool = True,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> Estimate:
+    """Predict the memory of one training step of ``model`` on ``inputs``.
+
+    ``model`` may live anywhere, the meta device included (only shapes are read), or be a
+    function that builds it. ``inputs``: a shape (``"8x3x224x224"``; ``"8x512"`` is token ids
+    for a language model), named shapes (``"input_ids=8x512,attention_mask=8x512"``), example
+    tensors, a dict of them, or ``f(batch_size) -> batch``; None reads a transformers config.
+    ``optimizer``: a name (adamw, adam, sgd, adafactor, adagrad, rmsprop, adamw8bit, none) or
+    ``f(params) -> optimizer``. ``device``: the device predicted, "cuda" (default) or "cpu".
+    """
+    if not isinstance(model, nn.Module) and not callable(model):
+        raise EstimateError(
+            f"model must be a torch.nn.Module (or a function that builds one), "
+            f"not {type(model).__name__}"
+        )
+    factory = optimizer if callable(optimizer) else None
+    name = "custom" if factory is not None else check_optimizer(str(optimizer))
+    if device not in ("cuda", "cpu") and not device.startswith("cuda:"):
+        raise EstimateError(f"device must be 'cuda' or 'cpu', not {device!r}")
+    if dtype is not None:
+        from .inputs import parse_dtype
+
+        if not parse_dtype(dtype).is_floating_point:
+            raise EstimateError(f"dtype must be a floating type, not {dtype!r}")
+    if amp is not None:
+        from .._transforms.amp import amp_dtype
+
+        amp_dtype(amp)
+    spec = make_batch_spec(_probe(model), inputs, batch_size)
+    settings = StepSettings(device=device, dtype=dtype, amp=amp, checkpoint=checkpoint,
+                            optimizer=name, inference=inference, stacks=stacks)  # fmt: skip
+    payload = pack_job(Job(model, spec, loss_fn, factory))
+    with EstimatorProcess(payload, timeout_s=timeout_s) as process:
+        profile = process.run(settings, None)
+    return Estimate(profile, settings, payload, timeout_s=timeout_s)
+
+
+def _probe(model: nn.Module | Callable[[], nn.Module]) -> nn.Module:
+    """The model itself, or one built by the factory on the meta device (no memory)."""
+    if isinstance(model, nn.Module):
+        return model
+    import torch
+
+    try:
+        with torch.device("meta"):
+            built = model()
+    except Exception as error:  # noqa: BLE001 - the user's factory failed: say so plainly
+        raise EstimateError(f"the model factory failed: {type(error).__name__}: {error}") from None
+    if not isinstance(built, nn.Module):
+        raise EstimateError(f"the model factory returned {type(built).__name__}, not a Module")
+    return built
+
+
+__all__ = [
+    "RUNTIME_OVERHEAD",
+    "Allowance",
+    "Comparison",
+    "Estimate",
+    "EstimateError",
+    "FirstFit",
+    "RunSummary",
+    "estimate",
+    "model_weights",
+]

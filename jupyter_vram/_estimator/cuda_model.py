@@ -1,0 +1,274 @@
+"""What the CUDA caching allocator would make of a run recorded elsewhere (CPU, fake tensors).
+
+An estimate runs the training step on fake tensors, so it knows every request's exact size
+and order but not what a GPU would hold: the caching allocator rounds requests up, hands out
+whole cached blocks when splitting them would leave too little, and keeps every segment it
+ever ``cudaMalloc``'d. :func:`simulate` replays a profile's allocations through a model of
+that allocator (the rules of :mod:`jupyter_vram._allocator_rules`; one device, one stream,
+nothing released) to learn each allocation's block size and the reserved memory;
+:func:`to_cuda_profile` turns the result into a profile that reads like one recorded on a GPU.
+
+The replay is one pass over the events with per-pool free lists kept sorted by
+(size, address), so best fit is a bisect and a free merges its neighbours in O(1) lookups.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._allocator_rules import (
+    MIN_BLOCK,
+    UNLIMITED_SPLIT,
+    is_small,
+    round_size,
+    segment_size,
+    should_split,
+    takes_cached_block,
+)
+from .._model import Allocations, Int64Array, Profile, SegmentEvents
+
+__all__ = ["AllocatorSimulation", "simulate", "to_cuda_profile"]
+
+# A free block is one int in its pool's sorted list: size in the high bits, address in the
+# low ones, so sorting the ints sorts by (size, address), which is the allocator's best fit.
+_ADDR_BITS = 48
+_ADDR_MASK = (1 << _ADDR_BITS) - 1
+# Each pool gets its own address range (ties only ever compare addresses within one pool),
+# and the range tells a block's pool without a lookup.
+_SMALL_BASE = 1 << (_ADDR_BITS - 1)
+
+
+@dataclass(frozen=True)
+class AllocatorSimulation:
+    """The allocator's view of a profile's run on one device.
+
+    ``block_size`` has one entry per allocation row: the block the allocator hands that row
+    (rows on other devices keep their size). ``segments`` holds a +size event at the seq of
+    each allocation that had to ``cudaMalloc`` a new segment; segments made while replaying the
+    baseline are in ``segments.baseline``.
+    """
+
+    block_size: Int64Array
+    segments: SegmentEvents
+    peak_allocated: int  # what torch.cuda.max_memory_allocated() would report
+    peak_reserved: int  # what torch.cuda.max_memory_reserved() would report
+    segment_count: int
+
+
+def simulate(
+    profile: Profile, *, divisions: Sequence[int] = (), max_split_size: int | None = None
+) -> AllocatorSimulation:
+    """Replay ``profile``'s allocations on its device through the caching allocator.
+
+    Baseline rows (``alloc_seq == -1``) are allocated first, in row order, as if before
+    recording; then every alloc and free in sequence order (an alloc before a free at the same
+    seq, as the timeline orders them). ``divisions`` is ``roundup_power2_divisions`` and
+    ``max_split_size`` the ``PYTORCH_CUDA_ALLOC_CONF`` setting in bytes (None: unlimited).
+    Zero-byte requests take no block, as on a GPU. Segments are never released: neither
+    ``empty_cache`` nor an out-of-memory retry is modelled.
+    """
+    a = profile.allocations
+    n = len(a)
+    device_id = profile.devices.index(profile.device) if profile.device in profile.devices else -1
+    on_device = a.device == device_id
+    rows = np.arange(n, dtype=np.int64)
+
+    rounded = _rounded_sizes(a.size, divisions)
+    block_size = a.size.astype(np.int64, copy=True)
+
+    # One event stream: row r allocates as r, frees as ~r (negative).
+    base_rows = rows[on_device & (a.alloc_seq < 0)]
+    alloc_rows = rows[on_device & (a.alloc_seq >= 0)]
+    free_rows = rows[on_device & (a.free_seq >= 0)]
+    seq = np.concatenate([a.alloc_seq[alloc_rows], a.free_seq[free_rows]])
+    code = np.concatenate([alloc_rows, ~free_rows])
+    order = np.argsort(seq, kind="stable")
+
+    replay = _Replay(
+        rounded.tolist(), UNLIMITED_SPLIT if max_split_size is None else max_split_size
+    )
+    for row in base_rows.tolist():
+        replay.alloc(row)
+    baseline_reserved = replay.reserved
+    replay.new_segments.clear()
+    replay.replay(code[order].tolist(), seq[order].tolist())
+
+    sizes = np.asarray(replay.block, np.int64)
+    block_size[on_device] = sizes[on_device]
+
+    seg_seq = np.array([s for s, _ in replay.new_segments], np.int64)
+    seg_delta = np.array([d for _, d in replay.new_segments], np.int64)
+    return AllocatorSimulation(
+        block_size=block_size,
+        segments=SegmentEvents(seg_seq, seg_delta, baseline_reserved),
+        peak_allocated=replay.peak_allocated,
+        peak_reserved=replay.reserved,  # nothing is ever released, so the end is the peak
+        segment_count=replay.segment_count,
+    )
+
+
+def to_cuda_profile(
+    profile: Profile, sim: AllocatorSimulation | None = None, *, device: str = "cuda"
+) -> Profile:
+    """``profile`` as a GPU would have recorded it: block sizes, segments, a CUDA device.
+
+    The allocations keep everything but their size; the profile's device is renamed
+    ``device``; ``meta["allocator_model"]`` says the numbers come from the model. Device info
+    (what the original device had) is dropped, it does not describe the simulated GPU.
+    """
+    if sim is None:
+        sim = simulate(profile)
+    a = profile.allocations
+    if len(sim.block_size) != len(a):
+        raise ValueError(
+            f"simulation has {len(sim.block_size)} rows, the profile {len(a)} allocations"
+        )
+    devices = list(profile.devices)
+    if device != profile.device and device in devices:
+        raise ValueError(f"the profile already has allocations on {device!r}")
+    if profile.device in devices:  # else nothing was allocated on it: nothing to rename
+        devices[devices.index(profile.device)] = device
+    columns = {name: getattr(a, name) for name in Allocations.__dataclass_fields__}
+    columns["size"] = sim.block_size.astype(np.int64, copy=True)
+    meta = dict(profile.meta)
+    meta["allocator_model"] = {
+        "peak_allocated": sim.peak_allocated,
+        "peak_reserved": sim.peak_reserved,
+        "segments": sim.segment_count,
+    }
+    return profile.replace(
+        allocations=Allocations(**columns),
+        device=device,
+        devices=devices,
+        segments=sim.segments,
+        device_info={},
+        meta=meta,
+    )
+
+
+def _rounded_sizes(size: Int64Array, divisions: Sequence[int]) -> Int64Array:
+    """Every row's request rounded as the allocator rounds it (0 stays 0: no block)."""
+    if any(int(d) > 1 for d in divisions):
+        out = np.array([round_size(int(s), divisions) for s in size.tolist()], np.int64)
+    else:
+        out = np.maximum(MIN_BLOCK, -(-size // MIN_BLOCK) * MIN_BLOCK).astype(np.int64)
+    out[size <= 0] = 0
+    return out
+
+
+class _Replay:
+    """The allocator's blocks. Blocks are keyed by start address; ``prev_of`` links each block
+    to the one before it in its segment (absent for a segment's first block), and a block's
+    successor, if any, starts at ``addr + size`` and links back to it."""
+
+    def __init__(self, rounded: list[int], max_split_size: int) -> None:
+        self.rounded = rounded
+        self.max_split = max_split_size
+        self.size_of: dict[int, int] = {}  # every block, free or not
+        self.prev_of: dict[int, int] = {}
+        self.free: set[int] = set()  # addresses of free blocks
+        self.small_free: list[int] = []  # (size << _ADDR_BITS) | addr, ascending
+        self.large_free: list[int] = []
+        self.block = [0] * len(rounded)  # row -> the size of the block it was given
+        self.block_of: dict[int, int] = {}  # live row -> its block's address
+        self.next_small = _SMALL_BASE
+        self.next_large = 0
+        self.allocated = 0
+        self.peak_allocated = 0
+        self.reserved = 0
+        self.segment_count = 0
+        self.new_segments: list[tuple[int, int]] = []  # (seq, size)
+
+    def replay(self, codes: list[int], seqs: list[int]) -> None:
+        for code, seq in zip(codes, seqs, strict=True):
+            if code >= 0:
+                self.alloc(code, seq)
+            else:
+                self.release(~code)
+
+    def alloc(self, row: int, seq: int = -1) -> None:
+        size = self.rounded[row]
+        if size == 0:
+            return
+        small = is_small(size)
+        pool = self.small_free if small else self.large_free
+        i = bisect_left(pool, size << _ADDR_BITS)
+        addr = -1
+        if i < len(pool):
+            key = pool[i]
+            found = key >> _ADDR_BITS
+            # The pool is sorted by size, so the first candidate decides.
+            if takes_cached_block(size, found, self.max_split):
+                del pool[i]
+                addr = key & _ADDR_MASK
+                self.free.discard(addr)
+        if addr < 0:
+            found = segment_size(size)
+            if small:
+                addr = self.next_small
+                self.next_small += found
+            else:
+                addr = self.next_large
+                self.next_large += found
+            if self.next_large >= _SMALL_BASE or self.next_small > _ADDR_MASK:
+                raise OverflowError("simulated address space exhausted")
+            self.size_of[addr] = found
+            self.reserved += found
+            self.segment_count += 1
+            self.new_segments.append((seq, found))
+        remaining = found - size
+        if should_split(small, size, remaining, self.max_split):
+            rest = addr + size
+            after = addr + found
+            if self.prev_of.get(after) == addr:
+                self.prev_of[after] = rest
+            self.size_of[rest] = remaining
+            self.prev_of[rest] = addr
+            self.size_of[addr] = size
+            self.free.add(rest)
+            insort(pool, (remaining << _ADDR_BITS) | rest)
+        else:
+            size = found  # too little would be left: the allocation takes the whole block
+        self.block_of[row] = addr
+        self.block[row] = size
+        self.allocated += size
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
+
+    def release(self, row: int) -> None:
+        addr = self.block_of.pop(row, None)
+        if addr is None:  # a zero-byte request, or a free without its alloc
+            return
+        size_of, prev_of, free = self.size_of, self.prev_of, self.free
+        size = size_of[addr]
+        self.allocated -= size
+        pool = self.small_free if addr >= _SMALL_BASE else self.large_free
+        nxt = addr + size
+        if nxt in free and prev_of.get(nxt) == addr:
+            nsize = size_of.pop(nxt)
+            _remove(pool, (nsize << _ADDR_BITS) | nxt)
+            free.discard(nxt)
+            del prev_of[nxt]
+            size += nsize
+            if prev_of.get(addr + size) == nxt:
+                prev_of[addr + size] = addr
+        prv = prev_of.get(addr)
+        if prv is not None and prv in free:
+            psize = size_of[prv]
+            _remove(pool, (psize << _ADDR_BITS) | prv)
+            del size_of[addr], prev_of[addr]
+            if prev_of.get(addr + size) == addr:
+                prev_of[addr + size] = prv
+            addr, size = prv, psize + size
+        else:
+            free.add(addr)
+        size_of[addr] = size
+        insort(pool, (size << _ADDR_BITS) | addr)
+
+
+def _remove(pool: list[int], key: int) -> None:
+    del pool[bisect_left(pool, key)]

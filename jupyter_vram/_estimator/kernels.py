@@ -1,0 +1,317 @@
+"""Kernel choices and kernel-made buffers that a fake-tensor run does not show by itself.
+
+- **Attention on CUDA.** ``scaled_dot_product_attention`` on the CPU falls back to the math
+  path for attention with dropout, which keeps the whole (batch, heads, seq, seq) probability
+  matrix; CUDA runs the flash or memory-efficient kernel, which saves only the output and a
+  log-sum-exp. :func:`cuda_attention` routes the call to the kernel the target GPU would
+  pick (flash needs compute capability 8.0: on a T4 or V100 it is memory-efficient); their
+  fake implementations run anywhere. It replaces ``torch.nn.functional.
+  scaled_dot_product_attention`` for the whole run instead of using a torch-function mode,
+  because such a mode is not active while autograd recomputes a checkpointed block: the
+  recomputation took the CPU path, saved a different number of tensors than the forward, and
+  failed with ``CheckpointError``. (The estimator process runs nothing else, so the
+  replacement is safe there.) A model that bound the function under another name at import
+  runs it as written.
+
+Fake tensors run each operator's meta implementation, which gets shapes right but can differ
+from the real kernel in what else it returns:
+
+- **LSTM on the CPU.** ``nn.LSTM`` in training runs oneDNN's ``mkldnn_rnn_layer`` once per
+  layer and direction. The real kernel returns a *workspace* (every step's gates and states,
+  kept for backward), sized by oneDNN; its meta implementation returns an empty one, so a fake
+  run missed most of an LSTM's activation memory. :func:`rnn_workspaces` gives each fake call a
+  workspace of the size oneDNN allocates (:func:`onednn_lstm_workspace_bytes`, checked against
+  the real kernel in the tests).
+- **LSTM on CUDA.** cuDNN keeps its own *reserve space* for backward, whose size only cuDNN
+  computes (``cudnnGetRNNTrainingReserveSize``). A CUDA estimate charges the size measured on
+  an H200 with cuDNN 9 (:func:`cudnn_lstm_reserve_bytes`); cuDNN's temporary workspaces are
+  not modelled.
+- **Depthwise convolutions on the CPU.** The backward of a float32 depthwise convolution on a
+  channels_last input makes a buffer of channels x k x k x 256 x 4 bytes inside oneDNN and
+  frees it before returning (:func:`depthwise_backward_workspace`); :func:`onednn_scratch`
+  allocates and frees one of that size after each such fake call.
+- **oneDNN's temporaries.** Inside each LSTM layer call oneDNN reorders the weights into its
+  own layout and uses a scratchpad (the gates of every step); backward also reorders the
+  weight gradients when their leading dimension is padded. These live only during the call,
+  but the CPU recorder sees them and they raise the peak. :func:`onednn_scratch` allocates
+  and frees buffers of those sizes around each fake call (:func:`onednn_lstm_temporaries`:
+  exact for the weight buffers, the scratchpad within a few tens of KB). cuDNN's workspaces
+  are not modelled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .._capture.modes import rewriting_ops
+
+_PAGE = 4096  # oneDNN places each workspace part at a page boundary
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _good_ld(dim: int, itemsize: int) -> int:
+    """oneDNN's leading dimension: a multiple of 64 bytes, moved off multiples of 256
+    elements (``rnn_utils::get_good_ld``)."""
+    ld = _round_up(dim, 64 // itemsize)
+    return ld + 64 // itemsize if ld % 256 == 0 else ld
+
+
+def onednn_lstm_workspace_bytes(steps: int, batch: int, input_size: int, hidden_size: int) -> int:
+    """Bytes of the workspace oneDNN's LSTM forward-training primitive allocates for one layer
+    and direction (float32), as ``mkldnn_rnn_layer`` requests it.
+
+    Parts, each rounded up to a 4 KiB page: the states, cell states and the three diff-state
+    buffers for (layers + 1) x (steps + 1) positions; the gates (4 x hidden) and the hidden
+    outputs for every step.
+    """
+    states_ld = _good_ld(max(input_size, hidden_size), 4)
+    positions = 2 * (steps + 1) * batch  # (n_layer + 1) x (n_iter + 1) x mb, one layer
+    parts = [
+        positions * states_ld * 4,  # states (layer input / output)
+        positions * hidden_size * 4,  # cell states
+        positions * states_ld * 4,  # diff states, layer
+        positions * states_ld * 4,  # diff states, iteration
+        positions * hidden_size * 4,  # diff cell states
+        steps * batch * _good_ld(4 * hidden_size, 4) * 4,  # gates
+        steps * batch * _good_ld(hidden_size, 4) * 4,  # hidden outputs
+    ]
+    return sum(_round_up(p, _PAGE) for p in parts)
+
+
+def onednn_lstm_temporaries(
+    steps: int, batch: int, input_size: int, hidden_size: int, *, backward: bool
+) -> list[int]:
+    """Byte sizes of the buffers oneDNN's LSTM (float32) allocates and frees inside one layer
+    call: the weights reordered into its layout, the scratchpad, and in backward the bias
+    gradient and the weight gradients it cannot write in place."""
+    gates_ld = _good_ld(4 * hidden_size, 4)
+    hidden_ld = _good_ld(hidden_size, 4)
+    merged = backward or batch < 128  # the layer GEMM runs over all steps at once
+    scratch = (steps if merged else 1) * batch * gates_ld * 4 + 2 * batch * hidden_ld * 4
+    weights = [input_size * gates_ld * 4, hidden_size * gates_ld * 4]
+    if not backward:
+        return [*weights, scratch]
+    diff = [
+        4 * hidden_size * _good_ld(dim, 4) * 4
+        for dim in (input_size, hidden_size)
+        if _good_ld(dim, 4) != dim
+    ]
+    return [*diff, *weights, 4 * hidden_size * 4, scratch]
+
+
+def cudnn_lstm_reserve_bytes(steps: int, batch: int, hidden_size: int, itemsize: int) -> int:
+    """cuDNN's LSTM reserve space for one layer and direction: five (steps x batch x hidden)
+    slabs (gates and states of every step). Measured on an H200 (cuDNN 9, float32): the
+    reserve of an L-layer, D-direction LSTM was (5 L D + (L - 1) D) slabs + 256 bytes, the
+    extra slabs being the outputs between layers, which the fake run already holds as tensors.
+    Other cuDNN versions or GPUs may differ."""
+    return 5 * steps * batch * hidden_size * itemsize
+
+
+_RNN_LAYER_ARGS = (
+    "input", "w0", "w1", "w2", "w3", "hx", "cx", "reverse", "batch_sizes", "mode",
+    "hidden_size", "num_layers", "has_biases", "bidirectional", "batch_first", "train",
+)  # fmt: skip
+
+
+def _with_rnn_workspace(
+    target_type: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
+) -> Any:
+    """A fake ``mkldnn_rnn_layer`` call's outputs with the workspace the real kernel returns
+    (see the module docstring); other ops' outputs as they are."""
+    if func is not torch.ops.aten.mkldnn_rnn_layer.default:
+        return out
+    call = dict(zip(_RNN_LAYER_ARGS, args, strict=False)) | kwargs
+    if not call.get("train"):
+        return out
+    x = call["input"]
+    # nn.LSTM hands every layer time-major input, whatever its batch_first flag says
+    # (the real kernel reads it so; checked against its workspace sizes in the tests)
+    steps, batch = int(x.shape[0]), int(x.shape[1])
+    hidden = int(call["hidden_size"])
+    if target_type == "cuda":
+        size = cudnn_lstm_reserve_bytes(steps, batch, hidden, x.element_size())
+    else:
+        size = onednn_lstm_workspace_bytes(steps, batch, int(x.shape[-1]), hidden)
+    workspace = torch.empty(size, dtype=torch.uint8, device=x.device)
+    return (*out[:3], workspace)
+
+
+@contextlib.contextmanager
+def rnn_workspaces(target_type: str) -> Iterator[None]:
+    """Within the block, fake LSTM layers return a real-sized workspace. Enter it below the
+    recorder, so the recorder sees the op's real outputs."""
+    with rewriting_ops(functools.partial(_with_rnn_workspace, target_type)):
+        yield
+
+
+def depthwise_backward_workspace(input: torch.Tensor, weight: torch.Tensor, groups: int) -> int:
+    """Bytes oneDNN allocates and frees inside the backward of a float32 depthwise 2-D
+    convolution whose input is channels_last: channels x kernel height x kernel width x 256 x
+    4, whatever the batch (measured against the CPU allocator's reports: 24.5 MiB at 512
+    channels and a 7 x 7 kernel; tests/test_observer_effect.py checks the real kernel)."""
+    if (
+        input.dtype != torch.float32
+        or input.dim() != 4
+        or weight.dim() != 4
+        or groups != input.shape[1]
+        or weight.shape[1] != 1
+        or input.shape[1] == 1
+        or not input.is_contiguous(memory_format=torch.channels_last)
+        or input.is_contiguous()
+    ):
+        return 0
+    channels, kh, kw = int(weight.shape[0]), int(weight.shape[2]), int(weight.shape[3])
+    return channels * kh * kw * 256 * 4
+
+
+#: CPU matrix products and the positions of their matrix operands.
+_MATMUL_OPERANDS = {
+    torch.ops.aten.mm.default: (0, 1),
+    torch.ops.aten.addmm.default: (1, 2),
+    torch.ops.aten.bmm.default: (0, 1),
+    torch.ops.aten.baddbmm.default: (1, 2),
+}
+
+
+def broadcast_operand_copies(func: Any, args: tuple[Any, ...]) -> list[int]:
+    """Bytes the CPU BLAS path copies inside a matrix product: an operand whose rows or
+    columns are broadcast (a zero stride in its last two dimensions, e.g. the gradient of a
+    ``sum()`` handed to a linear layer's backward) is made contiguous first, numel x itemsize,
+    and freed before the op returns (measured against the CPU allocator's reports: 512 KiB
+    for a 512 x 256 float32 operand, expanded from a scalar or from one row; a zero stride in
+    the batch dimension of ``bmm`` copies nothing). float32 / float64 only."""
+    sizes = []
+    for position in _MATMUL_OPERANDS.get(func, ()):
+        operand = args[position] if position < len(args) else None
+        if (
+            isinstance(operand, torch.Tensor)
+            and operand.dtype in (torch.float32, torch.float64)
+            and operand.dim() >= 2
+            and operand.numel() > 1
+            and 0 in operand.stride()[-2:]
+        ):
+            sizes.append(operand.numel() * operand.element_size())
+    return sizes
+
+
+def _with_onednn_temporaries(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
+) -> Any:
+    """Allocate and free oneDNN's in-call temporaries after the fake ops that make them (see
+    the module docstring); every op's outputs stay as they are."""
+    aten = torch.ops.aten
+    if func is aten.convolution_backward.default:
+        workspace = depthwise_backward_workspace(args[1], args[2], args[9])
+        if workspace:
+            buffer = torch.empty(workspace, dtype=torch.uint8, device=args[1].device)
+            del buffer
+    elif func in _MATMUL_OPERANDS:
+        copies = [
+            torch.empty(n, dtype=torch.uint8, device=out.device)
+            for n in broadcast_operand_copies(func, args)
+        ]
+        del copies
+    elif func is aten.mkldnn_rnn_layer.default or func is aten.mkldnn_rnn_layer_backward.default:
+        x, w_layer = args[0], args[1]
+        if x.dtype == torch.float32 and x.dim() == 3:
+            sizes = onednn_lstm_temporaries(
+                int(x.shape[0]), int(x.shape[1]), int(w_layer.shape[1]),
+                int(w_layer.shape[0]) // 4,
+                backward=func is aten.mkldnn_rnn_layer_backward.default,
+            )  # fmt: skip
+            held = [torch.empty(n, dtype=torch.uint8, device=x.device) for n in sizes]
+            del held
+    return out
+
+
+@contextlib.contextmanager
+def onednn_scratch() -> Iterator[None]:
+    """Within the block, fake LSTM layer calls also allocate oneDNN's temporaries. Enter it
+    above the recorder, so the recorder sees these buffers."""
+    with rewriting_ops(_with_onednn_temporaries):
+        yield
+
+
+@contextlib.contextmanager
+def cuda_attention(*, flash: bool = True) -> Iterator[None]:
+    """Within the block, ``F.scaled_dot_product_attention`` runs the kernel CUDA would pick
+    (``flash``: whether the target GPU has flash attention, compute capability >= 8.0)."""
+    original = F.scaled_dot_product_attention
+
+    def attention(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+        is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
+    ) -> torch.Tensor:  # fmt: skip
+        out = cuda_kernel_attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, flash=flash
+        )
+        if out is not None:
+            return out
+        return original(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+            scale=scale, enable_gqa=enable_gqa,
+        )  # fmt: skip
+
+    F.scaled_dot_product_attention = attention
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+def attention_kernel(query: torch.Tensor, attn_mask: torch.Tensor | None, *, flash: bool) -> str:
+    """The kernel CUDA's dispatcher picks for these arguments: "flash" (fp16 / bf16, no mask,
+    head size <= 256, a GPU with flash attention) or "efficient" (memory-efficient)."""
+    half = query.dtype in (torch.float16, torch.bfloat16)
+    if flash and half and attn_mask is None and query.shape[-1] <= 256:
+        return "flash"
+    return "efficient"
+
+
+def cuda_kernel_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    flash: bool = True,
+) -> torch.Tensor | None:
+    """Attention through CUDA's flash or memory-efficient kernel, or None for "as written"
+    (grouped-query heads, odd head sizes, a bias CUDA would pad first)."""
+    same_heads = key.shape[:-2] == query.shape[:-2] == value.shape[:-2]
+    if enable_gqa or query.dim() != 4 or not same_heads or query.shape[-1] % 8:
+        return None
+    aten = torch.ops.aten
+    if attention_kernel(query, attn_mask, flash=flash) == "flash":
+        result = aten._scaled_dot_product_flash_attention(
+            query, key, value, dropout_p, is_causal, False, scale=scale
+        )
+        return result[0]  # type: ignore[no-any-return]
+    bias = attn_mask
+    if bias is not None and bias.dtype == torch.bool:  # CUDA turns a boolean mask into a bias
+        bias = torch.zeros(bias.shape, dtype=query.dtype, device=bias.device).masked_fill(
+            bias.logical_not(), float("-inf")
+        )
+    if bias is not None and bias.dim() == 4 and bias.shape[-1] % 16:
+        return None  # CUDA pads such a bias first: leave these to the math path
+    needs_grad = query.requires_grad or key.requires_grad or value.requires_grad
+    result = aten._scaled_dot_product_efficient_attention(
+        query, key, value, bias, needs_grad and torch.is_grad_enabled(), dropout_p, is_causal,
+        scale=scale,
+    )  # fmt: skip
+    return result[0]  # type: ignore[no-any-return]

@@ -1,0 +1,333 @@
+"""The kernel's side of the estimator process: start it, ask for runs, survive its failures.
+
+Whatever happens in the estimator — an exception, an abort inside fake-tensor code, a model
+that never finishes — the kernel gets an :class:`EstimateError` with a clear message and the
+process is gone; the user's model and data are only read (pickled as shapes), never changed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from .._model import Profile
+from .job import Job
+from .step import StepSettings
+from .transport import dumps
+
+DEFAULT_TIMEOUT_S = 300.0
+JOB_FOLDER_PREFIX = "jupyter_vram_estimate_"  # the estimator process deletes only these
+
+
+class EstimateError(RuntimeError):
+    """The estimate could not be made; the message says why and what to change."""
+
+
+def pack_job(job: Job) -> bytes:
+    """The job as the estimator process reads it: the model's code and shapes, no data.
+
+    Only these bytes are kept afterwards, so an estimate never keeps the user's model (or its
+    GPU memory) alive.
+    """
+    try:
+        return dumps(job)
+    except Exception as error:  # noqa: BLE001 - anything unpicklable, said plainly
+        raise EstimateError(
+            f"could not send the model to the estimator ({type(error).__name__}: {error}); "
+            "pass a function that builds the model instead (model=lambda: MyModel(...))"
+        ) from None
+
+
+class _Worker:
+    """One estimator process and its pipes; it starts empty and is then given one model."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix=JOB_FOLDER_PREFIX))
+        self.stderr_path = self.dir / "stderr.txt"
+        self.lines: queue.Queue[bytes] = queue.Queue()
+        self.key = ""  # the job it holds (a digest of its payload), "" while empty
+        self.ready: dict[str, Any] = {}
+        self.results: OrderedDict[str, Path] = OrderedDict()  # request -> its saved profile
+        self.runs = 0
+        stderr = self.stderr_path.open("wb")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+        preload = [name for name in PRELOADED if name in sys.modules]
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "jupyter_vram._estimator.worker", "--spare",
+             str(os.getpid()), str(self.dir), *preload],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            cwd=os.getcwd(),
+            env=env,
+        )  # fmt: skip
+        stderr.close()
+        assert self.process.stdout is not None
+        threading.Thread(target=_pump, args=(self.process.stdout, self.lines), daemon=True).start()
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write((json.dumps(message) + "\n").encode())
+        self.process.stdin.flush()
+
+    def close(self, *, wait: bool = True) -> None:
+        """Stop the process (politely, then by force) and delete its files; ``wait=False``
+        does it in the background (the process has nothing left to do)."""
+        if not wait:
+            threading.Thread(target=self.close, name="jupyter_vram-estimator-close").start()
+            return
+        process = self.process
+        if process.poll() is None:
+            try:
+                self.send({"quit": True})
+                process.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                _kill(process)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class WarmWorkers:
+    """Estimator processes kept between estimates, so the next one does not wait for imports.
+
+    Two at most: a *spare* that has imported torch and the estimator (started when an estimate
+    ends, ready for the next model), and the process of the latest estimate, which keeps its
+    model and the profiles it made (so follow-up runs — another optimizer, the largest-batch
+    search, the same estimate again — start at once). Each watches the kernel and ends with it;
+    a process that crashed or timed out is never reused.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._spare: _Worker | None = None
+        self._loaded: _Worker | None = None
+        atexit.register(self.close)
+
+    def take(self, key: str) -> _Worker:
+        """The process holding job ``key`` if there is one, else an empty one."""
+        with self._lock:
+            loaded, self._loaded = self._loaded, None
+            if loaded is not None and loaded.key == key and loaded.alive():
+                return loaded
+            if loaded is not None:
+                loaded.close(wait=False)
+            spare, self._spare = self._spare, None
+            if spare is not None and spare.alive():
+                return spare
+            if spare is not None:
+                spare.close(wait=False)
+        return _Worker()
+
+    def give_back(self, worker: _Worker) -> None:
+        """Keep a healthy worker that holds a model; start a spare for the next model."""
+        with self._lock:
+            if self._loaded is not None:
+                self._loaded.close(wait=False)
+            self._loaded = worker
+            if self._spare is None:
+                self._spare = _Worker()
+
+    def close(self) -> None:
+        """End every kept process (at exit, or to free their memory)."""
+        with self._lock:
+            kept = [w for w in (self._spare, self._loaded) if w is not None]
+            self._spare = self._loaded = None
+        for worker in kept:
+            worker.close()
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [w.process.pid for w in (self._spare, self._loaded) if w is not None]
+
+
+#: The kernel's warm estimator processes (one set per kernel; see WarmWorkers).
+WARM = WarmWorkers()
+
+#: Libraries a spare imports ahead when the kernel has them (a model's unpickling needs them).
+PRELOADED = ("transformers", "torchvision", "timm", "diffusers", "peft")
+
+#: Profiles a loaded worker keeps on disk (in its job folder), newest last; a largest-batch
+#: search makes about ten.
+KEPT_RESULTS = 16
+
+
+def close_warm_workers() -> None:
+    """End the estimator processes kept warm between estimates (they hold a few hundred MB)."""
+    WARM.close()
+
+
+class EstimatorProcess:
+    """An estimator process holding one model; ``run`` may be called many times.
+
+    The process comes from :data:`WARM` (warm, or holding this very model already) and goes
+    back there when the caller is done with it, unless it failed.
+    """
+
+    def __init__(self, payload: bytes, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
+        self.model_name = ""
+        self.parameters = 0
+        self.input = ""
+        self._payload = payload
+        self._key = hashlib.sha256(payload).hexdigest()
+        self._worker: _Worker | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> EstimatorProcess:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def start(self) -> None:
+        worker = self._worker = WARM.take(self._key)
+        try:
+            if worker.key != self._key:
+                self._load(worker)
+        except BaseException:
+            self._close_failed()
+            raise
+        self.model_name = str(worker.ready.get("model", ""))
+        self.parameters = int(worker.ready.get("parameters", 0))
+        self.input = str(worker.ready.get("input", ""))
+
+    def _load(self, worker: _Worker) -> None:
+        self._receive("starting the estimator")  # the spare's hello: imports are done
+        (worker.dir / "job.pkl").write_bytes(self._payload)
+        sys_path = [p for p in sys.path if p]
+        (worker.dir / "job.json").write_text(json.dumps({"sys_path": sys_path}))
+        try:
+            worker.send({"job": str(worker.dir / "job.pkl")})
+        except OSError:
+            raise self._died("before loading the model") from None
+        worker.ready = self._receive("loading the model")
+        worker.key = self._key
+
+    def close(self) -> None:
+        """Hand the process back to be kept warm (or end it, if it failed)."""
+        worker, self._worker = self._worker, None
+        if worker is None:
+            return
+        if worker.alive() and worker.key == self._key:
+            WARM.give_back(worker)
+        else:
+            worker.close()
+
+    def _close_failed(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.close()
+
+    # -- runs --------------------------------------------------------------------------------
+
+    def run(self, settings: StepSettings, batch_size: int | None = None) -> Profile:
+        """Simulate one step with ``settings`` (and ``batch_size``, if given)."""
+        worker = self._worker
+        if worker is None or not worker.alive():
+            raise EstimateError("the estimator process is not running")
+        request_key = json.dumps([settings.to_dict(), batch_size], sort_keys=True)
+        known = worker.results.get(request_key)
+        if known is not None and known.exists():
+            worker.results.move_to_end(request_key)
+            return Profile.load(known)  # a new object: the caller may drop it
+        worker.runs += 1
+        out = worker.dir / f"run{worker.runs}.json"
+        request = {"settings": settings.to_dict(), "batch_size": batch_size, "out": str(out)}
+        try:
+            worker.send(request)
+        except OSError:
+            raise self._died("before the run started") from None
+        what = f"running the step at batch size {batch_size}" if batch_size else "running the step"
+        self._receive(what)
+        profile = Profile.load(out)
+        worker.results[request_key] = out
+        while len(worker.results) > KEPT_RESULTS:
+            worker.results.popitem(last=False)[1].unlink(missing_ok=True)
+        return profile
+
+    def _receive(self, what: str) -> dict[str, Any]:
+        worker = self._worker
+        assert worker is not None
+        try:
+            line = worker.lines.get(timeout=self.timeout_s)
+        except queue.Empty:
+            self._close_failed()
+            raise EstimateError(
+                f"the estimate timed out after {self.timeout_s:g} s while {what}; "
+                "the process was stopped (raise timeout_s for very large models)"
+            ) from None
+        except BaseException:  # KeyboardInterrupt: never leave the process behind
+            self._close_failed()
+            raise
+        if not line:
+            raise self._died(f"while {what}")
+        message: dict[str, Any] = json.loads(line)
+        if not message.get("ok"):
+            if message.get("fatal"):
+                self._close_failed()
+            raise EstimateError(str(message.get("error", "the estimator failed")))
+        return message
+
+    def _died(self, when: str) -> EstimateError:
+        worker, self._worker = self._worker, None
+        code = None
+        tail = ""
+        if worker is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = worker.process.wait(timeout=10)
+            tail = _tail(worker.stderr_path)
+            worker.close()
+        how = f"exit code {code}"
+        if code is not None and code < 0:
+            how = f"signal {signal.Signals(-code).name}"
+        elif code == 134:
+            how = "exit code 134 (abort)"
+        return EstimateError(
+            f"the estimator process crashed {when} ({how}); your kernel and data are fine."
+            + (f"\nIts last output:\n{tail}" if tail else "")
+        )
+
+
+def _pump(stream: IO[bytes], lines: queue.Queue[bytes]) -> None:
+    """Move protocol lines to a queue so the kernel can wait with a timeout."""
+    for line in iter(stream.readline, b""):
+        lines.put(line)
+    lines.put(b"")
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    process.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=10)
+
+
+def _tail(path: Path, lines: int = 12) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    kept = [line for line in text.splitlines() if line.strip()]
+    return "\n".join(kept[-lines:])

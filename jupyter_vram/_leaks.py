@@ -1,0 +1,195 @@
+"""Leaks between cells: memory a recorded run allocated that is still alive, and what holds it.
+
+``profile.leaks()`` lists them (one row per storage) and ``jv.release_leaks(profile)`` drops the
+references that hold them, only when called: a variable is deleted, an ``Out[n]`` entry (and
+``_``, ``__``, ``___``, ``_n``) cleared, the last error's traceback frames cleared, reference
+cycles collected. Closures and module globals are named, never touched.
+
+A leak is found in two steps. As the run ends, the storages it made that are still alive
+(new since it started, of one of its never-freed allocations' sizes) are noted by identity (a
+weak reference each). ``leaks()`` then lists those still alive, each with what holds it now:
+a storage made after the run, even of the same size, is never one of its leaks. This needs
+the kernel that recorded the profile: a loaded profile lists none.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._model import CATEGORIES
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ._capture.leaks import HeldStorage, Holder, SizeMatcher
+    from ._model import Profile
+
+COLUMNS = [
+    "bytes", "holder_kind", "holders", "releasable", "op", "module", "category", "site",
+    "storage",
+]  # fmt: skip
+
+
+@dataclass
+class _RunState:
+    """What the kernel knew when the run started: where its variables live, what existed."""
+
+    namespace: Mapping[str, Any] | None
+    before: dict[int, Any]  # storage id -> weakref
+    device_type: str
+    made: dict[int, Any] | None = None  # storage id -> weakref: what the run left alive
+    complete: bool = True  # every candidate was looked at when the run ended
+
+
+_runs: weakref.WeakKeyDictionary[Profile, _RunState] = weakref.WeakKeyDictionary()
+
+
+def note_start(namespace: Mapping[str, Any] | None, device: str) -> _RunState:
+    """Called when recording starts: weak references to the storages the notebook holds."""
+    import torch
+
+    from ._capture.leaks import storage_keys
+
+    device_type = torch.device(device).type
+    return _RunState(namespace, storage_keys(namespace, device_type), device_type)
+
+
+def attach(profile: Profile, state: _RunState) -> None:
+    """Tie a finished profile to its run (for as long as the profile lives), noting, right as
+    the run ends, which storages it left alive (never raises: leaks are a nicety; a Ctrl-C
+    meanwhile is held until the note is taken, then raised)."""
+    from ._capture import interrupts_deferred
+
+    with interrupts_deferred():
+        try:
+            from ._capture.leaks import made_by_run
+
+            sizes = _never_freed(profile, state)[1]
+            if sizes.empty():
+                state.made = {}
+            else:
+                state.made, state.complete = made_by_run(
+                    state.namespace, state.device_type, state.before, sizes
+                )
+        except Exception:  # noqa: BLE001 - the profile stays; leaks() says none were noted
+            state.made = None
+        state.before = {}  # only needed until now
+        _runs[profile] = state
+
+
+def _never_freed(profile: Profile, state: _RunState) -> tuple[dict[int, list[int]], SizeMatcher]:
+    """The run's allocations never freed, by size (rows in allocation order), and a matcher
+    of live storage sizes to them."""
+    from ._capture.leaks import SizeMatcher
+
+    a = profile.allocations
+    device = profile.devices.index(profile.device) if profile.device in profile.devices else -1
+    rows = np.flatnonzero((a.alloc_seq >= 0) & (a.free_seq < 0) & (a.device == device))
+    by_size: dict[int, list[int]] = {}
+    for row in rows[np.argsort(a.alloc_seq[rows], kind="stable")]:
+        by_size.setdefault(int(a.size[row]), []).append(int(row))
+    sizes = SizeMatcher({n: len(r) for n, r in by_size.items()}, state.device_type == "cuda")
+    return by_size, sizes
+
+
+def _held(
+    profile: Profile,
+) -> tuple[list[HeldStorage], dict[int, list[int]], SizeMatcher] | None:
+    state = _runs.get(profile)
+    if state is None or state.made is None:
+        return None
+    from ._capture.leaks import held
+
+    by_size, sizes = _never_freed(profile, state)
+    if not state.made:
+        return [], by_size, sizes
+    return held(state.namespace, state.device_type, state.made), by_size, sizes
+
+
+def find_leaks(profile: Profile) -> pd.DataFrame:
+    """Storages the run made that are still alive, largest first, each with its holders.
+
+    Columns: bytes, holder_kind (of the first holder), holders (names, ``; ``-separated),
+    releasable (release_leaks can drop every holder), op / module / category / site (of the
+    allocation that made it), storage (an id). ``attrs["note"]`` says why a frame is empty when
+    the profile was not recorded in this kernel.
+    """
+    import pandas as pd
+
+    from ._analysis.groups import stack_label
+
+    found = _held(profile)
+    frame = pd.DataFrame(columns=COLUMNS)
+    if found is None:
+        state = _runs.get(profile)
+        frame.attrs["note"] = (
+            "leaks are found in the kernel that recorded the profile"
+            if state is None
+            else "what the run left alive could not be noted when it ended"
+        )
+        return frame
+    storages, by_size, sizes = found
+    a = profile.allocations
+    records = []
+    for item in sorted(storages, key=lambda s: -s.nbytes):
+        size = sizes.match(item.nbytes)
+        if size is None:
+            continue  # more storages of this size than the run left (another thread's)
+        sizes.take(size)
+        rows = by_size[size]
+        records.append(
+            [
+                item.nbytes,
+                item.holders[0].kind if item.holders else "unknown",
+                "; ".join(h.name for h in item.holders),
+                bool(item.holders) and all(h.releasable for h in item.holders),
+                _which([profile.ops[int(a.op[r])] for r in rows]),
+                _which([profile.modules[int(a.module[r])] for r in rows]),
+                _which([CATEGORIES[int(a.category[r])] for r in rows]),
+                _which([stack_label(profile, int(a.stack[r])) for r in rows]),
+                item.key,
+            ]
+        )
+    if records:
+        frame = pd.DataFrame(records, columns=COLUMNS)
+    if not _runs[profile].complete:
+        frame.attrs["note"] = (
+            "the search for what the cell left alive, as it ended, ran out of time: "
+            "some leaks may be missing"
+        )
+    return frame
+
+
+def _which(values: list[str]) -> str:
+    """The label of the allocations of one size: one label, or each when they differ (the size
+    alone cannot tell which storage came from which allocation)."""
+    unique = list(dict.fromkeys(values))
+    return unique[0] if len(unique) == 1 else "one of: " + " | ".join(unique)
+
+
+def release_leaks(profile: Profile, leaks: pd.DataFrame | None = None) -> list[str]:
+    """Drop what holds the run's leaked memory (all of it, or the rows of ``leaks``, a frame
+    from ``profile.leaks()``), and return what was done. Only names still bound to the same
+    objects are touched; closures and globals are left to you (said so in the result)."""
+    from ._capture.leaks import release
+
+    if leaks is None:
+        leaks = find_leaks(profile)
+    found = _held(profile)
+    if found is None:
+        return []
+    storages = found[0]
+    wanted = {int(k) for k in leaks["storage"]}
+    holders: list[Holder] = []
+    for item in storages:
+        if item.key in wanted:
+            holders.extend(h for h in item.holders if h not in holders)
+    del storages
+    state = _runs[profile]
+    namespace = state.namespace if isinstance(state.namespace, MutableMapping) else None
+    return release(namespace, holders)

@@ -1,0 +1,127 @@
+"""What `%vram_estimate` does once its arguments are parsed (_magics.py stays a thin shell).
+
+Display code (it prints, shows the app, binds ``_vram_estimate``), so it lives with the
+magics, above the estimator it calls and the renderers it shows.
+"""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ._estimator.api import Estimate, estimate
+from ._estimator.gpus import find_gpu
+from ._estimator.inputs import InputError
+from ._estimator.runner import EstimateError
+from ._estimator.search import format_batch
+from ._estimator.step import StepError
+from ._estimator.whatif import check_gpus
+
+#: Failures that deserve a one-paragraph message, not a traceback.
+EXPECTED_ERRORS = (EstimateError, InputError, StepError)
+
+
+def resolve(expression: str, namespace: Mapping[str, Any], what: str) -> Any:
+    """Evaluate a name or expression from the magic's line in the notebook's namespace."""
+    try:
+        return eval(expression, dict(namespace))  # the user's own expression, in their namespace
+    except Exception as error:  # noqa: BLE001 - reported as a clear message
+        raise InputError(f"cannot evaluate {what} {expression!r}: {error}") from None
+
+
+def unquote(text: str) -> str:
+    """The text without one pair of matching quotes around it (IPython's magic argument
+    parser keeps the quotes of ``--input "a=4x128,b=4x128"``)."""
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1].strip()
+    return text
+
+
+def resolve_inputs(text: str | None, namespace: Mapping[str, Any]) -> Any:
+    """``--input``: a variable of the notebook if one has that name, else a shape spec."""
+    if text is None:
+        return None
+    name = unquote(text)
+    if name.isidentifier() and name in namespace:
+        return namespace[name]
+    return name
+
+
+def run_estimate_magic(args: Namespace, namespace: dict[str, Any]) -> Estimate | None:
+    """Run the estimate, show it, and bind it to ``_vram_estimate``; errors become messages."""
+    from IPython.display import display
+
+    from ._session import remember_estimate
+
+    progress = _progress_line()
+    try:
+        check_gpus(args.gpus)  # before the run, not after it
+        model = resolve(args.model, namespace, "the model")
+        gpu = find_gpu(unquote(args.gpu)) if args.gpu else None
+        progress(f"estimating {type(model).__name__} on fake tensors ...")
+        result = estimate(
+            model,
+            resolve_inputs(args.input, namespace),
+            optimizer=unquote(args.optimizer),
+            device=unquote(args.device),
+            dtype=unquote(args.dtype) if args.dtype else None,
+            amp=unquote(args.amp) if args.amp else None,
+            checkpoint=args.checkpoint,
+            batch_size=args.batch_size,
+            inference=args.inference,
+            loss_fn=resolve(args.loss, namespace, "the loss") if args.loss else None,
+            timeout_s=args.timeout,
+        )
+        namespace["_vram_estimate"] = result
+        remember_estimate(result)
+        largest = result.max_batch_size(gpu, progress=progress) if gpu is not None else None
+        what_ifs = result.what_ifs(gpus=args.gpus, progress=progress) if args.what_if else None
+    except EXPECTED_ERRORS as error:
+        progress("")
+        print(f"%vram_estimate: {error}")
+        return None
+    except ValueError as error:  # an unknown GPU name
+        progress("")
+        print(f"%vram_estimate: {error}")
+        return None
+    progress("")
+    if args.text:
+        from ._render.estimate_text import estimate_summary, what_if_text
+
+        print(estimate_summary(result))
+        if what_ifs is not None:
+            print(what_if_text(what_ifs))
+        if gpu is not None and largest is not None:
+            fits = "fits" if result.fits(gpu) else "does NOT fit"
+            print(
+                f"{gpu.name}: batch {result.batch_size} {fits}; "
+                f"largest batch that fits: {format_batch(largest)}"
+            )
+    else:
+        from ._app import ProfileApp
+
+        # the answer to --gpu is the app's first line (and its row is highlighted)
+        app = ProfileApp(result.profile, estimate=result, gpu=gpu, largest_batch=largest)
+        display(app)  # type: ignore[no-untyped-call]
+        if what_ifs is not None:
+            from ._render.estimate_text import what_if_text
+
+            print(what_if_text(what_ifs))
+    return result
+
+
+def _progress_line() -> Callable[[str], None]:
+    """One output line that each progress message replaces."""
+    from IPython.display import display
+
+    handle = display("", display_id=True)  # type: ignore[no-untyped-call]
+
+    def show(message: str) -> None:
+        if handle is not None:
+            handle.update({"text/plain": message.strip()}, raw=True)
+        elif message.strip():
+            print(message)
+
+    return show

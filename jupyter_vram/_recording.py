@@ -1,0 +1,178 @@
+"""`jv.record()`: record the allocations of a block of code into a Profile."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+from ._capture import RECORDING_LOCK, Recorder, RecordingError, interrupts_deferred, make_recorder
+from ._model import Profile
+
+
+class Recording:
+    """Context manager around one recorder; `.profile` is ready once the block exits.
+
+    The profile is kept even when the block raises (it covers the run up to the error), and
+    recording is switched off on every exit path. A ``torch.OutOfMemoryError`` also leaves a
+    post-mortem in the profile (``profile.oom``) and propagates unchanged.
+    """
+
+    def __init__(
+        self,
+        device: str | None = None,
+        *,
+        stacks: bool = True,
+        namespace: Mapping[str, Any] | None = None,
+        capacity: int | float | str | None = None,
+    ) -> None:
+        self._device = device
+        self._stacks = stacks
+        self._namespace = namespace
+        self._capacity = None if capacity is None else _parse_capacity(capacity)
+        self._recorder: Recorder | None = None
+        self._profile: Profile | None = None
+        self._limit: Any = None  # capture.capacity.CapacityLimit
+        self._oom_watch: Any = None  # capture.oom.OomWatch
+        self._leak_state: Any = None  # leaks._RunState
+
+    @property
+    def profile(self) -> Profile:
+        if self._profile is None:
+            raise RuntimeError("the profile is available once the `with jv.record()` block ends")
+        return self._profile
+
+    @property
+    def recorder(self) -> Recorder | None:
+        """The capture object while the block runs (None outside it), for internal callers
+        that need more than the profile (the estimator's backward-pass watch)."""
+        return self._recorder
+
+    def __enter__(self) -> Recording:
+        if not RECORDING_LOCK.acquire(blocking=False):
+            raise RecordingError(
+                "jupyter_vram is already recording; nested recording is not supported"
+            )
+        try:
+            with interrupts_deferred():  # a half-started recorder is stopped whole, below
+                entry = sys._getframe(1)
+                namespace = self._namespace if self._namespace is not None else entry.f_globals
+                self._leak_state = _note_leak_start(namespace, self._device)
+                self._recorder = make_recorder(self._device, stacks=self._stacks)
+                self._recorder.start(entry, self._namespace)
+                self._start_watches(self._recorder.device, namespace)
+        except BaseException:
+            with interrupts_deferred():
+                try:
+                    self._stop_watches()
+                finally:
+                    if self._recorder is not None:
+                        self._recorder.stop()
+            self._recorder = None
+            RECORDING_LOCK.release()
+            raise
+        return self
+
+    def _start_watches(self, device: str, namespace: Mapping[str, Any]) -> None:
+        """The OOM listener, and the capacity when one is asked for (last on, first off)."""
+        from ._capture.oom import OomWatch
+
+        self._oom_watch = OomWatch(device, namespace)
+        self._oom_watch.start()
+        if self._capacity is not None:
+            from ._capture.capacity import CapacityLimit
+
+            self._limit = CapacityLimit(self._capacity, device)
+            self._limit.start(namespace)
+
+    def _stop_watches(self) -> None:
+        limit, self._limit = self._limit, None
+        watch = self._oom_watch
+        try:
+            if limit is not None:
+                limit.stop()
+        finally:
+            if watch is not None:
+                watch.stop()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._recorder is not None
+        error = None if exc_type is None else f"{exc_type.__name__}: {exc}"
+        limit = self._limit
+        try:
+            with interrupts_deferred():  # an interrupt here must not lose the profile
+                try:
+                    self._stop_watches()
+                finally:
+                    self._profile = self._recorder.stop(error=error)
+        finally:
+            self._recorder = None
+            RECORDING_LOCK.release()
+        self._after(self._profile, exc, limit)
+
+    def _after(self, profile: Profile, exc: BaseException | None, limit: Any) -> None:
+        """Post-mortem facts of an OOM, and the run's leak baseline; never raises."""
+        watch, self._oom_watch = self._oom_watch, None
+        state, self._leak_state = self._leak_state, None
+        if self._capacity is not None:
+            profile.meta["capacity_bytes"] = self._capacity
+        try:
+            import torch
+
+            if isinstance(exc, torch.OutOfMemoryError) and watch is not None:
+                failure = limit.failure if limit is not None else None
+                from ._analysis.oom import META_KEY
+
+                profile.meta[META_KEY] = watch.facts(exc, failure, self._capacity)
+        except Exception as problem:  # noqa: BLE001 - the post-mortem must not hide the error
+            profile.meta.setdefault("warnings", []).append(f"OOM post-mortem failed: {problem}")
+        if state is not None:
+            from ._leaks import attach
+
+            attach(profile, state)
+
+
+def record(
+    device: str | None = None,
+    *,
+    stacks: bool = True,
+    namespace: Mapping[str, Any] | None = None,
+    capacity: int | float | str | None = None,
+) -> Recording:
+    """Record every allocation made inside the ``with`` block.
+
+    ``device=None`` records CUDA when it is available (the caching allocator's history) and
+    otherwise the CPU allocator's own reports of every allocation and free. ``namespace``: the
+    variables whose tensors count as memory held before the block (default: the calling
+    module's globals, e.g. a notebook's namespace).
+
+    ``capacity`` (bytes, or a size such as ``"6GiB"``, ``"6GB"``, ``"512MiB"``): the block
+    raises ``torch.OutOfMemoryError`` when live memory would pass it, as a device that size
+    would. On CUDA the allocator enforces it (``set_per_process_memory_fraction``, restored
+    after); on the CPU a dispatch mode counts live bytes, which may change the program slightly
+    (autograd accumulates gradients out of place under a mode).
+    """
+    return Recording(device, stacks=stacks, namespace=namespace, capacity=capacity)
+
+
+def _parse_capacity(value: int | float | str) -> int:
+    from ._capture.capacity import parse_capacity
+
+    return parse_capacity(value)
+
+
+def _note_leak_start(namespace: Mapping[str, Any], device: str | None) -> Any:
+    """What exists before the run, so leaks are only what it made (never raises)."""
+    try:
+        from ._capture import parse_device
+        from ._leaks import note_start
+
+        return note_start(namespace, parse_device(device))
+    except Exception:  # noqa: BLE001 - leak finding is a nicety; recording goes on
+        return None

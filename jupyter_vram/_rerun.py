@@ -1,0 +1,631 @@
+"""`jv.rerun`: run a `%%vram` cell again with AMP, activation checkpointing or offload, measured
+like the first run, and leave the notebook as the first run left it.
+
+A rerun copies everything the cell can change to host memory first (transforms.state), runs
+the cell in a copy of the namespace (names it binds or rebinds stay in the copy), with the
+random streams set to where they stood when the first run started, and then puts everything
+back in place, also when the cell raises or is interrupted. Transforms (checkpoint wrappers,
+transformers' checkpointing switch) live only for the rerun.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections.abc
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from ._model import Profile
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ._session import Cell
+    from ._transforms.state import StateCopy
+
+AmpName = Literal["bf16", "fp16"]
+Checkpoint = Literal["auto"] | Sequence[str] | None
+Progress = Callable[[str], None]
+
+#: Keep this share of the host's available memory free after the state copy.
+HOST_MEMORY_MARGIN = 0.9
+
+
+class RerunError(RuntimeError):
+    """A rerun that cannot apply; the message is one line saying why."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What a rerun changed (``Profile.variant``): saved with the profile.
+
+    ``amp``: the autocast dtype ("bf16" / "fp16") or None; ``checkpointed``: the module paths
+    (as the profile names them) whose forward was checkpointed; ``offload``: activations saved
+    to host memory; ``notes``: what the rerun could not keep equal (warnings) and what it cost;
+    ``baseline_cell``: the cell it reran (``In [5]``, or the cell's file name).
+    """
+
+    amp: str | None
+    checkpointed: tuple[str, ...]
+    offload: bool
+    notes: tuple[str, ...]
+    baseline_cell: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "amp": self.amp,
+            "checkpointed": list(self.checkpointed),
+            "offload": self.offload,
+            "notes": list(self.notes),
+            "baseline_cell": self.baseline_cell,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Variant:
+        amp = data.get("amp")
+        cell = data.get("baseline_cell")
+        return cls(
+            amp=str(amp) if amp is not None else None,
+            checkpointed=tuple(str(p) for p in data.get("checkpointed") or ()),
+            offload=bool(data.get("offload", False)),
+            notes=tuple(str(n) for n in data.get("notes") or ()),
+            baseline_cell=str(cell) if cell is not None else None,
+        )
+
+
+NOT_A_CELL = (
+    "rerun needs a profile made by %%vram in this kernel (this one was loaded, estimated, "
+    "recorded with jv.record, or its cell is gone)"
+)
+
+
+def default_amp(device: str) -> AmpName:
+    """The AMP dtype the device runs best: bf16 where supported, else fp16."""
+    import torch
+
+    if torch.device(device).type == "cuda" and not torch.cuda.is_bf16_supported():
+        return "fp16"
+    return "bf16"
+
+
+# -- what the cell does (read from its source) -------------------------------------------------
+
+_MUTATORS = frozenset(
+    {"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "add",
+     "discard", "popitem", "sort", "reverse"}
+)  # fmt: skip
+_WRITE_CALLS = frozenset({"save", "save_pretrained", "to_csv", "write_text", "write_bytes"})
+
+
+@dataclass(frozen=True)
+class CellFacts:
+    """What the source of a cell says it does, for warnings and refusals."""
+
+    names: frozenset[str]  # every name the cell reads or binds
+    bound: frozenset[str]  # names the cell binds (assignments, imports, definitions)
+    autocast_line: int | None
+    writes_files: tuple[str, ...]
+    iterators: tuple[str, ...]
+    mutated: tuple[str, ...]
+
+
+def read_cell(source: str, namespace: Mapping[str, Any]) -> CellFacts:
+    """Names, autocast, file writes, iterator draws and container mutations in a cell."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return CellFacts(frozenset(), frozenset(), None, (), (), ())
+    names: set[str] = set()
+    bound: set[str] = set()
+    autocast_line = None
+    writes: list[str] = []
+    iterators: list[str] = []
+    mutated: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+            if isinstance(node.ctx, ast.Store):
+                bound.add(node.id)
+            if node.id == "autocast" and autocast_line is None:
+                autocast_line = node.lineno
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.Attribute) and node.attr == "autocast":
+            autocast_line = autocast_line or node.lineno
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+        if called == "open" and _opens_for_writing(node):
+            writes.append(f"open(..., write) on line {node.lineno}")
+        elif called in _WRITE_CALLS:
+            writes.append(f".{called}(...) on line {node.lineno}")
+        elif called == "next":
+            iterators.append(f"next(...) on line {node.lineno}")
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr in _MUTATORS
+            and isinstance(func.value, ast.Name)
+            and isinstance(namespace.get(func.value.id), (list, dict, set, bytearray))
+        ):
+            mutated.append(f"{func.value.id}.{func.attr}(...)")
+    for name in sorted(names):
+        value = namespace.get(name)
+        if isinstance(value, collections.abc.Iterator) and not isinstance(value, (str, bytes)):
+            iterators.append(f"{name} (an iterator)")
+    return CellFacts(
+        frozenset(names),
+        frozenset(bound),
+        autocast_line,
+        tuple(writes),
+        tuple(iterators),
+        tuple(mutated),
+    )
+
+
+def _opens_for_writing(call: ast.Call) -> bool:
+    mode: ast.expr | None = call.args[1] if len(call.args) > 1 else None
+    for keyword in call.keywords:
+        if keyword.arg == "mode":
+            mode = keyword.value
+    if not isinstance(mode, ast.Constant) or not isinstance(mode.value, str):
+        return mode is not None  # a computed mode: assume it may write
+    return any(c in mode.value for c in "wax+")
+
+
+def warnings_for(facts: CellFacts) -> list[str]:
+    """One line per thing a rerun cannot undo (these become the variant's notes)."""
+    notes: list[str] = []
+    if facts.writes_files:
+        notes.append(f"the cell writes files ({facts.writes_files[0]}): the rerun wrote them again")
+    if facts.iterators:
+        notes.append(
+            f"the cell draws from an iterator ({facts.iterators[0]}): the rerun took the next "
+            "item, so its inputs may differ"
+        )
+    if facts.mutated:
+        notes.append(
+            f"the cell changes a notebook container ({facts.mutated[0]}): the rerun's change stays"
+        )
+    return notes
+
+
+# -- planning: can it apply, and to what ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Plan:
+    cell: Cell
+    amp: AmpName | None
+    blocks: tuple[tuple[str, nn.Module], ...]  # (profile path, module) to checkpoint
+    offload: bool
+    facts: CellFacts
+
+
+def _roots(namespace: Mapping[str, Any]) -> dict[str, nn.Module]:
+    """Top-level modules of the namespace under the names a profile gives them (class name)
+    and under their variable names."""
+    from torch import nn
+
+    from ._transforms.state import protected_objects
+
+    modules, _ = protected_objects(namespace)
+    inner = {id(sub) for m in modules for sub in list(m.modules())[1:]}
+    roots: dict[str, nn.Module] = {}
+    for module in modules:
+        if id(module) not in inner:
+            roots.setdefault(type(module).__name__, module)
+    for name, value in list(namespace.items()):
+        if isinstance(value, nn.Module) and not name.startswith("_"):
+            roots.setdefault(name, value)
+    return roots
+
+
+def _resolve(roots: Mapping[str, nn.Module], path: str) -> tuple[str, nn.Module]:
+    """A module path (``model.transformer.h.0`` or ``GPT2LMHeadModel.transformer.h.0``) ->
+    (the path as the profile names it, the module)."""
+    head, _, rest = path.partition(".")
+    root = roots.get(head)
+    if root is None:
+        raise RerunError(f"no module {head!r} in the notebook (checkpoint {path!r})")
+    try:
+        module = root.get_submodule(rest) if rest else root
+    except AttributeError:
+        raise RerunError(f"{type(root).__name__} has no submodule {rest!r}") from None
+    return (f"{type(root).__name__}.{rest}" if rest else type(root).__name__), module
+
+
+def _paths(checkpoint: str | Sequence[str]) -> list[str]:
+    """Module paths from ``"a.b,c.d"`` or a list (RerunError when there are none)."""
+    items = [checkpoint] if isinstance(checkpoint, str) else list(checkpoint)
+    paths = [p.strip() for item in items for p in str(item).split(",") if p.strip()]
+    if not paths:
+        raise RerunError("checkpoint: name at least one module, or 'auto'")
+    return paths
+
+
+def _auto_blocks(profile: Profile, roots: Mapping[str, nn.Module]) -> list[tuple[str, nn.Module]]:
+    """The blocks of the repeated-block list that held the most activation bytes in the run."""
+    from ._analysis.compare import activation_bytes_by_module
+    from ._transforms.checkpointing import block_lists
+
+    activations = activation_bytes_by_module(profile)
+    named = {k: v for k, v in roots.items() if k == type(v).__name__}
+    best: list[tuple[str, nn.Module]] = []
+    best_bytes = 0
+    for _, blocks in block_lists(dict(named)):
+        used = [(p, b) for p, b in blocks if activations.get(p, 0) > 0]
+        total = sum(activations.get(p, 0) for p, _ in used)
+        if total > best_bytes:
+            best, best_bytes = used, total
+    return best
+
+
+def _plan(
+    profile: Profile,
+    amp: str | None,
+    checkpoint: Checkpoint,
+    offload: bool,
+) -> _Plan:
+    from ._analysis.compare import activation_bytes_by_module
+    from ._session import cell_of
+    from ._transforms.offload import offload_unavailable
+    from ._transforms.state import available_host_bytes, host_bytes_needed
+
+    cell = cell_of(profile)
+    variant = profile.variant
+    if variant is not None:
+        from ._analysis.compare import describe_change
+
+        if cell is None:
+            raise RerunError(
+                f"this profile is a rerun ({describe_change(profile)}): rerun the profile of "
+                f"{variant.baseline_cell or 'its cell'}"
+            )
+        raise RerunError(
+            f"this cell was recorded with {describe_change(profile)}: rerun a plain %%vram "
+            "profile of it, to compare with"
+        )
+    if cell is None:
+        raise RerunError(NOT_A_CELL)
+    facts = read_cell(cell.source, cell.namespace)
+    amp_name = _amp_choice(amp, facts)
+    ran_modules = [m for m in profile.modules if m]
+    saved_any = bool(activation_bytes_by_module(profile))
+    blocks: list[tuple[str, nn.Module]] = []
+    if checkpoint is not None:
+        if not ran_modules:
+            raise RerunError(
+                "checkpointing needs an nn.Module: the cell called none from the notebook"
+            )
+        roots = _roots(cell.namespace)
+        if isinstance(checkpoint, str) and checkpoint == "auto":
+            if not saved_any:
+                raise RerunError(
+                    "the cell saved nothing for backward (no autograd): nothing to checkpoint"
+                )
+            blocks = _auto_blocks(profile, roots)
+            if not blocks:
+                raise RerunError(
+                    "no repeated blocks (a ModuleList / Sequential of same-typed modules) held "
+                    "activations in this run: nothing to checkpoint"
+                )
+        else:
+            blocks = [_resolve(roots, p) for p in _paths(checkpoint)]
+    if offload:
+        reason = offload_unavailable(profile.device)
+        if reason is not None:
+            raise RerunError(reason)
+        if not saved_any:
+            raise RerunError(
+                "the cell saved nothing for backward (no autograd): nothing to offload"
+            )
+    tensor_names = [n for n in facts.names if n in cell.namespace]
+    needed = host_bytes_needed(cell.namespace, tensor_names)
+    # on the CPU the run itself needs host memory too: what the first run added at most
+    running = profile.peak_bytes - profile.timeline.baseline_bytes if profile.device == "cpu" else 0
+    available = available_host_bytes()
+    if available is not None and needed + running > HOST_MEMORY_MARGIN * available:
+        from ._render.text import format_bytes
+
+        run = f" and the run {format_bytes(running)}" if running else ""
+        raise RerunError(
+            f"not enough host memory to protect the notebook's state: the copy needs "
+            f"{format_bytes(needed)}{run}, {format_bytes(available)} is available"
+        )
+    return _Plan(cell, amp_name, tuple(blocks), bool(offload), facts)
+
+
+def rerun_unavailable(
+    profile: Profile,
+    *,
+    amp: str | None = None,
+    checkpoint: Checkpoint = None,
+    offload: bool = False,
+) -> str | None:
+    """Why :func:`rerun` with these options cannot apply to ``profile`` (None: it can).
+    Nothing runs; the app greys out a toggle with this line as its tooltip."""
+    try:
+        _plan(profile, amp, checkpoint, offload)
+    except RerunError as error:
+        return str(error)
+    return None
+
+
+# -- running ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Changes:
+    amp: AmpName | None
+    offload: bool
+
+
+@contextlib.contextmanager
+def _transforms(plan: _Changes, device: str) -> Iterator[None]:
+    """Autocast and offload around the cell's code (checkpointing is set on the modules)."""
+    import torch
+
+    from ._transforms.amp import amp_dtype, autocast
+    from ._transforms.offload import offloaded
+
+    with contextlib.ExitStack() as stack:
+        if plan.amp is not None:
+            stack.enter_context(autocast(torch.device(device).type, amp_dtype(plan.amp)))
+        if plan.offload:
+            stack.enter_context(offloaded(device))
+        yield
+
+
+def rerun(
+    profile: Profile,
+    amp: str | None = None,
+    checkpoint: Checkpoint = None,
+    offload: bool = False,
+    progress: Progress | None = None,
+) -> Profile:
+    """Run the cell behind a `%%vram` profile again with a change, and return its profile.
+
+    ``amp``: autocast dtype ("bf16" / "fp16"; CPU autocast on a CPU run). ``checkpoint``:
+    "auto" (the repeated blocks that held the most activations in ``profile``) or module paths
+    (``"model.transformer.h.0"``). ``offload``: keep activations in host memory
+    (``save_on_cpu``; pinned on CUDA). ``progress``: called with "saving state", "running",
+    "restoring". The returned profile's ``variant`` says what was applied and its notes what
+    could not be kept equal. Parameters, buffers, gradients, optimizer state, random streams,
+    modes and the names the cell binds are as they were before the call, even when the cell
+    raises (the error propagates) or is interrupted. Raises :class:`RerunError` when the change
+    cannot apply.
+    """
+    from ._capture import RECORDING_LOCK, interrupts_deferred
+    from ._capture.profiler_events import discarded_on_error
+    from ._session import run_code
+    from ._transforms import state as state_module
+    from ._transforms.checkpointing import checkpoint_blocks
+
+    __tracebackhide__ = True
+    plan = _plan(profile, amp, checkpoint, offload)
+    if RECORDING_LOCK.locked():
+        raise RerunError("a rerun cannot run inside another recording (%%vram / jv.record)")
+    cell = plan.cell
+    say = progress or (lambda _message: None)
+    notes = warnings_for(plan.facts)
+    say("saving state")
+    with interrupts_deferred():
+        saved = state_module.take(
+            cell.namespace,
+            [n for n in plan.facts.names if n in cell.namespace],
+            extra_modules=[b for _, b in plan.blocks],
+        )
+    notes.append(
+        f"state copy: {saved.host_bytes / 2**20:.1f} MiB of host memory, {saved.seconds:.2f} s"
+    )
+    namespace = dict(cell.namespace)  # copy on write: rebinding a name stays in the copy
+    result: Profile | None = None
+    undo: Callable[[], None] | None = None
+    start = time.perf_counter()
+    try:
+        if cell.start is not None:  # start where the first run did (its random draws too)
+            dropped = cell.start.put(namespace, plan.facts.bound)
+            if dropped:
+                notes.append("started where the first run did: " + "; ".join(dropped))
+        undo = checkpoint_blocks([b for _, b in plan.blocks], _roots(cell.namespace).values())
+        say("running")
+        with discarded_on_error():  # a raising rerun (Cancel) returns no profile: none is read
+            run = run_code(
+                cell.source,
+                namespace,
+                filename=cell.filename,
+                device=profile.device,
+                stacks=cell.stacks,
+                around=lambda: _transforms(_Changes(plan.amp, plan.offload), profile.device),
+                keep=False,
+            )
+        result = run.profile
+    finally:
+        restore_start = time.perf_counter()
+        try:
+            say("restoring")
+        finally:
+            with interrupts_deferred():
+                try:
+                    if undo is not None:
+                        undo()
+                finally:
+                    _restore(saved)
+        restore_seconds = time.perf_counter() - restore_start
+        namespace.clear()
+    if result is None:  # a recording started meanwhile (another thread): ran unrecorded
+        raise RerunError("a rerun cannot run inside another recording (%%vram / jv.record)")
+    notes.append(f"restore: {restore_seconds:.2f} s; cell: {time.perf_counter() - start:.2f} s")
+    variant = Variant(
+        amp=plan.amp,
+        checkpointed=tuple(p for p, _ in plan.blocks),
+        offload=plan.offload,
+        notes=tuple(notes),
+        baseline_cell=cell.label or cell.filename,
+    )
+    meta = dict(result.meta)
+    meta["variant"] = variant.to_dict()
+    meta["rerun_cost"] = {
+        "state_bytes": saved.host_bytes,
+        "copy_seconds": round(saved.seconds, 6),
+        "restore_seconds": round(restore_seconds, 6),
+    }
+    return result.replace(meta=meta)
+
+
+def _restore(saved: StateCopy) -> None:
+    """Put the notebook's state back; one object that refuses is named in one line (every
+    other object is restored regardless, see transforms.state.StateCopy.restore)."""
+    try:
+        saved.restore()
+    except Exception as error:
+        raise RerunError(
+            f"the rerun could not put one object back ({type(error).__name__}: {error}); "
+            "everything else is as before"
+        ) from error
+
+
+# -- first runs with a change (`%%vram --amp bf16 --checkpoint auto --offload`) --------------
+
+
+def _structural_blocks(namespace: Mapping[str, Any]) -> list[tuple[str, nn.Module]]:
+    """Without a profile to choose from: every top-level module's biggest list of repeated
+    blocks (by parameter count), named as a profile names them."""
+    from ._transforms.checkpointing import block_lists
+
+    roots = {k: v for k, v in _roots(namespace).items() if k == type(v).__name__}
+    chosen: list[tuple[str, nn.Module]] = []
+    for name, root in roots.items():
+        lists = block_lists({name: root})
+        if lists:
+            _, blocks = max(
+                lists, key=lambda item: sum(p.numel() for _, b in item[1] for p in b.parameters())
+            )
+            chosen.extend(blocks)
+    return chosen
+
+
+def run_changed(
+    source: str,
+    namespace: dict[str, Any],
+    *,
+    filename: str,
+    device: str | None,
+    stacks: bool,
+    cell: str | None,
+    amp: str | None,
+    checkpoint: Checkpoint,
+    offload: bool,
+    on_profile: Callable[[Profile], None] | None = None,
+) -> Any:
+    """Run a cell once with AMP / checkpointing / offload applied (it changes the notebook's
+    state, as the cell does); the checkpoint switches are taken off again afterwards. Returns
+    the session's CellRun; its profile's ``variant`` says what was applied."""
+    from ._capture import parse_device
+    from ._session import run_code
+    from ._transforms.checkpointing import checkpoint_blocks
+    from ._transforms.offload import offload_unavailable
+
+    name = parse_device(device)
+    facts = read_cell(source, namespace)
+    amp_name = _amp_choice(amp, facts)
+    if offload and (reason := offload_unavailable(name)) is not None:
+        raise RerunError(reason)
+    blocks: list[tuple[str, nn.Module]] = []
+    if checkpoint is not None:
+        if isinstance(checkpoint, str) and checkpoint == "auto":
+            blocks = _structural_blocks(namespace)
+            if not blocks:
+                raise RerunError(
+                    "no repeated blocks (a ModuleList / Sequential of same-typed modules) in "
+                    "the notebook's modules: nothing to checkpoint"
+                )
+        else:
+            roots = _roots(namespace)
+            blocks = [_resolve(roots, p) for p in _paths(checkpoint)]
+    changes = _Changes(amp_name, offload)
+    variant = Variant(amp_name, tuple(p for p, _ in blocks), offload, (), None)
+
+    def tag(profile: Profile) -> None:
+        profile.meta["variant"] = variant.to_dict()
+        if on_profile is not None:
+            on_profile(profile)
+
+    undo = checkpoint_blocks([b for _, b in blocks], _roots(namespace).values())
+    try:
+        return run_code(
+            source,
+            namespace,
+            filename=filename,
+            device=name,
+            stacks=stacks,
+            on_profile=tag,
+            cell=cell,
+            around=lambda: _transforms(changes, name),
+        )
+    finally:
+        undo()
+
+
+TECHNIQUES = ("amp", "checkpoint", "offload")
+
+
+def parse_techniques(text: str) -> list[str]:
+    """``"amp,checkpoint"`` -> ``["amp", "checkpoint"]`` (RerunError naming a bad one)."""
+    names = [t.strip().lower() for t in text.split(",") if t.strip()]
+    aliases = {"ckpt": "checkpoint", "checkpointing": "checkpoint", "autocast": "amp"}
+    names = [aliases.get(n, n) for n in names]
+    bad = [n for n in names if n not in TECHNIQUES]
+    if bad or not names:
+        raise RerunError(
+            f"--compare takes a comma-separated list of {', '.join(TECHNIQUES)}"
+            + (f", not {bad[0]!r}" if bad else "")
+        )
+    return list(dict.fromkeys(names))
+
+
+def technique_options(technique: str, device: str) -> dict[str, Any]:
+    """The rerun options one technique stands for (AMP: the device's default dtype)."""
+    if technique == "amp":
+        return {"amp": default_amp(device)}
+    if technique == "checkpoint":
+        return {"checkpoint": "auto"}
+    return {"offload": True}
+
+
+def rerun_each(
+    baseline: Profile, techniques: Sequence[str], progress: Progress | None = None
+) -> list[Profile | str]:
+    """One rerun per technique: its profile, or the one-line reason it could not apply."""
+    out: list[Profile | str] = []
+    for technique in techniques:
+        options = technique_options(technique, baseline.device)
+        try:
+            out.append(rerun(baseline, **options, progress=progress))
+        except RerunError as error:
+            out.append(f"{technique}: {error}")
+    return out
+
+
+def _amp_choice(amp: str | None, facts: Any) -> AmpName | None:
+    """The AMP dtype asked for, by its short name; RerunError if it is unknown or the cell
+    already runs under autocast."""
+    if amp is None:
+        return None
+    from ._transforms.amp import amp_dtype
+
+    try:
+        amp_dtype(amp)
+    except ValueError as error:
+        raise RerunError(str(error)) from None
+    if facts.autocast_line is not None:
+        raise RerunError(
+            f"the cell already runs under autocast (line {facts.autocast_line}): AMP is on"
+        )
+    return "fp16" if amp.lower() in ("fp16", "float16", "half") else "bf16"
