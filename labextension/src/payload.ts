@@ -1,6 +1,6 @@
 /**
  * The saved profile (`application/vnd.jupyter-vram.profile+json`, version 1): what the Python
- * side (`jupyter_vram/render/mime.py`) stores in every `%%vram` / `%vram_estimate` output. The
+ * side (`jupyter_vram/_render/mime.py`) stores in every `%%vram` / `%vram_estimate` output. The
  * schema lives in that module's docstring; readers ignore keys they do not know.
  */
 
