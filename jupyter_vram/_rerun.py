@@ -388,6 +388,8 @@ def rerun(
     checkpoint: Checkpoint = None,
     offload: bool = False,
     progress: Progress | None = None,
+    *,
+    stacks: bool = False,
 ) -> Profile:
     """Run the cell behind a `%%vram` profile again with a change, and return its profile.
 
@@ -395,7 +397,11 @@ def rerun(
     "auto" (the repeated blocks that held the most activations in ``profile``) or module paths
     (``"model.transformer.h.0"``). ``offload``: keep activations in host memory
     (``save_on_cpu``; pinned on CUDA). ``progress``: called with "saving state", "running",
-    "restoring". The returned profile's ``variant`` says what was applied and its notes what
+    "restoring". ``stacks``: Python source lines per allocation, off by default: the
+    comparison is by category, module and op, and with stacks torch's profiler traces every
+    Python call, which makes a rerun of Python-heavy code several times slower and its Cancel
+    wait seconds for the profiler to stop (True only where the first run had them). The
+    returned profile's ``variant`` says what was applied and its notes what
     could not be kept equal. Parameters, buffers, gradients, optimizer state, random streams,
     modes and the names the cell binds are as they were before the call, even when the cell
     raises (the error propagates) or is interrupted. Raises :class:`RerunError` when the change
@@ -441,7 +447,7 @@ def rerun(
                 namespace,
                 filename=cell.filename,
                 device=profile.device,
-                stacks=cell.stacks,
+                stacks=stacks and cell.stacks,
                 around=lambda: _transforms(_Changes(plan.amp, plan.offload), profile.device),
                 keep=False,
             )

@@ -289,3 +289,26 @@ def test_flags_on_a_cell_with_top_level_await_say_why_and_run_it(shell: Any) -> 
         asyncio.events._set_running_loop(leftover)
     assert result.success and shell.user_ns["awaited"] == 1
     assert "need a cell without top-level await; the cell runs unrecorded" in err.getvalue()
+
+
+def test_reruns_record_without_python_stacks_unless_asked() -> None:
+    """A rerun is compared by category, module and op: it records without Python stacks (a
+    faster rerun, a Cancel that does not wait for the profiler to post-process every Python
+    call), unless asked and the first run had them."""
+    torch.manual_seed(0)
+    ns = {"model": nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8)),
+          "x": torch.randn(16, 32)}  # fmt: skip
+    cell = "loss = model(x).square().mean()\nloss.backward()\n"
+    baseline = run_code(cell, ns, filename="<cell-7>").profile
+    assert baseline is not None and baseline.meta["stacks"] is True
+    assert any(f.filename == "<cell-7>" for f in baseline.frames)
+
+    plain = jv.rerun(baseline, amp="bf16")
+    assert plain.meta["stacks"] is False and plain.frames == ()
+    assert plain.variant is not None and plain.variant.amp == "bf16"
+
+    lined = jv.rerun(baseline, amp="bf16", stacks=True)
+    assert lined.meta["stacks"] is True
+    assert any(f.filename == "<cell-7>" for f in lined.frames)
+    # the same allocations either way: stacks only add source lines
+    assert plain.peak_bytes == lined.peak_bytes

@@ -48,13 +48,11 @@ x = torch.randn(512, 64)
 pause = 0.0  # seconds the cell keeps busy after its step (a long rerun, to cancel)
 """
 
-# Without Python stacks: with stacks the torch profiler traces every Python and C call, and
-# stopping it post-processes each one in torch, so the Cancel below would wait seconds per
-# second of the busy loop (a 1 s loop interrupted on a loaded machine: 8 s, all of it torch's
-# stop; the interrupt itself reaches the cell at once, and a cancelled rerun reads none of the
-# events). The rerun keeps the first run's setting.
+# Recorded with Python stacks (the default): reruns record without them, so the Cancel below
+# reaches a rerun that stops at once (with stacks torch's profiler post-processes every Python
+# call of the busy loop when it stops: 8 s for a 1 s loop on a loaded machine).
 RECORD = """\
-%%vram --no-stacks
+%%vram
 loss = model(x).square().mean()
 loss.backward()
 until = time.perf_counter() + pause
