@@ -17,6 +17,7 @@ import torch
 from IPython.core.interactiveshell import InteractiveShell
 
 import jupyter_vram as jv
+from jupyter_vram._capture.builder import Interner
 from jupyter_vram._capture.tagging import Tagger
 
 from .conftest import CLEAN, ipython_shell, recording_state
@@ -77,7 +78,7 @@ def test_half_constructed_module_alive(shell: InteractiveShell) -> None:
     still_works(shell)
     # the same object handed straight to the role scan is skipped, never raised on
     broken = shell.user_ns["broken_error"].__traceback__.tb_next.tb_frame.f_locals["self"]
-    Tagger(lambda *a: None, jv.capture.builder.Interner("")).adopt([broken], [])
+    Tagger(lambda *a: None, Interner("")).adopt([broken], [])
     run(shell, "del broken_error")
 
 

@@ -671,8 +671,10 @@ def watch_parent(parent: int, folder: Path) -> threading.Thread:
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(PARENT_POLL_S)
-        remove_job_folder(folder)
-        os._exit(3)
+        with _REMOVING:  # a removal the main thread started ends before this process does
+            if folder.name.startswith(JOB_FOLDER_PREFIX):
+                shutil.rmtree(folder, ignore_errors=True)
+            os._exit(3)
 
     thread = threading.Thread(target=watch, name="jupyter_vram-parent-watch", daemon=True)
     thread.start()
@@ -750,9 +752,15 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+# Both the parent watch and the main thread remove the folder when the kernel dies; one
+# removal at a time, so that the watch's os._exit never cuts the other one short half-way.
+_REMOVING = threading.Lock()
+
+
 def remove_job_folder(folder: Path) -> None:
     if folder.name.startswith(JOB_FOLDER_PREFIX):
-        shutil.rmtree(folder, ignore_errors=True)
+        with _REMOVING:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
