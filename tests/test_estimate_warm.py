@@ -115,6 +115,27 @@ def test_warm_processes_end_with_their_kernel(tmp_path: Path) -> None:
             kernel.kill()
 
 
+def test_a_spare_whose_kernel_went_away_as_it_answered_removes_its_folder(tmp_path: Path) -> None:
+    """The kernel can die just as a spare says it is ready (its hello then breaks the pipe):
+    the spare must still delete its job folder (CI once found one left behind)."""
+    folder = tmp_path / "jupyter_vram_estimate_spare"
+    folder.mkdir()
+    (folder / "stderr.txt").write_text("")
+    spare = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_vram._estimator.worker", "--spare", str(os.getpid()),
+         str(folder)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert spare.stdout is not None
+    spare.stdout.close()  # nobody reads its hello
+    try:
+        spare.wait(timeout=120)
+    finally:
+        if spare.poll() is None:
+            spare.kill()
+    assert not folder.exists()
+
+
 class CachesOnFirstCall(nn.Module):
     """Builds a table on its first forward and keeps it (a lazy cache, like rotary tables)."""
 

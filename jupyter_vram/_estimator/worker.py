@@ -763,8 +763,17 @@ def remove_job_folder(folder: Path) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+def _folder_of(argv: list[str]) -> Path:
+    """The job folder this process owns (a spare is given it; a loaded worker's job is in it)."""
+    return Path(argv[3]) if argv[1] == "--spare" else Path(argv[1]).parent
+
+
 if __name__ == "__main__":
-    code = main(sys.argv)
+    try:
+        code = main(sys.argv)
+    except BrokenPipeError:  # the kernel went away as we answered it: nobody will read on
+        remove_job_folder(_folder_of(sys.argv))
+        code = 3
     sys.stdout.flush()
     sys.stderr.flush()
     # skip the interpreter's shutdown: seconds of module teardown for nothing to clean up
