@@ -10,10 +10,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-#: References to places outside the checkout: a sibling folder of shared notes, design notes
-#: that are not in the repository, the developers' workspace and scratch folders.
+#: The developers' sibling folder of notes (spelled in parts, so this file does not itself
+#: name the path it looks for).
+_NOTES = "sha" + "red"
+#: References to places outside the checkout: that folder, design notes that are not in the
+#: repository, the developers' workspace and scratch folders.
 OUTSIDE = re.compile(
-    r"\.\./shared\b|\bshared/design\b|\bFACTS\.md\b|\bARCHITECTURE\.md\b"
+    rf"\.\./{_NOTES}\b|\b{_NOTES}/design\b|\bFACTS\.md\b|\bARCHITECTURE\.md\b"
     r"|(?<![\w.])/work/|/tmp/jv\b|\.library/"
 )
 #: Data recorded on other machines: the file names inside are where it ran, not references.
@@ -48,7 +51,8 @@ def test_nothing_points_outside_the_repository() -> None:
 
 
 def test_the_check_finds_what_it_looks_for() -> None:
-    assert OUTSIDE.search("see ../shared/design/FACTS.md")
+    assert OUTSIDE.search(f"see ../{_NOTES}/design/FACTS.md")
+    assert OUTSIDE.search(f"read ../{_NOTES}/notes.md")
     assert OUTSIDE.search("cd /work/main && make")
     assert not OUTSIDE.search("http://127.0.0.1:8888/lab/workspaces/auto-x")
     assert not OUTSIDE.search('tmp_path / "work/out"')
