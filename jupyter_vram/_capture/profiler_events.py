@@ -49,6 +49,7 @@ import torch
 from .._model import Frame, Profile
 from .builder import OTHER, TEMPORARY, Interner, ProfileBuilder
 from .distributed_roles import DistributedRoles
+from .row_addresses import note_addresses
 from .stacks import FrameFilter, cell_name
 from .tagging import (
     ACTIVATION,
@@ -352,6 +353,7 @@ class ProfilerRecorder:
         for read in reads:
             merged.events.extend(read.events)
         builder = self._builder
+        addresses: dict[int, int] = {}  # row -> address, for leaks (not saved)
         inferred = build_rows(
             builder,
             merged,
@@ -360,6 +362,7 @@ class ProfilerRecorder:
             t0=self._t0,
             threads_ran_from=self._threads.ran_from,
             maps=self._threads.maps,
+            addresses=addresses,
         )
         profile = builder.build(
             device=self.device,
@@ -376,7 +379,9 @@ class ProfilerRecorder:
                 **({"warnings": self._warnings} if self._warnings else {}),
             },
         )
-        return self._distributed.label(profile, self._t0)
+        profile = self._distributed.label(profile, self._t0)
+        note_addresses(profile, addresses)
+        return profile
 
     # -- the profiler, in chunks -------------------------------------------------------------
 
@@ -838,6 +843,7 @@ def build_rows(
     t0: int,
     threads_ran_from: int | None = None,
     maps: Sequence[MemoryMap] = (),
+    addresses: dict[int, int] | None = None,
 ) -> int:
     """Turn allocator reports, role notes and release times into allocation rows; return how
     many frees were inferred (made where the allocator does not report: another thread).
@@ -872,6 +878,9 @@ def build_rows(
     bytes ends it just before the note; a snapshot of the process's memory map (``maps``,
     taken at the start, at module calls at most every 50 ms, and at the end) in which its
     first byte is not mapped at all ends it then (memory still allocated is always mapped).
+
+    ``addresses``, when given, gets the address (row -> address) of each row made while
+    recording whose free no report gave: what ties a storage alive at the end to its row.
     """
     for name in read.ops[1:]:
         builder.ops(name)
@@ -993,6 +1002,9 @@ def build_rows(
                 gone = _unmapped_by(maps, ptr, since, free_time.get(row, sys.maxsize))
                 if gone is not None:
                     free_time[row] = inferred[row] = gone
+    if addresses is not None:
+        addresses.update((row, ptr) for ptr, (row, _) in live.items())
+        addresses.update((row, ptr) for row, (_, ptr, _) in unreported.items())
     # 5. one sequence over every alloc and free
     timeline = [(t, 0, row) for row, t in alloc_time.items()]
     timeline.extend((t, 1, row) for row, t in free_time.items())
