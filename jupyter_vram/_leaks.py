@@ -6,17 +6,20 @@ references that hold them, only when called: a variable is deleted, an ``Out[n]`
 cycles collected. Closures and module globals are named, never touched.
 
 A leak is found in two steps. As the run ends, the storages it made that are still alive
-(new since it started, of one of its never-freed allocations' sizes) are noted by identity (a
-weak reference each). ``leaks()`` then lists those still alive, each with what holds it now:
-a storage made after the run, even of the same size, is never one of its leaks. This needs
-the kernel that recorded the profile: a loaded profile lists none.
+(new since it started, each at the address of one of its never-freed allocations) are noted by
+identity (a weak reference each), with that allocation: its op, module, category and site are
+the leak's, exact even when many leaks share one size. ``leaks()`` then lists those still
+alive, each with what holds it now: a storage made after the run, even of the same size at the
+same address, is never one of its leaks. This needs the kernel that recorded the profile: a
+loaded profile lists none. The addresses come from the capture, beside the profile (never
+saved); where it gave none, a storage is matched by size alone, and its row says so.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,7 +34,7 @@ if TYPE_CHECKING:
 
 COLUMNS = [
     "bytes", "holder_kind", "holders", "releasable", "op", "module", "category", "site",
-    "storage",
+    "matched_by", "storage",
 ]  # fmt: skip
 
 
@@ -43,6 +46,8 @@ class _RunState:
     before: dict[int, Any]  # storage id -> weakref
     device_type: str
     made: dict[int, Any] | None = None  # storage id -> weakref: what the run left alive
+    rows: dict[int, int] = field(default_factory=dict)  # storage id -> its row, by address
+    addressed: frozenset[int] = frozenset()  # never-freed rows whose address was known
     complete: bool = True  # every candidate was looked at when the run ended
 
 
@@ -61,20 +66,24 @@ def note_start(namespace: Mapping[str, Any] | None, device: str) -> _RunState:
 
 def attach(profile: Profile, state: _RunState) -> None:
     """Tie a finished profile to its run (for as long as the profile lives), noting, right as
-    the run ends, which storages it left alive (never raises: leaks are a nicety; a Ctrl-C
-    meanwhile is held until the note is taken, then raised)."""
+    the run ends, which storages it left alive and, where the capture gave addresses, the
+    very allocation each is (never raises: leaks are a nicety; a Ctrl-C meanwhile is held
+    until the note is taken, then raised)."""
     from ._capture import interrupts_deferred
 
     with interrupts_deferred():
         try:
-            from ._capture.leaks import made_by_run
+            from ._capture.leaks import RowMatcher, made_by_run
+            from ._capture.row_addresses import take_addresses
 
+            at = _addresses(profile, take_addresses(profile))
+            state.addressed = frozenset(row for row, _ in at.values())
             sizes = _never_freed(profile, state)[1]
-            if sizes.empty():
+            if sizes.empty() and not at:
                 state.made = {}
             else:
-                state.made, state.complete = made_by_run(
-                    state.namespace, state.device_type, state.before, sizes
+                state.made, state.rows, state.complete = made_by_run(
+                    state.namespace, state.device_type, state.before, RowMatcher(at, sizes)
                 )
         except Exception:  # noqa: BLE001 - the profile stays; leaks() says none were noted
             state.made = None
@@ -82,14 +91,34 @@ def attach(profile: Profile, state: _RunState) -> None:
         _runs[profile] = state
 
 
+def _addresses(
+    profile: Profile, noted: tuple[np.ndarray, np.ndarray] | None
+) -> dict[int, tuple[int, int]]:
+    """address -> (row, bytes) of the run's never-freed rows on its device whose address the
+    capture noted (none: every row is matched by size)."""
+    if noted is None:
+        return {}
+    a = profile.allocations
+    device = profile.devices.index(profile.device) if profile.device in profile.devices else -1
+    rows, addrs = noted
+    keep = (a.device[rows] == device) & (a.alloc_seq[rows] >= 0) & (a.free_seq[rows] < 0)
+    rows, addrs = rows[keep], addrs[keep]
+    return {
+        ptr: (row, size)
+        for ptr, row, size in zip(addrs.tolist(), rows.tolist(), a.size[rows].tolist(), strict=True)
+    }
+
+
 def _never_freed(profile: Profile, state: _RunState) -> tuple[dict[int, list[int]], SizeMatcher]:
-    """The run's allocations never freed, by size (rows in allocation order), and a matcher
-    of live storage sizes to them."""
+    """The run's allocations never freed whose address is not known, by size (rows in
+    allocation order), and a matcher of live storage sizes to them: the fallback."""
     from ._capture.leaks import SizeMatcher
 
     a = profile.allocations
     device = profile.devices.index(profile.device) if profile.device in profile.devices else -1
     rows = np.flatnonzero((a.alloc_seq >= 0) & (a.free_seq < 0) & (a.device == device))
+    if state.addressed:
+        rows = rows[~np.isin(rows, np.fromiter(state.addressed, np.int64))]
     by_size: dict[int, list[int]] = {}
     for row in rows[np.argsort(a.alloc_seq[rows], kind="stable")]:
         by_size.setdefault(int(a.size[row]), []).append(int(row))
@@ -111,13 +140,19 @@ def _held(
     return held(state.namespace, state.device_type, state.made), by_size, sizes
 
 
+BY_SIZE = "by size: "  # the prefix of a label the size alone gave (no address was known)
+
+
 def find_leaks(profile: Profile) -> pd.DataFrame:
     """Storages the run made that are still alive, largest first, each with its holders.
 
     Columns: bytes, holder_kind (of the first holder), holders (names, ``; ``-separated),
     releasable (release_leaks can drop every holder), op / module / category / site (of the
-    allocation that made it), storage (an id). ``attrs["note"]`` says why a frame is empty when
-    the profile was not recorded in this kernel.
+    allocation that made it), matched_by (``address``: that allocation is the one at the
+    storage's address, exact; ``size``: the capture gave no address, so the labels, prefixed
+    ``by size:``, are those of the run's allocations of its size, ``one of: a | b`` when they
+    differ), storage (an id). ``attrs["note"]`` says why a frame is empty when the profile
+    was not recorded in this kernel, or what is uncertain in it.
     """
     import pandas as pd
 
@@ -134,40 +169,61 @@ def find_leaks(profile: Profile) -> pd.DataFrame:
         )
         return frame
     storages, by_size, sizes = found
+    state = _runs[profile]
     a = profile.allocations
+
+    def labels(rows: list[int], prefix: str) -> list[str]:
+        return [
+            prefix + _which([profile.ops[int(a.op[r])] for r in rows]),
+            prefix + _which([profile.modules[int(a.module[r])] for r in rows]),
+            prefix + _which([CATEGORIES[int(a.category[r])] for r in rows]),
+            prefix + _which([stack_label(profile, int(a.stack[r])) for r in rows]),
+        ]
+
     records = []
     for item in sorted(storages, key=lambda s: -s.nbytes):
-        size = sizes.match(item.nbytes)
-        if size is None:
-            continue  # more storages of this size than the run left (another thread's)
-        sizes.take(size)
-        rows = by_size[size]
+        row = state.rows.get(item.key)
+        if row is not None:
+            matched, how = labels([row], ""), "address"
+        else:
+            size = sizes.match(item.nbytes)
+            if size is None:
+                continue  # more storages of this size than the run left (another thread's)
+            sizes.take(size)
+            matched, how = labels(by_size[size], BY_SIZE), "size"
         records.append(
             [
                 item.nbytes,
                 item.holders[0].kind if item.holders else "unknown",
                 "; ".join(h.name for h in item.holders),
                 bool(item.holders) and all(h.releasable for h in item.holders),
-                _which([profile.ops[int(a.op[r])] for r in rows]),
-                _which([profile.modules[int(a.module[r])] for r in rows]),
-                _which([CATEGORIES[int(a.category[r])] for r in rows]),
-                _which([stack_label(profile, int(a.stack[r])) for r in rows]),
+                *matched,
+                how,
                 item.key,
             ]
         )
+    notes = []
     if records:
         frame = pd.DataFrame(records, columns=COLUMNS)
-    if not _runs[profile].complete:
-        frame.attrs["note"] = (
+        if (frame["matched_by"] == "size").any():
+            notes.append(
+                "rows labelled 'by size' were matched to the run's allocations by size only "
+                "(the recording gave no address for them): op, module and site are those of "
+                "its allocations of that size"
+            )
+    if not state.complete:
+        notes.append(
             "the search for what the cell left alive, as it ended, ran out of time: "
             "some leaks may be missing"
         )
+    if notes:
+        frame.attrs["note"] = "; ".join(notes)
     return frame
 
 
 def _which(values: list[str]) -> str:
-    """The label of the allocations of one size: one label, or each when they differ (the size
-    alone cannot tell which storage came from which allocation)."""
+    """The label of a leak's allocation, or, matched by size, of each allocation of its size
+    when they differ (the size alone cannot tell which storage came from which)."""
     unique = list(dict.fromkeys(values))
     return unique[0] if len(unique) == 1 else "one of: " + " | ".join(unique)
 

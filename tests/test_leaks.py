@@ -23,8 +23,12 @@ def shell() -> Iterator[Any]:
     shell.run_line_magic("load_ext", "jupyter_vram")
     shell.user_ns.update({"torch": torch, "weakref": weakref, "refs": []})
     yield shell
-    for name in ("refs", "leak_var", "old", "new", "g", "make", "f", "Node", "_vram"):
+    for name in ("refs", "leak_var", "old", "new", "g", "make", "f", "Node", "_vram", *SAME):
         shell.user_ns.pop(name, None)
+
+
+#: names the same-size tests leave in the shell
+SAME = ("lin", "x", "mk", "a", "b", "c", "d", "e", "kept", "other", "freed_at", "tries", "t")
 
 
 def run(shell: Any, cell: str) -> Any:
@@ -82,7 +86,9 @@ def test_note_when_the_end_of_run_search_runs_out_of_time(
     from jupyter_vram._capture import leaks as capture_leaks
 
     real = capture_leaks.made_by_run
-    monkeypatch.setattr(capture_leaks, "made_by_run", lambda *args: real(*args, budget_s=-1.0))
+    monkeypatch.setattr(
+        capture_leaks, "made_by_run", lambda ns, kind, old, rows: real(ns, kind, old, rows, -1.0)
+    )
     cell = (
         "leak_var = torch.ones(300, 300)\nold = [torch.ones(100, 100)]\nold.append(old)\ndel old\n"
     )
@@ -206,3 +212,148 @@ def test_app_release_button(shell: Any) -> None:
     assert ref() is None
     assert "Nothing this cell made is still alive" in view.table.value
     assert view.release_button.disabled
+
+
+# -- which allocation made each leak ---------------------------------------------------------
+
+#: one cell, five leaked storages of one size (64 x 64 float32: 16 KiB) made by different
+#: ops, modules and lines; what made each is read off the source, not off the profile
+SAME_SIZE_CELL = (
+    "a = torch.ones(64, 64)\n"  # line 1
+    "b = torch.zeros(64, 64)\n"  # line 2: a different op
+    "c = lin(x)\n"  # line 3: addmm, inside the Linear module (its input x is from before)
+    "d = mk()\n"  # line 4: made in mk, defined in another cell
+    "e = torch.randn(64, 64).exp()\n"  # line 5: randn's storage is freed, exp's kept
+)
+SAME_SIZE_SETUP = (
+    "lin = torch.nn.Linear(8, 64)\n"
+    "x = torch.ones(64, 8)\n"
+    "def mk():\n"
+    "    return torch.full((64, 64), 2.0)\n"  # line 4 of this cell
+)
+
+
+def test_same_size_leaks_each_name_the_allocation_that_made_it(shell: Any) -> None:
+    setup = shell.run_cell(SAME_SIZE_SETUP, store_history=True).execution_count
+    cell = run(shell, SAME_SIZE_CELL).execution_count
+    leaks = shell.user_ns["_vram"].leaks().set_index("holders")
+    assert sorted(leaks.index) == ["a", "b", "c", "d", "e"]
+    assert set(leaks["bytes"]) == {64 * 64 * 4}  # the size alone cannot tell them apart
+    assert set(leaks["matched_by"]) == {"address"}
+    expected = {  # name: (op, module, site)
+        "a": ("ones", "", f"<module> (In[{cell}]:1)"),
+        "b": ("zeros", "", f"<module> (In[{cell}]:2)"),
+        "c": ("addmm", "Linear", f"<module> (In[{cell}]:3)"),
+        "d": ("full", "", f"mk (In[{setup}]:4)"),
+        "e": ("exp", "", f"<module> (In[{cell}]:5)"),
+    }
+    for name, (op, module, site) in expected.items():
+        row = leaks.loc[name]
+        assert (row["op"], row["module"], row["site"]) == (op, module, site), name
+        assert "one of" not in row["category"] and "by size" not in row["category"]
+    assert "note" not in leaks.attrs
+    # each row's storage is the very storage of the variable it names
+    for name in expected:
+        storage = shell.user_ns[name].untyped_storage()
+        assert int(leaks.loc[name, "storage"]) == storage._cdata
+
+
+def test_storage_at_a_freed_allocations_address_is_tied_to_the_live_one(shell: Any) -> None:
+    """A tensor made at the address (and of the size) of one the cell freed just before: the
+    leak is the live allocation there (zeros, line 4), never the freed one (ones, line 2),
+    and a same-size leak elsewhere (full, line 9) keeps its own."""
+    cell = (
+        "for tries in range(200):\n"
+        "    t = torch.ones(1000)\n"  # line 2
+        "    freed_at = t.data_ptr()\n"
+        "    del t\n"  # freed: the allocator may hand its address to the next of its size
+        "    kept = torch.zeros(1000)\n"  # line 5
+        "    if kept.data_ptr() == freed_at:\n"
+        "        break\n"
+        "    del kept\n"
+        "other = torch.full((1000,), 2.0)\n"  # line 9
+    )
+    number = run(shell, cell).execution_count
+    if "kept" not in shell.user_ns:
+        pytest.skip("the allocator never handed a freed address back")
+    assert shell.user_ns["kept"].data_ptr() == shell.user_ns["freed_at"]
+    leaks = shell.user_ns["_vram"].leaks().set_index("holders")
+    assert sorted(leaks.index) == ["kept", "other"]
+    assert leaks.loc["kept", "op"] == "zeros"
+    assert leaks.loc["kept", "site"] == f"<module> (In[{number}]:5)"
+    assert leaks.loc["other", "op"] == "full"
+    assert leaks.loc["other", "site"] == f"<module> (In[{number}]:9)"
+    assert set(leaks["matched_by"]) == {"address"}
+
+
+def test_without_addresses_leaks_are_matched_by_size_and_say_so(
+    shell: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A capture that noted no addresses: each storage is matched by size only, its row says
+    so (matched_by, a 'by size:' prefix, every candidate named) and the frame's note too."""
+    from jupyter_vram._capture import profiler_events
+
+    monkeypatch.setattr(profiler_events, "note_addresses", lambda *args: None)
+    cell = "a = torch.ones(64, 64)\nb = torch.zeros(64, 64)\nc = torch.full((10,), 1.0)\n"
+    run(shell, cell)
+    leaks = shell.user_ns["_vram"].leaks().set_index("holders")
+    assert sorted(leaks.index) == ["a", "b", "c"]
+    assert set(leaks["matched_by"]) == {"size"}
+    for name in ("a", "b"):  # two of one size: either could be either
+        assert leaks.loc[name, "op"] == "by size: one of: ones | zeros"
+        assert leaks.loc[name, "site"].startswith("by size: one of: <module> (In[")
+    assert leaks.loc["c", "op"] == "by size: full"  # one of its size: still only by size
+    assert "by size" in leaks.attrs["note"]
+
+
+def test_cuda_recorder_notes_the_address_of_each_live_block() -> None:
+    """The CUDA path (a fake allocator history; no GPU needed): the converted profile's live
+    rows carry their block addresses beside it, and a storage at an address is the block
+    allocated there last (not the freed one before it), its bytes rounded up to the block."""
+    from jupyter_vram._capture.leaks import RowMatcher, SizeMatcher
+    from jupyter_vram._capture.row_addresses import take_addresses
+    from jupyter_vram._leaks import _addresses
+
+    from .test_cuda_snapshot import MIB, FakeApi, entry, fake_recorder
+
+    base = 0x7000_0000_0000
+    a, b = base, base + 1024
+    trace = [
+        entry("segment_alloc", base, 2 * MIB, 1),
+        entry("alloc", a, 1000, 2),  # a 1024-byte block, freed
+        entry("free_requested", a, 1000, 3),
+        entry("free_completed", a, 1000, 4),
+        entry("alloc", a, 1000, 5),  # the same address and size again: kept
+        entry("alloc", b, 1000, 6),  # kept
+    ]
+    blocks = [
+        {"address": a, "size": 1024, "requested_size": 1000, "state": "active_allocated"},
+        {"address": b, "size": 1024, "requested_size": 1000, "state": "active_allocated"},
+        {"address": b + 1024, "size": 2 * MIB - 2048, "requested_size": 0, "state": "inactive"},
+    ]
+    segment = {"device": 0, "address": base, "total_size": 2 * MIB, "segment_type": "small",
+               "blocks": blocks}  # fmt: skip
+
+    class Api(FakeApi):
+        def snapshot(self) -> dict[str, Any]:
+            if self.history:
+                return {"segments": [segment], "device_traces": [trace]}
+            return super().snapshot()
+
+    rec = fake_recorder(Api())
+    rec.start()
+    prof = rec.stop()
+    al = prof.allocations
+    order = sorted(range(len(al.size)), key=lambda r: int(al.alloc_seq[r]))
+    freed, live_a, live_b = order
+    assert al.free_seq[freed] >= 0 and al.free_seq[live_a] < 0 and al.free_seq[live_b] < 0
+    noted = take_addresses(prof)
+    assert noted is not None
+    at = _addresses(prof, noted)
+    assert at == {a: (live_a, 1024), b: (live_b, 1024)}
+    rows = RowMatcher(at, SizeMatcher({}, cuda=True))
+    assert rows.claim(a, 1000) == live_a  # a storage's bytes fit its (rounded) block
+    assert rows.claim(a, 1000) is None  # claimed once
+    assert rows.claim(b, 2000) is None  # too big for the block there
+    assert rows.claim(b + 1024, 1000) is None  # no block allocated there
+    assert take_addresses(prof) is None  # taken once (leak finding forgets them)

@@ -402,6 +402,7 @@ def profile_from_snapshot(
     device_info: Mapping[str, Any] | None = None,
     error: str | None = None,
     meta: Mapping[str, Any] | None = None,
+    row_addresses: list[int] | None = None,
 ) -> Profile:
     """Convert a ``torch.cuda.memory._snapshot()`` dict into the Profile of one device.
 
@@ -424,9 +425,12 @@ def profile_from_snapshot(
     ``(filename, line, name)``; stacks drop those callers (the entry frame's line is ignored).
 
     Sequence numbers are trace indices; times are ``time_us`` relative to the first event.
+    ``row_addresses``, when given, gets each row's block address (for leak finding).
     """
     conv = _Converter(snapshot, device_index, baseline, modules, max_entries, boundary)
     markers, seg_seq, seg_delta, notes = conv.run()
+    if row_addresses is not None:
+        row_addresses.extend(conv.row_addr)
     conv.assign_roles(roles, markers)
     reserved0 = conv.reserved_baseline(seg_delta)
     info: dict[str, Any] = {

@@ -37,6 +37,7 @@ from .builder import Interner, ProfileBuilder
 from .cuda_convert import MARKER_PREFIX, SOURCE, Role, profile_from_snapshot
 from .modes import ObservingMode
 from .profiler_events import AllocEvent, ProfilerSession, profiler_busy, read_events
+from .row_addresses import note_addresses
 from .tagging import Tagger, live_objects
 
 __all__ = ["CudaSnapshotRecorder"]
@@ -312,7 +313,8 @@ class CudaSnapshotRecorder:
                 "boundary": [list(f) for f in self._boundary],
             }
         baseline, self._baseline = self._baseline, None
-        return profile_from_snapshot(
+        addresses: list[int] = []  # each row's block, for leaks (never saved)
+        profile = profile_from_snapshot(
             snapshot,
             device_index=self._index,
             baseline=baseline,
@@ -324,7 +326,10 @@ class CudaSnapshotRecorder:
             device_info=device_info,
             error=error,
             meta=meta,
+            row_addresses=addresses,
         )
+        note_addresses(profile, addresses)
+        return profile
 
     def _label(self, func: Any) -> None:
         """Name the allocations of the op about to run: ``"phase|module|op"``."""

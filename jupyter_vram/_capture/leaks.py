@@ -83,6 +83,36 @@ class SizeMatcher:
         return all(k <= 0 for k in self.left.values())
 
 
+class RowMatcher:
+    """Which of a run's never-freed allocations a live storage is. Where the capture gave the
+    rows' addresses, the row allocated at the storage's address (``data_ptr``) that its bytes
+    fit: exact, even among many rows of one size. Rows without an address (a capture that had
+    none) are matched by size only (:class:`SizeMatcher`): a guess, said so in the leak row."""
+
+    def __init__(self, at: Mapping[int, tuple[int, int]], sizes: SizeMatcher) -> None:
+        self.at = dict(at)  # address -> (row, bytes) of the rows not yet claimed
+        self.sizes = sizes  # the rows without an address, by size
+
+    def copy(self) -> RowMatcher:
+        return RowMatcher(self.at, self.sizes.copy())
+
+    def claim(self, ptr: int, nbytes: int) -> int | None:
+        """Claim the row a storage is: its row (>= 0) when one was allocated at ``ptr``, -1
+        when only a size of the rows without an address fits it, None when nothing does."""
+        hit = self.at.get(ptr)
+        if hit is not None and 0 < nbytes <= hit[1]:  # CUDA blocks are rounded up
+            del self.at[ptr]
+            return hit[0]
+        size = self.sizes.match(nbytes)
+        if size is None:
+            return None
+        self.sizes.take(size)
+        return -1
+
+    def empty(self) -> bool:
+        return not self.at and self.sizes.empty()
+
+
 def storage_keys(namespace: Mapping[str, Any] | None, device_type: str) -> dict[int, Any]:
     """Weak references to the storages the notebook reaches now (memory from before a cell).
 
@@ -185,51 +215,62 @@ def made_by_run(
     namespace: Mapping[str, Any] | None,
     device_type: str,
     before: Mapping[int, Any],
-    sizes: SizeMatcher,
+    rows: RowMatcher,
     budget_s: float = 0.5,
-) -> tuple[dict[int, Any], bool]:
+) -> tuple[dict[int, Any], dict[int, int], bool]:
     """Weak references (storage id -> weakref) to the storages alive as a run ends that it
-    made: new since ``before`` and of one of its never-freed sizes. Called as the run ends,
-    so a storage made later (a same-size tensor of another cell) is never one of them.
+    made: new since ``before`` and one of its never-freed allocations (``rows``: the one at
+    the storage's address, else one of its size); and the row of each matched by address.
+    Called as the run ends, so a storage made later (a same-size tensor of another cell, at
+    the same address even) is never one of them.
 
     The notebook's names are walked first (no traceback frame's locals: see
     :func:`storage_keys`); the garbage collector's tensors (the cell's last value, a
-    traceback's locals, cycles) only for sizes the names did not account for: listed in C
+    traceback's locals, cycles) only for rows the names did not account for: listed in C
     (~0.05 s for 300,000 objects), then looked at within ``budget_s``. The flag says whether
     every candidate was looked at."""
     made: dict[int, Any] = {}
-    left = sizes.copy()
+    exact: dict[int, int] = {}
+    left = rows.copy()
 
     def claim(storage: Any) -> None:
-        if storage.device.type != device_type or storage._cdata in made:
+        key = storage._cdata
+        if storage.device.type != device_type or key in made:
             return
-        size = left.match(int(storage.nbytes()))
-        if size is None:
-            return
-        ref = before.get(storage._cdata)
+        ref = before.get(key)
         if ref is not None and ref() is storage:
             return  # held before the run
-        with contextlib.suppress(TypeError):
-            made[storage._cdata] = weakref.ref(storage)
-            left.take(size)
+        try:
+            ptr = storage.data_ptr()
+        except Exception:  # noqa: BLE001 - a storage without data (fake, lazy): no address
+            ptr = 0
+        row = left.claim(ptr, int(storage.nbytes()))
+        if row is None:
+            return
+        try:
+            made[key] = weakref.ref(storage)
+        except TypeError:
+            return
+        if row >= 0:
+            exact[key] = row
 
     for storage in held_storages(namespace, device_type):
         claim(storage)
     if left.empty():
-        return made, True
+        return made, exact, True
     tensors = tensor_objects()  # in C: bounded by the object count, not budgeted
     deadline = time.monotonic() + budget_s
     try:
         for tensor in tensors:
             if time.monotonic() > deadline:
-                return made, False
+                return made, exact, False
             for storage in storages_of(tensor):
                 claim(storage)
             if left.empty():
                 break
     finally:
         del tensors
-    return made, True
+    return made, exact, True
 
 
 def held(
