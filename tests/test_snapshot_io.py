@@ -285,3 +285,57 @@ def test_streaming_reader_refuses_code(tmp_path: Path) -> None:
     with pytest.raises(ProfileFileError, match="plain data only"):
         profile_from_snapshot_source(path, stream=True)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_column_conversion_matches_the_recorders_converter_on_random_traces(seed: int) -> None:
+    """Random allocs, frees (requested, completed, either missing), reuse of a few addresses,
+    segment events and OOMs: every row as the recorder's entry-by-entry converter makes it."""
+    import random
+
+    from jupyter_vram._capture.cuda_convert import profile_from_snapshot
+    from jupyter_vram._capture.snapshot_columns import columns_from_trace, profile_from_columns
+
+    rng = random.Random(seed)
+    actions = ["alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom"]
+    addresses = [rng.randrange(1 << 40) * 512 for _ in range(rng.randint(1, 6))]
+    frames = [{"filename": "/x/torch/nn/modules/module.py", "line": 1, "name": "f"}]
+    trace, time_us = [], 1000
+    for _ in range(rng.randint(1, 80)):
+        time_us += rng.randint(0, 3)
+        trace.append({
+            "action": rng.choices(actions, [5, 3, 3, 0.3, 0.3, 0.1])[0],
+            "addr": rng.choice(addresses), "size": rng.randint(1, 5000), "stream": 0,
+            "time_us": time_us, "frames": frames if rng.random() < 0.5 else [],
+        })  # fmt: skip
+    snapshot = {"device_traces": [trace], "segments": []}
+    ref = profile_from_snapshot(snapshot)
+    new = profile_from_columns(columns_from_trace(trace), snapshot, 0)
+    for column in ("size", "alloc_seq", "free_seq", "alloc_ns", "free_ns", "stack", "category"):
+        assert (
+            getattr(new.allocations, column).tolist() == getattr(ref.allocations, column).tolist()
+        )
+
+
+def test_address_order_is_a_stable_sort_by_address_whatever_the_range() -> None:
+    """The one-word sort (address offset and position packed) and its fallback (addresses too
+    far apart to pack with the positions) both order as a stable argsort by address."""
+    import numpy as np
+
+    from jupyter_vram._capture.snapshot_columns import _address_order
+
+    rng = np.random.default_rng(0)
+    cases = [
+        rng.choice([0x7F00_0000_0000 + 512 * k for k in range(7)], 1000),  # packs
+        rng.choice([-(1 << 63), (1 << 63) - 1, 0, 5], 1000),  # a range of 2**64: cannot
+        rng.choice([1, (1 << 60) + 1, 3], 1000),  # 60 bits of range and 10 of position
+        np.full(1000, 12345),
+    ]
+    for addr in cases:
+        addr = addr.astype(np.int64)
+        positions = np.flatnonzero(rng.random(len(addr)) < 0.8)
+        order, key = _address_order(addr, positions, len(addr))
+        expected = positions[np.argsort(addr[positions], kind="stable")]
+        assert order.tolist() == expected.tolist()
+        same = addr[expected][1:] == addr[expected][:-1]
+        assert ((key[1:] == key[:-1]) == same).all()

@@ -177,15 +177,100 @@ def _forward_fill(values: IntArray) -> IntArray:
     return np.where(last >= 0, values[np.maximum(last, 0)], OTHER_PHASE)
 
 
-def _first_after(group_end: IntArray, targets: npt.NDArray[np.bool_], at: IntArray) -> IntArray:
-    """For positions ``at`` of a grouped sequence (``group_end``: where each position's group
-    ends): the next position strictly after, in the same group, where ``targets`` holds; -1
-    if none."""
-    m = len(targets)
-    nxt = np.where(targets, np.arange(m, dtype=np.int32), np.int32(m))
-    suffix = np.minimum.accumulate(nxt[::-1])[::-1]  # first target at or after each position
-    after = np.append(suffix[1:], m)[at]
-    return np.where(after < group_end[at], after, -1)
+def _address_order(addr: IntArray, positions: IntArray, n: int) -> tuple[IntArray, IntArray]:
+    """``positions`` (increasing, below ``n``) ordered by ``addr`` at them, then by position,
+    and a key per ordered position that is equal exactly where the address is.
+
+    One sort of 64-bit words (the address's offset, then the position, in one word: sorted
+    with SIMD, many times faster than a stable argsort) when both fit, as they do for any
+    GPU's address range; else a stable argsort."""
+    if len(positions) == 0:
+        return positions.astype(np.int64), positions.astype(np.int64)
+    at = addr[positions]
+    low, high = int(at.min()), int(at.max())
+    if high - low < 1 << 63:
+        at -= np.int64(low)  # offsets from the lowest address
+        spread = int(np.bitwise_or.reduce(at))
+        shift = (spread & -spread).bit_length() - 1 if spread else 0  # common trailing zeros
+        pos_bits = max(n - 1, 1).bit_length()
+        if ((high - low) >> shift).bit_length() + pos_bits <= 64:
+            at >>= np.int64(shift)
+            words = at.view(np.uint64)
+            words <<= np.uint64(pos_bits)
+            words |= np.asarray(positions, np.int64).view(np.uint64)
+            words.sort()
+            order = np.bitwise_and(words, np.uint64((1 << pos_bits) - 1)).view(np.int64)
+            words >>= np.uint64(pos_bits)
+            return order, words
+        at = addr[positions]
+    order = positions[np.argsort(at, kind="stable")].astype(np.int64)
+    return order, addr[order]
+
+
+def _first_in_span(span: IntArray, where: npt.NDArray[np.bool_], spans: int) -> IntArray:
+    """Per span (``span``: each position's span, non-decreasing): the first position where
+    ``where`` holds; -1 if none."""
+    at = np.flatnonzero(where)
+    s = span[at]
+    first = np.ones(len(s), bool)
+    np.not_equal(s[1:], s[:-1], out=first[1:])
+    out = np.full(spans, -1, np.int64)
+    out[s[first]] = at[first]
+    return out
+
+
+def _rows(
+    action: IntArray, addr: IntArray, mem: IntArray, n: int
+) -> tuple[IntArray, IntArray, int]:
+    """(the trace index of each row's opening event, in trace order; that of its free, -1:
+    never; the allocs seen over a live block) for the memory events at ``mem``.
+
+    By address, then time: an alloc opens a row, and so does a free_requested with nothing
+    open at its address (first there, or right after a completed free). Each row spans to the
+    next opener at its address; it is freed by the first free_completed in that span, else by
+    that next opener (an alloc over a live block), else by a free_requested in its span (the
+    opener itself for a block from before the trace)."""
+    order, key = _address_order(addr, mem, n)
+    m = len(order)
+    if m == 0:
+        return order, order, 0
+    a_act = action[order]
+    new_address = np.ones(m, bool)
+    np.not_equal(key[1:], key[:-1], out=new_address[1:])
+    del key
+    prev_done = np.zeros(m, bool)
+    np.equal(a_act[:-1], FREE_COMPLETED, out=prev_done[1:])
+    opener = (a_act == FREE_REQUESTED) & (new_address | prev_done)
+    opener |= a_act == ALLOC
+    del prev_done
+    # spans: from each opener, and from each address's first event (which opens no row when
+    # it is a completed free), to the next of either
+    span_start = opener | new_address
+    starts = np.flatnonzero(span_start)
+    span = np.cumsum(span_start, dtype=np.int32)
+    span -= 1
+    del span_start
+    done = _first_in_span(span, a_act == FREE_COMPLETED, len(starts))
+    requested = _first_in_span(span, a_act == FREE_REQUESTED, len(starts))  # an opener's own
+    del span
+    next_open = np.full(len(starts), -1, np.int64)
+    same_address = ~new_address[starts[1:]]
+    next_open[:-1][same_address] = starts[1:][same_address]
+    rows = opener[starts]
+    del new_address, opener, same_address
+    openers, done, requested, next_open = starts[rows], done[rows], requested[rows], next_open[rows]
+    free_pos = np.where(done >= 0, done, next_open)
+    free_pos = np.where(free_pos < 0, requested, free_pos)
+    overrun = (done < 0) & (next_open >= 0)
+    inconsistencies = int((a_act[next_open[overrun]] == ALLOC).sum())
+    src = order[openers]
+    free_at = np.where(free_pos >= 0, order[free_pos.clip(0)], -1)
+    del order, a_act, openers, free_pos, done, requested, next_open
+    # to trace order: rows by the trace index of their opening event
+    by_trace = np.full(n, -2, np.int64)
+    by_trace[src] = free_at
+    src = np.flatnonzero(by_trace != -2)
+    return src, by_trace[src], inconsistencies
 
 
 def _round_sizes(requests: IntArray, divisions: Sequence[int]) -> IntArray:
@@ -220,7 +305,11 @@ def profile_from_columns(
 
     settings = snapshot.get("allocator_settings") or {}
     divisions = _divisions(settings)
-    expandable = bool(settings.get("expandable_segments")) or bool(np.isin(action, (5, 6)).any())
+    seg_seq = np.flatnonzero(action > FREE_COMPLETED)  # segment events among them
+    seg_seq = seg_seq[np.isin(action[seg_seq], (*_SEGMENT_ADD, *_SEGMENT_REMOVE))]
+    expandable = bool(settings.get("expandable_segments")) or bool(
+        np.isin(action[seg_seq], (5, 6)).any()
+    )
 
     # -- per-stack facts: interned frames, innermost user function, phase shown ---------------
     stacks = _Stacks(b)
@@ -237,53 +326,21 @@ def profile_from_columns(
 
     # -- rows: openers are allocs and free_requests at addresses with no open row --------------
     marker = np.asarray([t.startswith(MARKER_PREFIX) for t in cols.metas], bool)
-    # positions as int32 (a trace of 2**31 entries is far past any snapshot): half the memory
-    mem = np.flatnonzero((action <= FREE_COMPLETED) & ~marker[meta_of]).astype(np.int32)
-    order = mem[np.argsort(addr[mem], kind="stable").astype(np.int32)]  # by address, then time
+    mem = np.flatnonzero((action <= FREE_COMPLETED) & ~marker[meta_of])
+    src, free_at, inconsistencies = _rows(action, addr, mem, n)
     del mem
-    a_addr, a_act = addr[order], action[order]
-    m = len(order)
-    first_in_group = np.r_[True, a_addr[1:] != a_addr[:-1]] if m else np.zeros(0, bool)
-    del a_addr
-    starts = np.flatnonzero(first_in_group).astype(np.int32)
-    is_alloc = a_act == ALLOC
-    # a free_requested with nothing open at its address (first there, or right after a
-    # completed free) is a block from before the trace
-    prev_act = np.r_[-1, a_act[:-1]] if m else a_act
-    pre_open = (a_act == FREE_REQUESTED) & (first_in_group | (prev_act == FREE_COMPLETED))
-    opener = is_alloc | pre_open
-
-    rows = np.flatnonzero(opener)  # positions in `order`
-    completed = a_act == FREE_COMPLETED
-    requested = a_act == FREE_REQUESTED
-    # first completion after each opener, owned by it (no opener in between)
-    group_end = np.repeat(np.append(starts[1:], m).astype(np.int32), np.diff(np.append(starts, m)))
-    next_done = _first_after(group_end, completed, rows)
-    next_open = _first_after(group_end, opener, rows)
-    next_req = _first_after(group_end, requested, rows)
-    del group_end, completed, requested
-    done_ok = (next_done >= 0) & ((next_open < 0) | (next_done < next_open))
-    # a request that was the opener itself counts as the request
-    req_pos = np.where(pre_open[rows], rows, next_req)
-    req_ok = (req_pos >= 0) & ((next_open < 0) | (req_pos < next_open))
-    free_pos = np.where(done_ok, next_done, np.where(next_open >= 0, next_open, -1))
-    free_pos = np.where((free_pos < 0) & req_ok, req_pos, free_pos)
-    # an alloc over a live block ends that block there (a free never seen)
-    inconsistencies = int(((~done_ok) & (next_open >= 0) & is_alloc[next_open.clip(0)]).sum())
-
-    src = order[rows]  # trace index of each row's opening event
-    alloc_seq = np.where(is_alloc[rows], src, -1)
-    free_at = order[free_pos.clip(0)]
-    free_seq = np.where(free_pos >= 0, free_at, -1)
-    free_ns = np.where(free_pos >= 0, ns(free_at), -1)
-    alloc_ns = np.where(is_alloc[rows], ns(src), 0)  # as the converter: 0 before the trace
-    del free_at, order
+    is_alloc = action[src] == ALLOC  # per row, rows in trace order of their opening event
+    free_seq = free_at
+    free_ns = np.where(free_at >= 0, ns(free_at.clip(0)), -1)
+    alloc_seq = np.where(is_alloc, src, -1)
+    alloc_ns = np.where(is_alloc, ns(src), 0)  # as the converter: 0 before the trace
+    del free_at
     size = _round_sizes(req[src], divisions)
     row_addr = addr[src]
     row_stack = stack_of[src]
     stack_slot = np.where(row_stack >= 0, row_stack, len(cols.stacks))
     stack_col = stack_ids[stack_slot]
-    op_col = np.where(is_alloc[rows], inner_ops[stack_slot], b.ops(BASELINE_OP))
+    op_col = np.where(is_alloc, inner_ops[stack_slot], b.ops(BASELINE_OP))
 
     # -- phases: per alloc in trace order, from its stack, carried over frameless allocs -----
     allocs = np.flatnonzero(action == ALLOC)
@@ -296,12 +353,12 @@ def profile_from_columns(
     phase_at = np.full(n, OTHER_PHASE, np.int8)
     phase_at[allocs] = phase_by_alloc
     del allocs, slot, phase_seen, phase_by_alloc
-    phase_col = np.where(is_alloc[rows], phase_at[src], OTHER_PHASE)
+    phase_col = np.where(is_alloc, phase_at[src], OTHER_PHASE)
 
     module_of_meta = np.asarray([0] + [b.modules(name) for name in cols.metas[1:]], np.int64)
-    module_col = np.where(is_alloc[rows], module_of_meta[meta_of[src]], 0)
-    category_col = np.where(is_alloc[rows], TEMPORARY, OTHER)
-    estimated = (is_alloc[rows] & (not expandable)) | ~is_alloc[rows]
+    module_col = np.where(is_alloc, module_of_meta[meta_of[src]], 0)
+    category_col = np.where(is_alloc, TEMPORARY, OTHER)
+    estimated = (is_alloc & (not expandable)) | ~is_alloc
 
     # -- the end state: exact sizes of live blocks, blocks the trace never touched ------------
     end = _active_blocks(snapshot, device_index)
@@ -324,7 +381,7 @@ def profile_from_columns(
             estimated[r] = False
         extra = [(a, blk) for a, blk in end.items() if a not in seen]
 
-    k = len(rows)
+    k = len(src)
     columns: dict[str, Any] = {
         "size": size,
         "alloc_seq": alloc_seq,
@@ -338,6 +395,7 @@ def profile_from_columns(
         "phase": phase_col,
         "category": category_col,
     }
+    more: dict[str, list[int]] = {}
     if extra:
         baseline_op = b.ops(BASELINE_OP)
         more = {
@@ -353,19 +411,18 @@ def profile_from_columns(
             "phase": [OTHER_PHASE] * len(extra),
             "category": [OTHER] * len(extra),
         }
-        columns = {key: np.concatenate([np.asarray(v), np.asarray(more[key])])
-                   for key, v in columns.items()}  # fmt: skip
-    # rows in the order the converter makes them: by the trace index of their first event
-    first = np.concatenate([src, np.full(len(extra), n)]) if extra else src
-    rank = np.argsort(first, kind="stable")
-    allocations = Allocations.from_columns({key: np.asarray(v)[rank] for key, v in columns.items()})
+    # rows in the order the converter makes them (by the trace index of their first event),
+    # then the blocks the trace never touched; each column written once, in its final type
+    kinds = Allocations.empty()
+    for key, v in columns.items():
+        out = np.empty(k + len(extra), getattr(kinds, key).dtype)
+        out[:k] = v
+        out[k:] = more.get(key, ())
+        columns[key] = out
+    allocations = Allocations.from_columns(columns)
 
     # -- reserved memory ---------------------------------------------------------------------
-    is_add = np.isin(action, _SEGMENT_ADD)
-    is_remove = np.isin(action, _SEGMENT_REMOVE)
-    seg_mask = is_add | is_remove
-    seg_seq = np.flatnonzero(seg_mask).astype(np.int64)
-    seg_delta = np.where(is_add, req, -req)[seg_mask]
+    seg_delta = np.where(np.isin(action[seg_seq], _SEGMENT_ADD), req[seg_seq], -req[seg_seq])
     if "segments" in snapshot:
         end_reserved = sum(int(s["total_size"]) for s in _device_segments(snapshot, device_index))
         reserved0 = max(end_reserved - int(seg_delta.sum()), 0)
