@@ -76,3 +76,25 @@ def test_stacks_change_no_row() -> None:
     a = profile.allocations
     named = [profile.frames[f] for s in a.stack if s >= 0 for f in profile.stacks[s][-1:]]
     assert named and all(__file__.endswith(frame.filename) for frame in named)
+
+
+def test_address_search_finds_exactly_the_overlapping_blocks() -> None:
+    """The grouped address search returns what a scan of every block returns, in order, on
+    blocks of very different lengths (one huge block once widened every search's window)."""
+    import random
+
+    from jupyter_vram._capture.profiler_events import _Intervals
+
+    rng = random.Random(7)
+    blocks = []
+    for row in range(3000):
+        start = rng.randrange(0, 1 << 24) * 64
+        length = rng.choice([8, 64, 512, 4096, 1 << 16, 1 << 20, 150 << 20])
+        blocks.append((start, start + length * rng.randint(1, 3), row))
+    search = _Intervals(blocks)
+    for _ in range(2000):
+        ptr = rng.randrange(0, 1 << 30)
+        size = rng.choice([1, 64, 4096, 1 << 20])
+        expected = sorted(b for b in blocks if b[0] < ptr + size and b[1] > ptr)
+        assert search.over(ptr, size) == expected
+    assert _Intervals([]).over(0, 10) == []

@@ -1036,6 +1036,40 @@ def _holder(allocs: list[tuple[int, int]] | None, t: int, free_time: dict[int, i
 _MODEL_STATE = frozenset({PARAMETER, BUFFER, GRADIENT, OPTIMIZER_STATE})
 
 
+class _Intervals:
+    """Address ranges ``(start, stop, value)``, searchable by overlap with another range.
+
+    Ranges are grouped by length (each group within a factor of 16), each group sorted by
+    start: a range over ``[ptr, ptr + size)`` starts at most its group's longest length before
+    ``ptr``, so each group is searched in a window as narrow as its own lengths. One window for
+    all (as wide as the longest range: a 150 MB embedding gradient) made every search scan
+    most of the recording's blocks.
+    """
+
+    def __init__(self, items: list[tuple[int, int, int]]) -> None:
+        groups: dict[int, list[tuple[int, int, int]]] = {}
+        for item in items:
+            groups.setdefault((item[1] - item[0]).bit_length() // 4, []).append(item)
+        self._groups: list[tuple[list[tuple[int, int, int]], list[int], int]] = []
+        for group in groups.values():
+            group.sort()
+            span = max(stop - start for start, stop, _ in group)
+            self._groups.append((group, [start for start, _, _ in group], span))
+
+    def over(self, ptr: int, size: int) -> list[tuple[int, int, int]]:
+        """The ranges with bytes in ``[ptr, ptr + size)``, in (start, stop, value) order."""
+        found: list[tuple[int, int, int]] = []
+        end = ptr + size
+        for group, starts, span in self._groups:
+            lo = bisect.bisect_right(starts, ptr - span)
+            hi = bisect.bisect_left(starts, end, lo)
+            if lo < hi:
+                found.extend(item for item in group[lo:hi] if item[1] > ptr)
+        if len(self._groups) > 1:
+            found.sort()
+        return found
+
+
 class _Space:
     """A recording's reported blocks and orphan frees (frees of memory an earlier recording
     allocated, still in the allocator's table), searchable by address range."""
@@ -1047,25 +1081,15 @@ class _Space:
         alloc_time: dict[int, int],
         free_time: dict[int, int],
     ) -> None:
-        self._blocks = sorted(blocks)
-        self._block_starts = [b[0] for b in self._blocks]
-        self._block_span = max((b[1] - b[0] for b in blocks), default=0)
+        self._blocks = _Intervals(blocks)
+        self._orphan_ranges = _Intervals(orphans)
         self._orphans = sorted(orphans)
         self._orphan_starts = [o[0] for o in self._orphans]
-        self._orphan_span = max((o[1] - o[0] for o in orphans), default=0)
         self._alloc_time = alloc_time
         self._free_time = free_time
 
-    @staticmethod
-    def _over(
-        items: list[tuple[int, int, int]], starts: list[int], span: int, ptr: int, size: int
-    ) -> list[tuple[int, int, int]]:
-        lo = bisect.bisect_right(starts, ptr - span)
-        hi = bisect.bisect_left(starts, ptr + size)
-        return [item for item in items[lo:hi] if item[1] > ptr]
-
     def _blocks_over(self, ptr: int, size: int) -> list[tuple[int, int, int]]:
-        return self._over(self._blocks, self._block_starts, self._block_span, ptr, size)
+        return self._blocks.over(ptr, size)
 
     def _alive(self, row: int, t: int) -> bool:
         return (
@@ -1093,7 +1117,7 @@ class _Space:
             for _, _, row in self._blocks_over(ptr, size)
             if t0 <= self._alloc_time[row] <= limit
         ]
-        orphans = self._over(self._orphans, self._orphan_starts, self._orphan_span, ptr, size)
+        orphans = self._orphan_ranges.over(ptr, size)
         times.extend(when for _, _, when in orphans if t0 <= when <= limit)
         return max(times) if times else None
 
