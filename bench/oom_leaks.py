@@ -8,9 +8,11 @@ Usage: python bench/oom_leaks.py [--quick]
 * step time: bare, recorded, recorded with a capacity it fits under (the capacity's dispatch
   mode runs Python around every op);
 * the note every recording takes as it ends (weak references to the storages it left alive,
-  by identity), and ``profile.leaks()``, after a step that leaves its loss alive (named roots
-  only), and after one that also leaves a tensor in a reference cycle (a garbage-collector
-  scan as well).
+  by identity, each tied to the allocation at its address), and ``profile.leaks()``, after a
+  step that leaves its loss alive (named roots only), and after one that also leaves a tensor
+  in a reference cycle (a garbage-collector scan as well);
+* the same note and ``profile.leaks()`` after a cell that leaves 2,000 tensors of one size
+  (half ``ones``, half ``zeros``) in a list: each row names its own op.
 """
 
 from __future__ import annotations
@@ -25,7 +27,12 @@ from typing import Any
 import torch
 
 import jupyter_vram as jv
+from jupyter_vram._capture import row_addresses
 from jupyter_vram._leaks import attach, note_start
+
+# The note is taken again and again here, on one profile: leave its addresses in place (the
+# recording's own note takes them), so each note ties leaks by address, as a recording's does.
+row_addresses.take_addresses = row_addresses._noted.get  # type: ignore[assignment]
 
 
 def median_s(fn: Callable[[], Any], reps: int) -> float:
@@ -120,6 +127,21 @@ def main() -> None:
     finally:
         gc.enable()
         gc.collect()
+    many = 2000
+    with jv.record("cpu", namespace=ns) as r3:
+        ns["kept"] = [torch.ones(16) if i % 2 else torch.zeros(16) for i in range(many)]
+    notes = []
+    for _ in range(reps):
+        state = note_start({k: v for k, v in ns.items() if k != "kept"}, "cpu")
+        state.namespace = ns
+        t = time.perf_counter()
+        attach(r3.profile, state)
+        notes.append(time.perf_counter() - t)
+    note_many = statistics.median(notes)
+    t = time.perf_counter()
+    leaks3 = r3.profile.leaks()
+    many_s = time.perf_counter() - t
+    del ns["kept"]
     params = sum(p.numel() for p in model.parameters())
     print(f"model: GPT-2 {config.n_layer} layers, {params:,} params")
     print(f"gc objects in this process: {len(gc.get_objects()):,}")
@@ -132,6 +154,11 @@ def main() -> None:
     print(f"note at the end, with a gc scan: {note_scan * 1e3:8.1f} ms")
     print(f"leaks(), named roots ({len(leaks)} rows):   {named_s * 1e3:8.1f} ms")
     print(f"leaks(), with a gc scan ({len(leaks2)} rows): {scan_s * 1e3:8.1f} ms")
+    print(f"note at the end, {many:,} same-size:  {note_many * 1e3:8.1f} ms")
+    ops = ", ".join(f"{op}: {n}" for op, n in leaks3["op"].value_counts().sort_index().items())
+    print(f"leaks(), {len(leaks3):,} same-size rows:   {many_s * 1e3:8.1f} ms  ({ops})")
+    matched = [*leaks["matched_by"], *leaks2["matched_by"], *leaks3["matched_by"]]
+    print(f"leak rows matched by address: {matched.count('address')} of {len(matched)}")
 
 
 if __name__ == "__main__":

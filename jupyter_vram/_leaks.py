@@ -181,6 +181,7 @@ def find_leaks(profile: Profile) -> pd.DataFrame:
         ]
 
     records = []
+    guesses: dict[int, list[str]] = {}  # size -> the labels of its rows (one pass a size)
     for item in sorted(storages, key=lambda s: -s.nbytes):
         row = state.rows.get(item.key)
         if row is not None:
@@ -190,7 +191,9 @@ def find_leaks(profile: Profile) -> pd.DataFrame:
             if size is None:
                 continue  # more storages of this size than the run left (another thread's)
             sizes.take(size)
-            matched, how = labels(by_size[size], BY_SIZE), "size"
+            if size not in guesses:
+                guesses[size] = labels(by_size[size], BY_SIZE)
+            matched, how = guesses[size], "size"
         records.append(
             [
                 item.nbytes,
