@@ -102,6 +102,13 @@ class DispatchRecorder:
             meta={"torch": torch.__version__, "module_types": dict(self.tagger.module_types)},
         )
 
+    def row_of(self, tensor: torch.Tensor) -> int | None:
+        """The allocation row of ``tensor``'s storage while recording, None if not seen."""
+        try:
+            return self._live.get(tensor.untyped_storage()._cdata)
+        except Exception:  # noqa: BLE001 - sparse / wrapper tensors have no plain storage
+            return None
+
     def mark(self) -> int:
         """The next event sequence number: a point in the event order to refer to later."""
         return next(self._seq)

@@ -33,11 +33,13 @@ from torch import nn
 
 from .._capture.dispatch import DispatchRecorder
 from .._capture.stacks import FrameFilter
+from .._capture.tagging import iter_tensors
 from .._model import Allocations, Profile
 from .accumulation import AccumulationWatch, accumulate_in_place
 from .inputs import BatchSpec, parse_dtype, with_default_labels
 from .job import Job
 from .kernels import cuda_attention, onednn_scratch, rnn_workspaces
+from .order import canonical_baseline, canonical_bursts, rows_of
 from .runner import JOB_FOLDER_PREFIX
 from .step import (
     EIGHT_BIT,
@@ -132,7 +134,9 @@ class Simulator:
                         self._warm_up(optimizer, args, kwargs, settings)
                 before = self._steady_state(optimizer)
                 with record(device="meta", stacks=settings.stacks) as rec:
-                    watch = AccumulationWatch(cast_recorder(rec.recorder))
+                    recorder = cast_recorder(rec.recorder)
+                    first = rows_of(recorder, _held_tensors(self.slots, optimizer, args, kwargs))
+                    watch = AccumulationWatch(recorder)
                     self._step(optimizer, args, kwargs, settings, watch.around_backward)
                 host_counters = _step_counters(optimizer, host_only=True)
                 all_counters = _step_counters(optimizer, host_only=False)
@@ -169,9 +173,10 @@ class Simulator:
         if settings.optimizer in EIGHT_BIT:
             info["state_itemsizes"] = state_itemsizes
             info["step_counters"] = all_counters
-        raw, sums = accumulate_in_place(rec.profile, watch.segments, watch.sums)
+        raw, in_sums = canonical_baseline(rec.profile, first, watch.sums)
+        raw, sums = accumulate_in_place(raw, watch.segments, in_sums)
         info["in_place_sums"] = sums
-        return finish_profile(raw, settings, info)
+        return finish_profile(canonical_bursts(raw), settings, info)
 
     def _take_kept(self, settings: StepSettings) -> tuple[Any, Any]:
         """The last run's fake mode (its fake parameters stay in the model) and optimizer, where
@@ -311,6 +316,18 @@ class _Kept:
     state_key: tuple[Any, ...]
     mode: Any  # the FakeTensorMode the tensors belong to (fake tensors never mix modes)
     optimizer: Any  # None: only the parameters are reusable
+
+
+def _held_tensors(slots: TensorSlots, optimizer: Any, args: Any, kwargs: Any) -> list[Any]:
+    """The tensors a step starts with, in the order a training program makes them: the
+    model's (module order), the optimizer state (parameter by parameter), the inputs."""
+    held: list[Any] = list(slots.holding())
+    if optimizer is not None:
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                held.extend(optimizer.state.get(param, {}).values())
+    held.extend(iter_tensors((args, kwargs)))
+    return held
 
 
 def _reuse_key(settings: StepSettings) -> tuple[Any, ...]:
