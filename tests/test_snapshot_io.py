@@ -339,3 +339,77 @@ def test_address_order_is_a_stable_sort_by_address_whatever_the_range() -> None:
         assert order.tolist() == expected.tolist()
         same = addr[expected][1:] == addr[expected][:-1]
         assert ((key[1:] == key[:-1]) == same).all()
+
+
+def resolved(cols: Any) -> dict[str, list[Any]]:
+    """A trace's columns with stack and metadata ids replaced by what they name."""
+
+    def frames(sid: int) -> Any:
+        if sid < 0:
+            return None
+        return tuple((f["filename"], f["line"], f["name"]) for f in cols.stacks[sid])
+
+    return {
+        "action": list(cols.action),
+        "addr": list(cols.addr),
+        "size": list(cols.size),
+        "time_us": list(cols.time_us),
+        "stack": [frames(s) for s in cols.stack],
+        "meta": [cols.metas[m] for m in cols.meta],
+    }
+
+
+@pytest.mark.parametrize(("seed", "odd"), [(0, 0.3), (1, 0.3), (2, 0.02), (3, 0.02), (4, 0.005)])
+def test_streaming_reader_reads_every_shape_of_entry(seed: int, odd: float) -> None:
+    """Entries of many byte shapes in one trace, pickled by pickle.dump: integers of every
+    width and sign (1 to 8 bytes, negative times), compile_context strings of any length,
+    metadata strings, frame lists empty, of one frame, deep, shared by alloc and free or
+    equal but separate, memo references past 256 and 65536: the streaming reader's columns
+    are those of the whole load, entry for entry. ``odd``: how often a value is unusual (often:
+    short runs of one shape; rarely: long runs, read in bulk)."""
+    import io
+    import random
+
+    from jupyter_vram._capture.snapshot_columns import columns_from_trace
+    from jupyter_vram._capture.snapshot_stream import read_snapshot_stream
+
+    def fresh(value: Any) -> Any:
+        """A new str object (torch makes one per entry; pickle then writes each inline)."""
+        return (value + ".")[:-1] if isinstance(value, str) else value
+
+    rng = random.Random(seed)
+    files = [f"/src/f{i}.py" for i in range(40)]
+    pool = [{"filename": rng.choice(files), "line": i, "name": f"fn{i}"} for i in range(300)]
+    shapes: list[list[dict[str, Any]]] = [[]]
+    shapes += [[rng.choice(pool)] for _ in range(5)]
+    shapes += [rng.sample(pool, rng.randint(2, 60)) for _ in range(30)]
+    ints = [0, 1, 255, 256, 65535, 65536, 2**31 - 1, 2**31, 2**40 + 3, 2**63 - 1, -1, -300]
+    metas = ["", "", "", "layer.1", "m" * 300]
+    trace, live = [], []
+    for _ in range(8000):
+        if live and rng.random() < 0.45:
+            entry = live.pop(rng.randrange(len(live)))
+            free = {key: fresh(v) for key, v in entry.items()}  # its own strings, as torch's
+            trace.append({**free, "action": "free_requested", "time_us": rng.choice(ints)})
+            continue
+        frames = rng.choice(shapes)
+        entry = {
+            "action": rng.choice(["alloc", "alloc", "segment_alloc", "oom"]),
+            "addr": rng.choice(ints) if rng.random() < odd else 0x7F00_0000_0000 + 512 * len(trace),
+            "size": rng.choice(ints) if rng.random() < odd else rng.randint(1, 1 << 20),
+            "stream": rng.choice([0, 7, 2**33]) if rng.random() < odd else 0,
+            "time_us": rng.choice(ints) if rng.random() < odd else 10**15 + len(trace),
+            "compile_context": fresh(
+                rng.choice(["", "ctx" * rng.randint(0, 30)]) if rng.random() < odd else "N/A"
+            ),
+            "user_metadata": fresh(rng.choice(metas) if rng.random() < odd else ""),
+            "frames": list(frames) if rng.random() < 0.5 else frames,
+        }
+        trace.append(entry)
+        live.append(entry)
+    snapshot = {"device_traces": [trace], "segments": []}
+    data = pickle.dumps(snapshot, protocol=rng.choice([4, 5]))
+    _, traces = read_snapshot_stream(io.BytesIO(data))
+    assert resolved(traces[0]) == resolved(
+        columns_from_trace(pickle.loads(data)["device_traces"][0])
+    )

@@ -14,6 +14,7 @@ list (whose slot gets its interned stack id, for the frees that refer to it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -35,7 +36,7 @@ _SHORT_STR, _MEMOIZE, _LIST, _MARK, _APPENDS, _APPEND = 0x8C, 0x94, 0x5D, 0x28, 
 _SETITEMS, _FRAME = 0x75, 0x95
 _MAX_FRAMES = 4096  # frames in one stack the bulk path follows
 _MIN_RUN = 16  # fewer candidate entries than this: not worth the array set-up
-_MIN_SPAN, _MAX_SPAN = 64 << 10, 8 << 20  # bytes one call looks at
+_MIN_SPAN, _MAX_SPAN = 16 << 10, 8 << 20  # bytes one call looks at
 _INT_KEYS = {"addr", "size", "stream", "time_us", "device_free"}
 _STR_KEYS = {"action", "compile_context", "user_metadata"}
 
@@ -101,22 +102,45 @@ def _ref_index(words: _Words, p: I64, op: I64) -> I64:
 
 
 def _int_value(words: _Words, p: I64, op: I64) -> I64:
-    """Integers written as BININT1 / BININT2 / BININT / LONG1 (up to 8 bytes) at ``p``."""
-    word = words.at(8, p + 1)  # the value's bytes after its opcode (and what follows)
-    small = (word & np.uint64(0xFF)).astype(np.int64)
-    two = (word & np.uint64(0xFFFF)).astype(np.int64)
-    four = (word & np.uint64(0xFFFF_FFFF)).astype(np.uint32).view(np.int32).astype(np.int64)
-    # LONG1: n bytes, two's complement; read 8 and keep n of them
-    n = small.clip(0, 8)
+    """Integers written as BININT1 / BININT2 / BININT / LONG1 (up to 8 bytes) at ``p``: each
+    opcode's values decoded apart (a run's values mostly share one: an address's LONG1 of 6
+    bytes, a time's of 7), so each is one gather of the right width."""
+    out = np.empty(len(p), np.int64)
+    kinds = np.unique(op) if len(op) and (op != op[0]).any() else op[:1]
+    for kind in kinds.tolist():
+        at = None if len(kinds) == 1 else np.flatnonzero(op == kind)
+        q = p if at is None else p[at]
+        if kind == _K:
+            value = words.u8[q + 1].astype(np.int64)
+        elif kind == _M:
+            value = words.at(2, q + 1).astype(np.int64)
+        elif kind == _BININT:
+            value = words.at(4, q + 1).view(np.int32).astype(np.int64)
+        else:
+            value = _long1(words, q)
+        if at is None:
+            out[:] = value
+        else:
+            out[at] = value
+    return out
+
+
+def _long1(words: _Words, p: I64) -> I64:
+    """LONG1 integers at ``p``: n bytes, two's complement (n <= 8, checked by the caller)."""
+    n = words.u8[p + 1].astype(np.int64)
     raw = words.at(8, p + 2)
-    short = n < 8
-    bits = (8 * n).astype(np.uint64)
-    mask = np.where(short, (np.uint64(1) << np.where(short, bits, 0)) - np.uint64(1), ~np.uint64(0))
-    value = (raw & mask).view(np.int64)
-    top = (value >> np.maximum(8 * n - 1, 0)) & 1  # the sign bit of an n-byte value
-    negative = short & (n > 0) & (top == 1)
-    value = np.where(negative, value - (np.int64(1) << np.where(short, 8 * n, 0)), value)
-    return np.where(op == _K, small, np.where(op == _M, two, np.where(op == _BININT, four, value)))
+    if len(n) and (n == n[0]).all():  # one length: shifts by a scalar
+        bits = 8 * int(n[0])
+        if bits == 64:
+            return raw.view(np.int64)
+        if bits == 0:
+            return np.zeros(len(p), np.int64)
+        value = (raw << np.uint64(64 - bits)).view(np.int64)
+        return value >> np.int64(64 - bits)  # arithmetic shift: the sign of an n-byte value
+    shift = (64 - 8 * n).astype(np.uint64)
+    value = (raw << shift).view(np.int64)
+    value >>= shift.view(np.int64)
+    return np.where(n == 0, 0, value)
 
 
 def read_run(reader: _Reader, layout: _Layout, target: list[Any]) -> bool:
@@ -139,12 +163,291 @@ def read_run(reader: _Reader, layout: _Layout, target: list[Any]) -> bool:
         reader.bulk_span = max(reader.bulk_span // 2, _MIN_SPAN)
         return False
 
-    p = cand + len(prefix)
-    ok = np.ones(len(cand), bool)
-    slots = np.ones(len(cand), np.int64)  # the entry dict
+    got = _templated(reader, layout, arr, cand, window)
+    if got is None:
+        got = _general(reader, layout, arr, words, cand, window)
+    return _finish(reader, target, buf, cand, got)
+
+
+class _Run:
+    """What the bulk path found in a window, per candidate (the first ``run`` chain from the
+    reader's position): where each ends, its memo slots, its frames, its decoded values."""
+
+    def __init__(self, n: int) -> None:
+        self.ok = np.ones(n, bool)
+        self.end = np.zeros(n, np.int64)  # after its SETITEMS
+        self.batch = np.zeros(n, bool)  # a batch mark right after the entry
+        self.slots = np.ones(n, np.int64)  # the entry dict, inline strings, a new frames list
+        self.frame_slot = np.full(n, -1, np.int64)  # a new frame list's slot within the entry's
+        self.frames_kind = np.zeros(n, np.int64)  # 0 ref, 1 new list of refs, 2 empty list
+        self.frames_pos = np.zeros(n, np.int64)
+        self.frames_end = np.zeros(n, np.int64)
+        self.frames_ref = np.full(n, -1, np.int64)  # the memo index a reference names
+        self.action_ref = np.full(n, -1, np.int64)
+        self.ints: dict[str, I64] = {}
+        self.meta_ref: I64 | None = None  # -1: an inline empty string
+
+
+class _Template:
+    """The byte shape of one kind of entry up to its frames (the last key): its opcodes,
+    integer widths and string lengths, so every value's offset is fixed. Entries of one shape
+    are checked by comparing masked 8-byte words at once and decoded by reading columns at
+    fixed offsets; their frames (a reference, or a new list) are told apart row by row."""
+
+    def __init__(self, buf: bytes, s: int, layout: _Layout) -> None:
+        fixed: dict[int, int] = {}  # offset -> byte every entry of this shape has there
+
+        def put(offset: int, data: bytes) -> None:
+            for i, byte in enumerate(data):
+                fixed[offset + i] = byte
+
+        o = len(b"}\x94(" + layout.refs[0])
+        put(0, b"}\x94(" + layout.refs[0])
+        self.fields: dict[str, tuple[int, int, int]] = {}  # key -> (offset, opcode, size)
+        self.slots = 1  # the entry dict and inline strings (a new frames list adds one)
+        self.frames_at = -1
+        for n, key in enumerate(layout.keys):
+            if n:
+                put(o, layout.refs[n])
+                o += len(layout.refs[n])
+            if s + o + 16 > len(buf):
+                raise ValueError("near the end of the buffer")
+            op = buf[s + o]
+            if key in _INT_KEYS or key in _STR_KEYS:
+                put(o, bytes([op]))
+            if key in _INT_KEYS:
+                size = {_K: 2, _M: 3, _BININT: 5}.get(op, 0)
+                if op == _LONG1 and buf[s + o + 1] <= 8:
+                    size = 2 + buf[s + o + 1]
+                    put(o + 1, bytes([size - 2]))
+            elif key in _STR_KEYS:
+                size = {_H: 2, _J: 5}.get(op, 0)
+                if op == _SHORT_STR:
+                    size = 3 + buf[s + o + 1]
+                    if key in ("action", "user_metadata") and (key, size) != ("user_metadata", 3):
+                        raise ValueError("their values must be references")
+                    put(o + 1, bytes([size - 3]))
+                    put(o + size - 1, bytes([_MEMOIZE]))
+                    self.slots += 1
+            elif n == len(layout.keys) - 1:  # frames, the last key: its shape varies by row
+                self.frames_at = o
+                size = 0
+            else:
+                raise ValueError("frames before other keys")
+            if size == 0 and key != "frames":
+                raise ValueError("a value of another kind")
+            self.fields[key] = (o, op, size)
+            o += size
+        if self.frames_at < 0:
+            raise ValueError("no frames last")
+        top = max(max(fixed) + 1, max(off + 10 for off, _, _ in self.fields.values()))
+        top = max(top, self.frames_at + 10)  # what tells the frames' shape
+        self.need = (top + 7) // 8 * 8  # bytes of each entry read into the block
+        if self.need > 256:
+            raise ValueError("too long a shape")
+        mask, value = bytearray(self.need), bytearray(self.need)
+        for offset, byte in fixed.items():
+            mask[offset], value[offset] = 0xFF, byte
+        self.mask = np.frombuffer(bytes(mask), "<u8")
+        self.value = np.frombuffer(bytes(value), "<u8")
+        self.words = [(w, self.mask[w], self.value[w]) for w in np.flatnonzero(self.mask).tolist()]
+
+
+def _matches(bw: npt.NDArray[Any], t: _Template) -> Mask:
+    """Which rows of 8-byte words have the fixed bytes of ``t`` (a word at a time: reducing
+    along short rows is slow)."""
+    diff: npt.NDArray[Any] | None = None
+    for w, mask, value in t.words:
+        col = bw[:, w] & mask
+        col ^= value
+        if diff is None:
+            diff = col
+        else:
+            diff |= col
+    if diff is None:
+        return np.ones(len(bw), bool)
+    found: Mask = diff == 0
+    return found
+
+
+def _column(block: U8, offset: int, kind: str) -> npt.NDArray[Any]:
+    """The values of type ``kind`` at ``offset`` of every row of ``block`` (unaligned)."""
+    out: npt.NDArray[Any] = np.ndarray((len(block),), kind, block, offset, (block.shape[1],))
+    return out
+
+
+def _decode_int(block: U8, offset: int, op: int, size: int) -> I64:
+    if op == _K:
+        return block[:, offset + 1].astype(np.int64)
+    if op == _M:
+        return _column(block, offset + 1, "<u2").astype(np.int64)
+    if op == _BININT:
+        return _column(block, offset + 1, "<i4").astype(np.int64)
+    bits = 8 * (size - 2)  # LONG1 of size - 2 bytes, two's complement
+    if bits == 0:
+        return np.zeros(len(block), np.int64)
+    raw = _column(block, offset + 2, "<u8").astype(np.uint64)
+    if bits < 64:
+        raw <<= np.uint64(64 - bits)
+    value = raw.view(np.int64)
+    if bits < 64:
+        value >>= np.int64(64 - bits)  # arithmetic: the sign of an n-byte value
+    return value
+
+
+def _decode_ref(block: U8, offset: int, op: int) -> I64:
+    """The memo index a BINGET / LONG_BINGET at ``offset`` names (-1: an inline string)."""
+    if op == _H:
+        return block[:, offset + 1].astype(np.int64)
+    if op == _J:
+        return _column(block, offset + 1, "<u4").astype(np.int64)
+    return np.full(len(block), -1, np.int64)
+
+
+_MAX_TEMPLATES = 24
+
+
+def _templated(reader: _Reader, layout: _Layout, arr: U8, cand: I64, window: int) -> _Run | None:
+    """The candidates whose bytes fit one of the shapes seen before (see :class:`_Template`);
+    None when the first fits none and has no shape of its own (the general path reads it)."""
+    buf = reader.buf
+    templates: list[_Template] = reader.templates
+    first = next((t for t in templates if _fits(arr, int(cand[0]), t)), None)
+    if first is None:
+        if len(templates) >= _MAX_TEMPLATES:
+            templates.pop()  # the least used in the last window
+        try:
+            first = _Template(buf, int(cand[0]), layout)
+        except (ValueError, IndexError):
+            return None
+        if not _fits(arr, int(cand[0]), first):
+            return None
+        templates.append(first)
+    width = max(t.need for t in templates)
+    cv = cand[: int(np.searchsorted(cand, len(arr) - width, side="right"))]
+    n = len(cv)
+    if n < _MIN_RUN:
+        return None
+    rows = np.lib.stride_tricks.as_strided(arr, (len(arr) - width + 1, width), (1, 1))
+    block = rows[cv]
+    bw = block.view("<u8")
+    tid = np.full(n, -1, np.int64)
+    rest = np.arange(n)
+    hits = [0] * len(templates)
+    for i, t in enumerate(templates):
+        if not len(rest):
+            break
+        sub = bw if len(rest) == n else bw[rest]
+        hit = _matches(sub, t)
+        tid[rest[hit]] = i
+        hits[i] = int(hit.sum())
+        rest = rest[~hit]
+    # the most common shapes first next time
+    order = sorted(range(len(templates)), key=lambda i: -hits[i])
+    reader.templates = [templates[i] for i in order]
+
+    run = _Run(n)
+    run.ok = tid >= 0
+    run.end = np.full(n, -1, np.int64)
+    nxt = np.append(cand[1:], -1)[:n]
+    want = [k for k in ("addr", "size", "time_us") if k in layout.keys]
+    for key in want:
+        run.ints[key] = np.zeros(n, np.int64)
+    if "user_metadata" in layout.keys:
+        run.meta_ref = np.full(n, -1, np.int64)
+    for i, t in enumerate(templates):
+        at = np.flatnonzero(tid == i)
+        if not len(at):
+            continue
+        sub = block[at]
+        start = cv[at]
+        _frames(arr, sub, start, nxt[at], t, at, run)
+        off, op, _ = t.fields["action"]
+        run.action_ref[at] = _decode_ref(sub, off, op)
+        for key in want:
+            off, op, size = t.fields[key]
+            run.ints[key][at] = _decode_int(sub, off, op, size)
+        if run.meta_ref is not None:
+            off, op, _ = t.fields["user_metadata"]
+            run.meta_ref[at] = _decode_ref(sub, off, op)
+    run.ok = _chain(arr, cand, run, window)
+    return run
+
+
+def _frames(arr: U8, sub: U8, start: I64, nxt: I64, t: _Template, at: I64, run: _Run) -> None:
+    """The frames of rows ``at`` (entries of shape ``t`` at ``start``, rows ``sub`` of the
+    block): a memo reference, or a new list (memoized): empty, of one reference (APPEND), or
+    of several (MARK ... APPENDS, ending where the next entry starts)."""
+    f = t.frames_at
+    op, b1, b2 = sub[:, f], sub[:, f + 1], sub[:, f + 2]
+    is_h, is_j = op == _H, op == _J
+    is_list = (op == _LIST) & (b1 == _MEMOIZE)
+    one_h = is_list & (b2 == _H) & (sub[:, f + 4] == _APPEND)
+    one_j = is_list & (b2 == _J) & (sub[:, f + 7] == _APPEND)
+    empty = is_list & (b2 == _SETITEMS)
+    marked = is_list & (b2 == _MARK)
+    size = np.select([is_h, is_j, empty, one_h, one_j], [2, 5, 2, 5, 8], 0)
+    end = start + f + size + 1
+    fixed = np.flatnonzero(size > 0)
+    good = np.zeros(len(at), bool)
+    good[fixed] = _at(arr, end[fixed] - 1) == _SETITEMS
+    many = np.flatnonzero(marked)
+    if len(many):  # a list of any length: the entry ends where the next starts
+        e = _entry_end(arr, nxt[many])
+        good[many] = (e > 0) & (_at(arr, e - 2) == _APPENDS) & (e - 1 - start[many] > f + 3)
+        end[many] = e
+    run.ok[at] &= good
+    run.end[at] = np.where(good, end, -1)
+    run.slots[at] = t.slots + is_list
+    run.frame_slot[at] = np.where(is_list, t.slots, -1)
+    run.frames_kind[at] = np.where(is_list, np.where(empty, 2, 1), 0)
+    run.frames_pos[at] = start + f
+    run.frames_end[at] = end - 1
+    refs = np.flatnonzero(is_h | is_j)
+    run.frames_ref[at[refs]] = np.where(
+        is_h[refs], sub[refs, f + 1], _column(sub, f + 1, "<u4")[refs]
+    )
+
+
+def _fits(arr: U8, s: int, t: _Template) -> bool:
+    """Whether the entry at ``s`` has the shape of ``t``."""
+    if s + t.need > len(arr):
+        return False
+    words = np.frombuffer(arr[s : s + t.need].tobytes(), "<u8")
+    return bool(((words & t.mask) == t.value).all())
+
+
+def _chain(arr: U8, cand: I64, run: _Run, window: int) -> npt.NDArray[np.bool_]:
+    """Which candidates chain from the first: each where the one before ended, past list
+    batch marks ("e(" = APPENDS then MARK) and pickle frame headers."""
+    n = len(run.end)
+    run.ok &= run.end <= window
+    nxt = np.append(cand[1:], -1)[:n]
+    far = np.flatnonzero(nxt != run.end)  # something between the two, or no chain
+    q = run.end[far]
+    for _ in range(3):
+        o = _at(arr, q)
+        is_batch = (o == _APPENDS) & (_at(arr, q + 1) == _MARK)
+        run.batch[far] |= is_batch
+        q = np.where(o == _FRAME, q + 9, np.where(is_batch, q + 2, q))
+    follows = np.ones(n, bool)
+    follows[far] = q == nxt[far]
+    chained = run.ok.copy()
+    chained[1:] &= follows[:-1]
+    return chained
+
+
+def _general(
+    reader: _Reader, layout: _Layout, arr: U8, words: _Words, cand: I64, window: int
+) -> _Run:
+    """Every candidate walked field by field in lockstep (any layout of values)."""
+    run = _Run(len(cand))
+    p = cand + len(b"}\x94(" + layout.refs[0])
+    ok = run.ok
+    slots = run.slots
     fields: dict[str, tuple[I64, I64]] = {}  # key -> (position, opcode)
-    frame_slot = np.full(len(cand), -1, np.int64)
-    frames_kind = np.zeros(len(cand), np.int64)  # 0 ref, 1 new list of refs, 2 empty
+    frame_slot = run.frame_slot
+    frames_kind = run.frames_kind
     frames_pos = frames_end = p
     for n, key in enumerate(layout.keys):
         if n:
@@ -167,7 +470,7 @@ def read_run(reader: _Reader, layout: _Layout, target: list[Any]) -> bool:
             is_ref = (op == _H) | (op == _J)
             new = (op == _LIST) & (_at(arr, p + 1) == _MEMOIZE)
             ok &= is_ref | new
-            frame_slot = np.where(new, slots, -1)  # offset within the entry's slots
+            frame_slot[:] = np.where(new, slots, -1)  # offset within the entry's slots
             slots += new
             nxt = _at(arr, p + 2)
             if n == len(layout.keys) - 1:  # the last key: the entry ends where the next starts
@@ -181,45 +484,68 @@ def read_run(reader: _Reader, layout: _Layout, target: list[Any]) -> bool:
                 ok &= (is_ref & (size == np.where(op == _H, 2, 5))) | marked | single | empty
             else:
                 marked, single, size = _walk_frames(arr, p, op, new, is_ref, nxt, ok)
-            frames_kind = np.where(is_ref, 0, np.where(marked | single, 1, 2))
+            frames_kind[:] = np.where(is_ref, 0, np.where(marked | single, 1, 2))
             frames_pos, frames_end = p, p + size
+            refs = np.flatnonzero(is_ref)
+            run.frames_ref[refs] = _ref_index(words, p[refs], op[refs])
         fields[key] = (p, op)
         p = p + size
     ok &= _at(arr, p) == _SETITEMS
-    end = p + 1
-    ok &= end <= window
+    run.end = p + 1
+    run.frames_pos, run.frames_end = frames_pos, frames_end
+    run.ok = _chain(arr, cand, run, window)
+    n_ok = int(np.argmin(run.ok)) if not run.ok.all() else len(cand)
+    sl = slice(0, n_ok)
+    pa, oa = fields["action"]
+    run.action_ref[sl] = _ref_index(words, pa[sl], oa[sl])
+    for key in ("addr", "size", "time_us"):
+        if key in fields:
+            pk, ok_ = fields[key]
+            value = np.zeros(len(cand), np.int64)
+            value[sl] = _int_value(words, pk[sl], ok_[sl])
+            run.ints[key] = value
+    if "user_metadata" in fields:
+        pm, om = fields["user_metadata"]
+        run.meta_ref = np.full(len(cand), -1, np.int64)
+        run.meta_ref[sl] = _ref_index(words, pm[sl], om[sl])
+    return run
 
-    # the chain from the reader's position: each entry where the one before ended, past list
-    # batch marks ("e(" = APPENDS then MARK) and pickle frame headers
-    q = end
-    batch = np.zeros(len(cand), bool)  # a batch mark right after the entry
-    for _ in range(3):
-        o = _at(arr, q)
-        is_batch = (o == _APPENDS) & (_at(arr, q + 1) == _MARK)
-        batch |= is_batch
-        q = np.where(o == _FRAME, q + 9, np.where(is_batch, q + 2, q))
-    follows = np.append(cand[1:] == q[:-1], False)
-    chained = ok & np.append(True, follows[:-1])
-    if not chained[0] or cand[0] != start:
+
+def _finish(reader: _Reader, target: list[Any], buf: bytes, cand: I64, got: _Run) -> bool:
+    """Write the run that chains from the reader's position to the columns and the memo."""
+    start = reader.pos
+    chained = got.ok
+    if not len(chained) or not chained[0] or cand[0] != start:
         reader.bulk_span = _MIN_SPAN  # an irregular entry here: look less far next time
         return False
-    run = int(np.argmin(chained)) if not chained.all() else len(cand)
+    run = int(np.argmin(chained)) if not chained.all() else len(chained)
+    end = got.end
     # frame lists seen for the first time: interned in order; one the reader cannot follow
     # (a frame dict written inside it) ends the run there
     stack = np.full(max(run, 0), -1, np.int64)
     run_of = reader.stack_of_run
-    for r in np.flatnonzero(frames_kind[:run] == 1).tolist():
-        g = buf[frames_pos[r] : frames_end[r]]
-        sid = run_of.get(g)
-        if sid is None:
-            try:
-                sid = reader.new_run(g)
-            except UnsupportedPickle:
-                run = r
-                break
-        stack[r] = sid
+    frames_pos, frames_end = got.frames_pos, got.frames_end
+    lists = np.flatnonzero(got.frames_kind[:run] == 1)
+    found = [
+        run_of.get(buf[a:b])
+        for a, b in zip(frames_pos[lists].tolist(), frames_end[lists].tolist(), strict=True)
+    ]  # one dict lookup each: the distinct frame lists are few, their copies many
+    if None in found:  # some seen for the first time
+        for i, r in enumerate(lists.tolist()):
+            if found[i] is None:
+                g = buf[frames_pos[r] : frames_end[r]]
+                sid = run_of.get(g)
+                if sid is None:
+                    try:
+                        sid = reader.new_run(g)
+                    except UnsupportedPickle:
+                        run = r
+                        lists, found = lists[:i], found[:i]
+                        break
+                found[i] = sid
+    stack[lists] = np.asarray(found, np.int64)
     # look about twice as far as this run reached: scanning stays proportional to reading
-    if run == len(cand):
+    if run == len(chained):
         reader.bulk_span = min(reader.bulk_span * 2, _MAX_SPAN)
     else:
         reached = int(end[run - 1]) - start if run else 0
@@ -230,16 +556,15 @@ def read_run(reader: _Reader, layout: _Layout, target: list[Any]) -> bool:
     stack = stack[:run]
 
     # memo: every slot of the run, the frame lists' stack ids in theirs
-    base = reader.memo_len + np.concatenate(([0], np.cumsum(slots[sl])[:-1]))
-    reader.memo_len += int(slots[sl].sum())
-    kind = frames_kind[sl]
-    fp = frames_pos[sl]
+    slots = got.slots[sl]
+    base = reader.memo_len + np.concatenate(([0], np.cumsum(slots)[:-1]))
+    reader.memo_len += int(slots.sum())
+    kind = got.frames_kind[sl]
     lists = np.flatnonzero(kind >= 1)
-    reader.set_sids(base[lists] + frame_slot[sl][lists], stack[lists])
+    reader.set_sids(base[lists] + got.frame_slot[sl][lists], stack[lists])
     refs = np.flatnonzero(kind == 0)
     if len(refs):
-        p_f = fp[refs]
-        index = _ref_index(words, p_f, _at(arr, p_f))
+        index = got.frames_ref[refs]
         known = reader.slot_sid[np.minimum(index, len(reader.slot_sid) - 1)].astype(np.int64)
         known = np.where(index < len(reader.slot_sid), known, -2)
         stack[refs] = known
@@ -248,49 +573,81 @@ def read_run(reader: _Reader, layout: _Layout, target: list[Any]) -> bool:
 
     # the columns
     cols = reader.trace_columns(target)
-    pa, oa = fields["action"]
-    action_ref = _ref_index(words, pa[sl], oa[sl])
-    uniq, inv = np.unique(action_ref, return_inverse=True)
     other = ACTION_CODE["other"]
-    codes = np.asarray(
-        [ACTION_CODE.get(str(reader.get(int(i))), other) for i in uniq.tolist()], np.int8
+    cols.action.frombytes(
+        _raw(
+            _by_value(
+                got.action_ref[sl], lambda i: ACTION_CODE.get(str(reader.get(i)), other), np.int8
+            )
+        )
     )
-    cols.action.frombytes(codes[inv].tobytes())
     for key, column in (("addr", cols.addr), ("size", cols.size), ("time_us", cols.time_us)):
-        if key in fields:
-            pk, ok_ = fields[key]
-            column.frombytes(_int_value(words, pk[sl], ok_[sl]).astype(np.int64).tobytes())
+        if key in got.ints:
+            column.frombytes(_raw(got.ints[key][sl]))
         else:
             column.frombytes(np.zeros(run, np.int64).tobytes())
     cols.stack.frombytes(stack.astype(np.int32).tobytes())
-    if "user_metadata" in fields:
-        pm, om = fields["user_metadata"]
-        meta_ref = _ref_index(words, pm[sl], om[sl])  # -1: an inline empty string
-        uniq, inv = np.unique(meta_ref, return_inverse=True)
-        ids = [0 if i < 0 else reader.meta_id(reader.get(int(i))) for i in uniq.tolist()]
-        cols.meta.frombytes(np.asarray(ids, np.int32)[inv].tobytes())
+    if got.meta_ref is not None:
+        cols.meta.frombytes(
+            _raw(
+                _by_value(
+                    got.meta_ref[sl],
+                    lambda i: 0 if i < 0 else reader.meta_id(reader.get(i)),
+                    np.int32,
+                )
+            )
+        )
     else:
         cols.meta.frombytes(np.zeros(run, np.int32).tobytes())
-    if batch[: run - 1].any():
+    if got.batch[: run - 1].any():
         reader.stack = []  # the batches' APPENDS + MARK, with every entry already consumed
     reader.pos = int(end[run - 1])
     return True
 
 
+def _raw(values: npt.NDArray[Any]) -> memoryview:
+    """An array's bytes without a copy (what ``array.frombytes`` takes)."""
+    data: Any = np.ascontiguousarray(values)
+    return memoryview(data).cast("B")
+
+
+def _by_value(refs: I64, of: Callable[[int], int], kind: type) -> npt.NDArray[Any]:
+    """``of`` each memo index in ``refs`` (-1 or more), called once per distinct index: the
+    distinct ones are few (action names, metadata strings); a table when they are small."""
+    if not len(refs):
+        return np.zeros(0, kind)
+    low, high = int(refs.min()), int(refs.max())
+    if high - low < 1 << 16:
+        present = np.flatnonzero(np.bincount(refs - low)) + low
+        table: npt.NDArray[Any] = np.zeros(high - low + 1, kind)
+        table[present - low] = [of(i) for i in present.tolist()]
+        out: npt.NDArray[Any] = table[refs - low]
+        return out
+    uniq, inv = np.unique(refs, return_inverse=True)
+    out = np.asarray([of(i) for i in uniq.tolist()], kind)[inv]
+    return out
+
+
 def _entry_end(arr: U8, nxt: I64) -> I64:
     """Where an entry ends (after its SETITEMS) given where the next one starts, past list
-    batch marks and pickle frame headers between them; -1 if no shape fits."""
+    batch marks and pickle frame headers between them; -1 if no shape fits. (Mostly nothing
+    is between: the other shapes are tried on the rest only.)"""
+    end = np.where((nxt > 0) & (_at(arr, nxt - 1) == _SETITEMS), nxt, -1)
+    rest = np.flatnonzero(end < 0)
+    if len(rest) == 0:
+        return end
     u = _SETITEMS
-    at = [_at(arr, nxt - k) for k in range(13)]
+    nx = nxt[rest]
+    at = [_at(arr, nx - k) for k in range(13)]
     batch_at = (at[2] == _APPENDS) & (at[1] == _MARK)
     choices = [
-        (nxt > 0) & (at[1] == u),
-        (nxt > 0) & batch_at & (at[3] == u),
-        (nxt > 0) & (at[9] == _FRAME) & (at[10] == u),
-        (nxt > 0) & (at[9] == _FRAME) & (at[11] == _APPENDS) & (at[10] == _MARK) & (at[12] == u),
-        (nxt > 0) & batch_at & (at[11] == _FRAME) & (at[12] == u),
+        (nx > 0) & batch_at & (at[3] == u),
+        (nx > 0) & (at[9] == _FRAME) & (at[10] == u),
+        (nx > 0) & (at[9] == _FRAME) & (at[11] == _APPENDS) & (at[10] == _MARK) & (at[12] == u),
+        (nx > 0) & batch_at & (at[11] == _FRAME) & (at[12] == u),
     ]
-    return np.select(choices, [nxt, nxt - 2, nxt - 9, nxt - 11, nxt - 11], -1)
+    end[rest] = np.select(choices, [nx - 2, nx - 9, nx - 11, nx - 11], -1)
+    return end
 
 
 def _walk_frames(

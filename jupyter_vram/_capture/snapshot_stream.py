@@ -141,6 +141,9 @@ class _Reader:
         self.inline_of: dict[bytes, str] = {}
         self.bulk_ready = False
         self.bulk_span = 256 << 10  # bytes the bulk path looks at (it adapts)
+        self.templates: list[Any] = []  # entry shapes the bulk path has seen
+        self.bulk_retry = 0  # where the bulk path may try again (bytes into the file)
+        self.bulk_backoff = 0
 
     # -- input -------------------------------------------------------------------------------
 
@@ -339,15 +342,22 @@ class _Reader:
                 add_meta(mid if mid is not None else self.meta_code(g[lay.meta]))
 
     def bulk_entries(self, target: list[Any]) -> bool:
-        """Read the run of entries at ``pos`` with array operations (see :mod:`._bulk`)."""
-        if not self.bulk_ready:
+        """Read the run of entries at ``pos`` with array operations (see :mod:`._bulk`).
+        After it fails several times in a row (irregular entries), it waits a while longer
+        each time before it tries again (each try looks at a whole window)."""
+        if not self.bulk_ready or self.consumed + self.pos < self.bulk_retry:
             return False
         if len(self.buf) - self.pos < _CHUNK // 2 and not self.eof:
             self.fill(_CHUNK)
         from ._snapshot_bulk import read_run
 
         layout = next(iter(self.patterns.values()))
-        return read_run(self, layout, target)
+        if read_run(self, layout, target):
+            self.bulk_backoff = 0
+            return True
+        self.bulk_retry = self.consumed + self.pos + 1 + self.bulk_backoff
+        self.bulk_backoff = min(max(2 * self.bulk_backoff, 1 << 10), 256 << 10)
+        return False
 
     def value_of(self, g: bytes) -> Any:
         """A STR group's value: a memo reference, or an inline string."""
