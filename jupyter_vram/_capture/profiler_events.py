@@ -31,6 +31,7 @@ import bisect
 import contextlib
 import ctypes
 import os
+import re
 import sys
 import sysconfig
 import threading
@@ -40,7 +41,7 @@ from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import chain, repeat
 from types import FrameType
 from typing import Any
 
@@ -227,6 +228,12 @@ class ProfilerSession:
                 self.ranges.pop().__exit__(None, None, None)
 
 
+#: what a role note's fast path compares with (dense tensors have one storage)
+_STRIDED = torch.strided
+_TENSOR = torch.Tensor
+_PARAM = torch.nn.Parameter
+
+
 class ProfilerRecorder:
     """Records every CPU allocation and free through the allocator's profiler reports."""
 
@@ -237,18 +244,18 @@ class ProfilerRecorder:
         self._device_type = torch.device(device).type
         self._stacks = stacks
         self._modules = Interner("")
+        self._session = ProfilerSession()
         self.tagger = Tagger(
             self._on_role,
             self._modules,
             saved_hooks="per_call",
             on_enter=self._enter_module,
-            on_exit=self._exit_module,
+            on_exit=self._session.exit,  # no wrapper: with stacks each call is an event
             tag_graph=False,
         )
         self._notes: list[tuple[int, int, int, int, int, int]] = []  # t, ptr, size, cat, mod, key
         self._watched: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         self._freed: dict[int, int] = {}  # storage key -> time its memory was released
-        self._session = ProfilerSession()
         self._boundary: tuple[str, str] | None = None
         self._active = False
         self._t0 = 0
@@ -432,11 +439,14 @@ class ProfilerRecorder:
     # -- hooks (never raise) -----------------------------------------------------------------
 
     def _enter_module(self, module_id: int) -> None:
-        self._threads.sample_memory()
+        now = time.monotonic_ns()  # one clock read for both checks: a call is an event
+        threads = self._threads
+        if now >= threads.next_map:
+            threads.sample_memory()
         session = self._session
         if (
             not session.ranges
-            and time.monotonic_ns() - session.started_ns > FLUSH_AFTER_NS
+            and now - session.started_ns > FLUSH_AFTER_NS
             and not self._flushing
             and session.profiler is not None
             and not self.tagger.optimizer_depth
@@ -445,14 +455,17 @@ class ProfilerRecorder:
             self._flush()
         session.enter(module_id)
 
-    def _exit_module(self) -> None:
-        self._session.exit()
-
     def _on_role(self, tensor: torch.Tensor, category: int, module: int) -> None:
         if not self._active:
             return
         try:
-            for storage in storages_of(tensor):
+            # a plain dense tensor has one storage: no call to find it (with Python stacks
+            # the profiler records each call a hook makes, and this runs for every role)
+            if tensor.layout is _STRIDED and (type(tensor) is _TENSOR or type(tensor) is _PARAM):
+                storages: Sequence[torch.UntypedStorage] = (tensor.untyped_storage(),)
+            else:
+                storages = storages_of(tensor)
+            for storage in storages:
                 if storage.device.type != self._device_type:
                     continue
                 ptr = storage.data_ptr()
@@ -605,7 +618,6 @@ _RANGE_PATH = frozenset({"_pre_forward", "_enter_module"})
 _BOOKKEEPING = frozenset(
     {
         ("profiler_events.py", "_on_role"),
-        ("profiler_events.py", "_exit_module"),
         ("profiler_events.py", "exit"),
         ("profiler_events.py", "callback"),
         ("profiler_events.py", "sample_memory"),
@@ -1184,7 +1196,8 @@ class _ThreadWatch:
         self.ran_from: int | None = None
         #: snapshots of the memory map: what another thread freed is unmapped in the next one
         self.maps: list[MemoryMap] = []
-        self._next_map = 0
+        #: monotonic time before which a memory map snapshot is not taken again
+        self.next_map = 0
         self._started: dict[str, int] = {}
         self._before: dict[int, tuple[int | None, bool]] = {}  # ident -> (CPU ns, user code)
         self._previous: Any = None
@@ -1198,7 +1211,7 @@ class _ThreadWatch:
         self._t_start = time.time_ns()
         self.maps = []
         self.sample_memory(last=True)
-        self._next_map = time.monotonic_ns() + _MAP_EVERY_NS  # a first read can be slow
+        self.next_map = time.monotonic_ns() + _MAP_EVERY_NS  # a first read can be slow
         with contextlib.suppress(Exception):
             self._before = self._census()
         self._previous = threading.getprofile()
@@ -1243,13 +1256,13 @@ class _ThreadWatch:
         last one took: at most 5 % of the time) and ``_MAX_MAPS`` times a recording;
         ``last``: the first and the last one, always. Never raises."""
         began = time.monotonic_ns()
-        if not last and (began < self._next_map or len(self.maps) >= _MAX_MAPS):
+        if not last and (began < self.next_map or len(self.maps) >= _MAX_MAPS):
             return
         with contextlib.suppress(Exception):
             snapshot = MemoryMap.now()
             if snapshot is not None:
                 self.maps.append(snapshot)
-        self._next_map = began + max(_MAP_EVERY_NS, 20 * (time.monotonic_ns() - began))
+        self.next_map = began + max(_MAP_EVERY_NS, 20 * (time.monotonic_ns() - began))
 
     def stop(self) -> None:
         if not self._on:
@@ -1320,6 +1333,9 @@ def _running_user_code(frame: Any, depth: int = 8) -> bool:
     return False
 
 
+_MAP_RANGE = re.compile(rb"^([0-9a-f]+)-([0-9a-f]+)", re.MULTILINE)
+
+
 @dataclass
 class MemoryMap:
     """Which addresses the process had mapped at one moment (Linux's /proc/self/maps, read
@@ -1334,21 +1350,19 @@ class MemoryMap:
     @classmethod
     def now(cls) -> MemoryMap | None:
         before = time.time_ns()
-        lows: array[int] = array("Q")
-        highs: array[int] = array("Q")
         try:
             with open("/proc/self/maps", "rb") as maps:
                 data = maps.read()
-            for line in data.splitlines():
-                low, _, rest = line.partition(b"-")
-                start, end = int(low, 16), int(rest.split(None, 1)[0], 16)
-                if highs and start <= highs[-1]:
-                    highs[-1] = max(highs[-1], end)
-                else:
-                    lows.append(start)
-                    highs.append(end)
-        except (OSError, ValueError, IndexError):
+            # A handful of calls whatever the number of lines: with Python stacks the
+            # profiler records every call made from Python code, and this runs at module calls.
+            bounds = list(map(int, chain.from_iterable(_MAP_RANGE.findall(data)), repeat(16)))
+        except (OSError, ValueError):
             return None
+        starts, ends = bounds[0::2], bounds[1::2]
+        # sorted ranges; touching (or overlapping) ones merged
+        first = [i for i in range(len(starts)) if not i or starts[i] > ends[i - 1]]
+        lows = array("Q", [starts[i] for i in first])
+        highs = array("Q", [ends[i - 1] for i in first[1:]] + ends[-1:])
         return cls(before, time.time_ns(), lows, highs)
 
     def holds(self, ptr: int) -> bool:

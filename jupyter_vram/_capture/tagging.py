@@ -335,14 +335,15 @@ class Tagger:
         for b in module.buffers(recurse=False):
             self._on_role(b, BUFFER, owner)
 
-    def _report_optimizer(self, opt: Optimizer) -> None:
-        for group in opt.param_groups:
-            for p in group["params"]:
-                owner = self._params.get(p)
-                self._params.add(p, owner)
-                self._on_role(p, PARAMETER, owner)
-                if p.grad is not None:
-                    self._on_role(p.grad, GRADIENT, owner)
+    def _report_optimizer(self, opt: Optimizer, *, state_only: bool = False) -> None:
+        if not state_only:
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    owner = self._params.get(p)
+                    self._params.add(p, owner)
+                    self._on_role(p, PARAMETER, owner)
+                    if p.grad is not None:
+                        self._on_role(p.grad, GRADIENT, owner)
         for p, state in opt.state.items():
             owner = self._params.get(p) if isinstance(p, torch.Tensor) else 0
             for value in iter_tensors(state):
@@ -521,9 +522,12 @@ class Tagger:
             self.adopt((), [opt])
 
     def _post_step(self, opt: Optimizer, args: Any, kwargs: Any) -> None:
+        """The step made its state (on the first step); parameters and gradients were
+        reported as it began, and a step updates them in place."""
         self.optimizer_depth = max(0, self.optimizer_depth - 1)
         with contextlib.suppress(Exception):  # bookkeeping must never break the user's step
-            self.adopt((), [opt])
+            self._optimizers.add(opt)
+            self._report_optimizer(opt, state_only=True)
 
 
 def _saved_hooks_allowed() -> bool:
