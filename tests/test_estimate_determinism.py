@@ -73,3 +73,38 @@ def test_tensors_alive_before_the_step_come_in_the_order_training_makes_them() -
                           ("Sequential.2", weight2), ("Sequential.2", bias2)]  # fmt: skip
     moments = [weight0, weight0, bias0, bias0, weight2, weight2, bias2, bias2]
     assert [size for _, size in before[4:12]] == moments
+
+
+class FunctionalLSTM(nn.Module):
+    """An LSTM layer called as a function: no ``nn.LSTM`` module in the model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weights = nn.ParameterList(nn.LSTM(32, 64, batch_first=True)._flat_weights)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h0 = x.new_zeros(1, x.shape[0], 64)
+        weights = list(self.weights)
+        out, _, _ = torch.lstm(x, (h0, h0), weights, True, 1, 0.0, self.training, False, True)
+        return out  # type: ignore[no-any-return]
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN's LSTM only")
+def test_a_later_run_keeps_lstm_workspaces_without_an_lstm_module() -> None:
+    # later runs leave out the dispatch mode that adds LSTM workspaces when a step showed
+    # the model has no LSTM op: one called as a function must keep them
+    with torch.device("meta"):
+        model = FunctionalLSTM()
+    job = Job(model, make_batch_spec(model, "4x16x32"))
+    fresh = Simulator(job).run(StepSettings(optimizer="sgd"), None)  # gone before the next
+    warm = Simulator(job)
+    warm.run(StepSettings(), None)
+    later = warm.run(StepSettings(optimizer="sgd"), None)
+    assert numbers(later) == numbers(fresh)
+    # cuDNN's reserve for the layer, 5 x steps x batch x hidden x 4 bytes, lives as a row
+    assert 5 * 16 * 4 * 64 * 4 in rows_sizes(fresh)
+
+
+def rows_sizes(profile: Profile) -> list[int]:
+    a = profile.allocations
+    return [int(s) for s, op in zip(a.size, a.op, strict=True) if "rnn" in profile.ops[op]]

@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -123,13 +124,29 @@ _RNN_LAYER_ARGS = (
 )  # fmt: skip
 
 
+@dataclass
+class RnnCalls:
+    """Whether a fake run reached the LSTM layer op. The rewriting that adds workspaces is a
+    dispatch mode, which costs every op of the step (about 8 % of a 7B model's run): a
+    simulator leaves it out once a whole step of its model ran without that op."""
+
+    seen: bool = False
+
+
 def _with_rnn_workspace(
-    target_type: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
+    target_type: str,
+    calls: RnnCalls | None,
+    func: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    out: Any,
 ) -> Any:
     """A fake ``mkldnn_rnn_layer`` call's outputs with the workspace the real kernel returns
     (see the module docstring); other ops' outputs as they are."""
     if func is not torch.ops.aten.mkldnn_rnn_layer.default:
         return out
+    if calls is not None:
+        calls.seen = True
     call = dict(zip(_RNN_LAYER_ARGS, args, strict=False)) | kwargs
     if not call.get("train"):
         return out
@@ -147,10 +164,10 @@ def _with_rnn_workspace(
 
 
 @contextlib.contextmanager
-def rnn_workspaces(target_type: str) -> Iterator[None]:
-    """Within the block, fake LSTM layers return a real-sized workspace. Enter it below the
-    recorder, so the recorder sees the op's real outputs."""
-    with rewriting_ops(functools.partial(_with_rnn_workspace, target_type)):
+def rnn_workspaces(target_type: str, calls: RnnCalls | None = None) -> Iterator[None]:
+    """Within the block, fake LSTM layers return a real-sized workspace (and set
+    ``calls.seen``). Enter it below the recorder, so the recorder sees the op's real outputs."""
+    with rewriting_ops(functools.partial(_with_rnn_workspace, target_type, calls)):
         yield
 
 
