@@ -413,3 +413,47 @@ def test_streaming_reader_reads_every_shape_of_entry(seed: int, odd: float) -> N
     assert resolved(traces[0]) == resolved(
         columns_from_trace(pickle.loads(data)["device_traces"][0])
     )
+
+
+@pytest.mark.parametrize("collide", [False, True])
+def test_known_frame_lists_are_matched_byte_for_byte(
+    monkeypatch: pytest.MonkeyPatch, collide: bool
+) -> None:
+    """The bulk reader's table of frame lists finds a list only where every byte is that of
+    a known one: not a prefix of it, not one that extends it, not on a hash alone (every
+    hash made equal), whatever bytes follow it in the buffer."""
+    import numpy as np
+
+    from jupyter_vram._capture import _snapshot_bulk as bulk
+
+    if collide:
+        monkeypatch.setattr(bulk, "_hash", lambda words, sizes: np.zeros(len(sizes), np.uint64))
+    known = {
+        b"]\x94(h\x01h\x02e": 7,
+        b"]\x94h\x09a": 3,
+        b"]\x94(" + b"j\x00\x01\x00\x00" * 30 + b"e": 5,
+    }
+    table = bulk._ListTable()
+    table.update(known)
+    lists = [
+        *known,
+        b"]\x94(h\x01e",  # a prefix of one
+        b"]\x94(h\x01h\x02h\x03e",  # one that extends one
+        b"]\x94(h\x01h\x03e",  # one byte different
+    ]
+    buf, pos, end = b"", [], []
+    for g in lists * 3:
+        pos.append(len(buf))
+        buf += g
+        end.append(len(buf))
+        buf += bytes(range(200, 200 + len(buf) % 40))  # whatever follows
+    buf += bytes(600)
+    found = table.find(
+        np.frombuffer(buf, np.uint8), np.asarray(pos, np.int64), np.asarray(end, np.int64)
+    )
+    expected = [known.get(g, -1) for g in lists] * 3
+    if collide:  # one of the colliding lists is found by its hash; the others by the dict
+        assert all(f in (e, -1) for f, e in zip(found.tolist(), expected, strict=True))
+        assert (found >= 0).any()
+    else:
+        assert found.tolist() == expected

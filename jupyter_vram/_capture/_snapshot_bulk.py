@@ -155,7 +155,8 @@ def read_run(reader: _Reader, layout: _Layout, target: list[Any]) -> bool:
     words = _Words(arr)
     # entry starts: one pass for the first byte, then the next four checked where it is
     view = arr[start : window - len(prefix)]
-    cand = np.flatnonzero(view == prefix[0]).astype(np.int64) + start
+    cand = np.flatnonzero(view == prefix[0])
+    cand += start
     cand = cand[words.at(4, cand + 1) == int.from_bytes(prefix[1:5], "little")]
     for j in range(5, len(prefix)):
         cand = cand[arr[cand + j] == prefix[j]]
@@ -347,21 +348,25 @@ def _templated(reader: _Reader, layout: _Layout, arr: U8, cand: I64, window: int
     reader.templates = [templates[i] for i in order]
 
     run = _Run(n)
-    run.ok = tid >= 0
     run.end = np.full(n, -1, np.int64)
+    good = np.zeros(n, bool)
     nxt = np.append(cand[1:], -1)[:n]
     want = [k for k in ("addr", "size", "time_us") if k in layout.keys]
     for key in want:
         run.ints[key] = np.zeros(n, np.int64)
     if "user_metadata" in layout.keys:
         run.meta_ref = np.full(n, -1, np.int64)
-    for i, t in enumerate(templates):
-        at = np.flatnonzero(tid == i)
-        if not len(at):
+    # the most common shape decoded on every row (no scatter: the rows of the others are
+    # written over next, those of none fail), then the others on their rows
+    everywhere = True
+    for i in sorted(range(len(templates)), key=lambda i: -hits[i]):
+        if not hits[i]:
             continue
+        t = templates[i]
+        at: I64 | slice = slice(None) if everywhere else np.flatnonzero(tid == i)
+        everywhere = False
         sub = block[at]
-        start = cv[at]
-        _frames(arr, sub, start, nxt[at], t, at, run)
+        good[at] = _frames(arr, sub, cv[at], nxt[at], t, at, run)
         off, op, _ = t.fields["action"]
         run.action_ref[at] = _decode_ref(sub, off, op)
         for key in want:
@@ -370,14 +375,17 @@ def _templated(reader: _Reader, layout: _Layout, arr: U8, cand: I64, window: int
         if run.meta_ref is not None:
             off, op, _ = t.fields["user_metadata"]
             run.meta_ref[at] = _decode_ref(sub, off, op)
+    run.ok = good & (tid >= 0)
     run.ok = _chain(arr, cand, run, window)
     return run
 
 
-def _frames(arr: U8, sub: U8, start: I64, nxt: I64, t: _Template, at: I64, run: _Run) -> None:
+def _frames(
+    arr: U8, sub: U8, start: I64, nxt: I64, t: _Template, at: I64 | slice, run: _Run
+) -> npt.NDArray[np.bool_]:
     """The frames of rows ``at`` (entries of shape ``t`` at ``start``, rows ``sub`` of the
     block): a memo reference, or a new list (memoized): empty, of one reference (APPEND), or
-    of several (MARK ... APPENDS, ending where the next entry starts)."""
+    of several (MARK ... APPENDS, ending where the next entry starts). Which rows are whole."""
     f = t.frames_at
     op, b1, b2 = sub[:, f], sub[:, f + 1], sub[:, f + 2]
     is_h, is_j = op == _H, op == _J
@@ -389,24 +397,98 @@ def _frames(arr: U8, sub: U8, start: I64, nxt: I64, t: _Template, at: I64, run: 
     size = np.select([is_h, is_j, empty, one_h, one_j], [2, 5, 2, 5, 8], 0)
     end = start + f + size + 1
     fixed = np.flatnonzero(size > 0)
-    good = np.zeros(len(at), bool)
+    good = np.zeros(len(start), bool)
     good[fixed] = _at(arr, end[fixed] - 1) == _SETITEMS
     many = np.flatnonzero(marked)
     if len(many):  # a list of any length: the entry ends where the next starts
         e = _entry_end(arr, nxt[many])
         good[many] = (e > 0) & (_at(arr, e - 2) == _APPENDS) & (e - 1 - start[many] > f + 3)
         end[many] = e
-    run.ok[at] &= good
     run.end[at] = np.where(good, end, -1)
     run.slots[at] = t.slots + is_list
     run.frame_slot[at] = np.where(is_list, t.slots, -1)
     run.frames_kind[at] = np.where(is_list, np.where(empty, 2, 1), 0)
     run.frames_pos[at] = start + f
     run.frames_end[at] = end - 1
-    refs = np.flatnonzero(is_h | is_j)
-    run.frames_ref[at[refs]] = np.where(
-        is_h[refs], sub[refs, f + 1], _column(sub, f + 1, "<u4")[refs]
+    run.frames_ref[at] = np.where(
+        is_h, sub[:, f + 1], np.where(is_j, _column(sub, f + 1, "<u4"), -1)
     )
+    return good
+
+
+_HASH_MUL = np.uint64(0x9E37_79B9_7F4A_7C15)
+_LOW_BYTES = np.asarray([(1 << 8 * k) - 1 for k in range(9)], np.uint64)  # k low bytes set
+
+
+def _hash(words: npt.NDArray[Any], sizes: I64) -> npt.NDArray[Any]:
+    """A 64-bit hash of each row of words (and its byte length); equal rows hash equal."""
+    h = sizes.astype(np.uint64) * _HASH_MUL
+    for c in range(words.shape[1]):
+        h ^= words[:, c]
+        h *= _HASH_MUL
+        h ^= h >> np.uint64(29)
+    return h
+
+
+class _ListTable:
+    """The frame lists interned so far (``reader.stack_of_run``: bytes -> stack id) as rows of
+    8-byte words sorted by a hash: a window's copies of known lists are found with array
+    operations and checked byte for byte (a dict lookup each cost a third of the read).
+    Lists longer than ``_MAX_BYTES``, past ``_MAX_LISTS``, or not found go by the dict."""
+
+    _MAX_BYTES = 512
+    _MAX_LISTS = 1 << 14
+
+    def __init__(self) -> None:
+        self.count = 0  # entries of stack_of_run seen by the last update
+        self.width = 8
+        self.hashes = np.zeros(0, np.uint64)
+        self.sids = np.zeros(0, np.int64)
+        self.sizes = np.zeros(0, np.int64)
+        self.words = np.zeros((0, 1), np.uint64)
+
+    def update(self, run_of: dict[bytes, int]) -> None:
+        if len(run_of) == self.count:
+            return
+        self.count = len(run_of)
+        items = [(g, sid) for g, sid in run_of.items() if len(g) <= self._MAX_BYTES]
+        items = items[: self._MAX_LISTS]
+        if not items:
+            return
+        width = (max(len(g) for g, _ in items) + 7) // 8 * 8
+        rows = bytearray(len(items) * width)
+        for i, (g, _) in enumerate(items):
+            rows[i * width : i * width + len(g)] = g
+        words = np.frombuffer(bytes(rows), "<u8").reshape(len(items), width // 8)
+        sizes = np.asarray([len(g) for g, _ in items], np.int64)
+        hashes = _hash(words, sizes)
+        order = np.argsort(hashes, kind="stable")
+        self.width = width
+        self.hashes, self.words, self.sizes = hashes[order], words[order], sizes[order]
+        self.sids = np.asarray([sid for _, sid in items], np.int64)[order]
+
+    def find(self, arr: U8, pos: I64, end: I64) -> I64:
+        """The stack id of the list at each ``pos``..``end``; -1 where not found."""
+        out = np.full(len(pos), -1, np.int64)
+        if not len(self.hashes) or not len(pos):
+            return out
+        width = self.width
+        size = end - pos
+        idx = np.flatnonzero((size > 0) & (size <= width) & (pos + width <= len(arr)))
+        if not len(idx):
+            return out
+        rows = np.lib.stride_tricks.as_strided(arr, (len(arr) - width + 1, width), (1, 1))
+        words = rows[pos[idx]].view("<u8")
+        size = size[idx]
+        for c in range(words.shape[1]):  # the bytes past each list's end zeroed, word by word
+            words[:, c] &= _LOW_BYTES[np.clip(size - 8 * c, 0, 8)]
+        h = _hash(words, size)
+        j = np.minimum(np.searchsorted(self.hashes, h), len(self.hashes) - 1)
+        row = np.dtype((np.void, width))  # rows compared whole (memcmp)
+        same = (self.hashes[j] == h) & (self.sizes[j] == size)
+        same &= words.view(row)[:, 0] == self.words[j].view(row)[:, 0]
+        out[idx[same]] = self.sids[j[same]]
+        return out
 
 
 def _fits(arr: U8, s: int, t: _Template) -> bool:
@@ -526,24 +608,23 @@ def _finish(reader: _Reader, target: list[Any], buf: bytes, cand: I64, got: _Run
     run_of = reader.stack_of_run
     frames_pos, frames_end = got.frames_pos, got.frames_end
     lists = np.flatnonzero(got.frames_kind[:run] == 1)
-    found = [
-        run_of.get(buf[a:b])
-        for a, b in zip(frames_pos[lists].tolist(), frames_end[lists].tolist(), strict=True)
-    ]  # one dict lookup each: the distinct frame lists are few, their copies many
-    if None in found:  # some seen for the first time
-        for i, r in enumerate(lists.tolist()):
-            if found[i] is None:
-                g = buf[frames_pos[r] : frames_end[r]]
-                sid = run_of.get(g)
-                if sid is None:
-                    try:
-                        sid = reader.new_run(g)
-                    except UnsupportedPickle:
-                        run = r
-                        lists, found = lists[:i], found[:i]
-                        break
-                found[i] = sid
+    table: _ListTable = reader.list_table
+    known = table.find(np.frombuffer(buf, np.uint8), frames_pos[lists], frames_end[lists])
+    found = known.tolist()
+    for i in np.flatnonzero(known < 0).tolist():  # not in the table: by the dict, or new here
+        r = int(lists[i])
+        g = buf[frames_pos[r] : frames_end[r]]
+        sid = run_of.get(g)
+        if sid is None:
+            try:
+                sid = reader.new_run(g)
+            except UnsupportedPickle:
+                run = r
+                lists, found = lists[:i], found[:i]
+                break
+        found[i] = sid
     stack[lists] = np.asarray(found, np.int64)
+    table.update(run_of)
     # look about twice as far as this run reached: scanning stays proportional to reading
     if run == len(chained):
         reader.bulk_span = min(reader.bulk_span * 2, _MAX_SPAN)

@@ -143,6 +143,7 @@ class _Reader:
         self.bulk_span = 256 << 10  # bytes the bulk path looks at (it adapts)
         self.templates: list[Any] = []  # entry shapes the bulk path has seen
         self.bulk_retry = 0  # where the bulk path may try again (bytes into the file)
+        self.list_table: Any = None  # the frame lists known so far, for the bulk path
         self.bulk_backoff = 0
 
     # -- input -------------------------------------------------------------------------------
@@ -349,8 +350,10 @@ class _Reader:
             return False
         if len(self.buf) - self.pos < _CHUNK // 2 and not self.eof:
             self.fill(_CHUNK)
-        from ._snapshot_bulk import read_run
+        from ._snapshot_bulk import _ListTable, read_run
 
+        if self.list_table is None:
+            self.list_table = _ListTable()
         layout = next(iter(self.patterns.values()))
         if read_run(self, layout, target):
             self.bulk_backoff = 0
