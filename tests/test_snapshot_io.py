@@ -457,3 +457,27 @@ def test_known_frame_lists_are_matched_byte_for_byte(
         assert (found >= 0).any()
     else:
         assert found.tolist() == expected
+
+
+def test_read_ahead_thread_ends_with_the_read(tmp_path: Path) -> None:
+    """The streaming reader reads the file in a second thread: a gzip'd snapshot reads to the
+    same Profile, a file that fails mid-way is one clear error, and no thread is left."""
+    import threading
+
+    def ahead() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "snapshot read-ahead"]
+
+    path = tmp_path / "snap.pickle"
+    big_snapshot_module().generate(path, 1.5, layers=4, seed=2, depth=12)
+    gz = tmp_path / "snap.pickle.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    same_profiles(
+        profile_from_snapshot_source(gz, stream=True),
+        profile_from_snapshot_source(path, stream=False),
+    )
+    assert not ahead()
+    broken = tmp_path / "broken.pickle.gz"
+    broken.write_bytes(gz.read_bytes()[: len(gz.read_bytes()) // 2])  # gzip ends mid-stream
+    with pytest.raises(ProfileFileError, match=str(broken)):
+        profile_from_snapshot_source(broken, stream=True)
+    assert not ahead()

@@ -154,9 +154,11 @@ def read_run(reader: _Reader, layout: _Layout, target: list[Any]) -> bool:
     arr = np.frombuffer(buf, np.uint8)
     words = _Words(arr)
     # entry starts: one pass for the first byte, then the next four checked where it is
-    view = arr[start : window - len(prefix)]
-    cand = np.flatnonzero(view == prefix[0])
-    cand += start
+    dicts = reader.dicts  # file offsets of the buffer's EMPTY_DICT bytes (found ahead)
+    lo, hi = np.searchsorted(
+        dicts, (reader.consumed + start, reader.consumed + window - len(prefix))
+    )
+    cand = dicts[lo:hi] - reader.consumed
     cand = cand[words.at(4, cand + 1) == int.from_bytes(prefix[1:5], "little")]
     for j in range(5, len(prefix)):
         cand = cand[arr[cand + j] == prefix[j]]

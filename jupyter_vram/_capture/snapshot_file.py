@@ -33,6 +33,7 @@ import io
 import json
 import pickle
 import re
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -233,6 +234,8 @@ def _from_stream(
         raise ProfileFileError(f"{where}: {exc}") from None
     except OSError as exc:
         raise ProfileFileError(f"{where}: cannot read the file ({exc.strerror or exc})") from exc
+    except (EOFError, zlib.error) as exc:  # a gzip file cut short or damaged
+        raise ProfileFileError(f"{where}: cannot read the file ({exc})") from exc
     if EXTENSION in rest or isinstance(rest.get("snapshot"), Mapping):
         raise UnsupportedPickle("written by jupyter_vram: read it whole")
     columns = [t if isinstance(t, TraceColumns) else columns_from_trace(t) for t in traces]

@@ -20,8 +20,11 @@ in an int32 array by slot, action names), never the entries themselves.
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import re
 import struct
+import threading
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -40,6 +43,60 @@ _REFUSED = {
     0x83: "EXT2", 0x84: "EXT4", b"P"[0]: "PERSID", b"Q"[0]: "BINPERSID",
     0x97: "NEXT_BUFFER", 0x98: "READONLY_BUFFER",
 }  # fmt: skip
+
+
+class _Ahead:
+    """Reads the file a chunk ahead in a second thread, and finds the EMPTY_DICT bytes (where
+    trace entries may start) in what it read. File reads, gzip's inflation and numpy's scans
+    release the GIL, so on two cores they run while the main thread decodes (on one, in
+    turns). A daemon thread: it ends with the process, or when :meth:`close` stops it."""
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        self.fh = fh
+        self.ready: queue.Queue[tuple[bytes, Any] | BaseException] = queue.Queue(maxsize=1)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.work, name="snapshot read-ahead", daemon=True)
+        self.thread.start()
+
+    def work(self) -> None:
+        offset = 0
+        item: tuple[bytes, Any] | BaseException
+        while True:
+            try:
+                chunk = self.fh.read(_CHUNK)
+                dicts = np.flatnonzero(np.frombuffer(chunk, np.uint8) == 0x7D)
+                dicts += offset
+                offset += len(chunk)
+                item = (chunk, dicts)
+            except Exception as exc:  # noqa: BLE001 (raised in the reader)
+                item = exc
+            while not self.stop.is_set():
+                try:
+                    self.ready.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if self.stop.is_set() or not isinstance(item, tuple) or len(item[0]) < _CHUNK:
+                return
+
+    def next(self) -> tuple[bytes, Any]:
+        """The next chunk (short at the end of the file) and its EMPTY_DICT positions."""
+        while True:
+            try:
+                item = self.ready.get(timeout=1)
+                break
+            except queue.Empty:
+                if not self.thread.is_alive() and self.ready.empty():
+                    raise ProfileFileError("the file stopped being read") from None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self.stop.set()
+        with contextlib.suppress(queue.Empty):
+            self.ready.get_nowait()
+        self.thread.join(timeout=10)
 
 
 class _Consumed:
@@ -112,8 +169,9 @@ class _Reader:
     """The interpreter (see the module docstring)."""
 
     def __init__(self, fh: IO[bytes], progress: Callable[[int], None] | None) -> None:
-        self.fh = fh
+        self.ahead = _Ahead(fh)
         self.buf = b""
+        self.dicts = np.zeros(0, np.int64)  # file offsets of the EMPTY_DICT bytes in buf
         self.pos = 0
         self.eof = False
         self.consumed = 0  # bytes before buf[0]
@@ -153,12 +211,19 @@ class _Reader:
         if len(self.buf) - self.pos >= need or self.eof:
             return
         self.consumed += self.pos
-        rest = self.buf[self.pos :]
-        want = max(_CHUNK, need)
-        chunk = self.fh.read(want)
-        if len(chunk) < want:  # a short read: the end of the file
-            self.eof = True
-        self.buf = rest + chunk
+        parts, got = [self.buf[self.pos :]], len(self.buf) - self.pos
+        dicts = [self.dicts[np.searchsorted(self.dicts, self.consumed) :]]
+        while True:  # at least one chunk, and as many as ``need`` takes
+            chunk, where = self.ahead.next()
+            parts.append(chunk)
+            dicts.append(where)
+            got += len(chunk)
+            if len(chunk) < _CHUNK:  # a short read: the end of the file
+                self.eof = True
+            if self.eof or got >= need:
+                break
+        self.buf = b"".join(parts)
+        self.dicts = np.concatenate(dicts)
         self.pos = 0
         if self.progress is not None:
             self.progress(self.consumed)
@@ -633,6 +698,8 @@ def read_snapshot_stream(
         if isinstance(exc, ProfileFileError):
             raise
         raise ProfileFileError(f"not a memory snapshot ({type(exc).__name__}: {exc})") from exc
+    finally:
+        reader.ahead.close()
     if not isinstance(data, dict) or not isinstance(data.get("device_traces", []), list):
         raise ProfileFileError("not a memory snapshot (expected a dict with 'device_traces')")
     traces: list[TraceColumns | list[Any]] = []
