@@ -25,6 +25,19 @@ def shell() -> Iterator[Any]:
     yield shell
     for name in ("refs", "leak_var", "old", "new", "g", "make", "f", "Node", "_vram", *SAME):
         shell.user_ns.pop(name, None)
+    # no output's tensor is left to later test modules (their baselines would count it):
+    # Out, _n (IPython keeps them in user_ns_hidden too), _ / __ / ___; nor a cycle's
+    outputs = shell.user_ns.get("Out")
+    if isinstance(outputs, dict):
+        outputs.clear()
+    aliases = ("_", "__", "___")
+    for names in (shell.user_ns, shell.user_ns_hidden):
+        for name in [k for k in names if k in aliases or (k[:1] == "_" and k[1:].isdigit())]:
+            del names[name]
+    for alias in aliases:
+        shell.user_ns[alias] = ""
+        setattr(shell.displayhook, alias, "")
+    gc.collect()
 
 
 #: names the same-size tests leave in the shell
