@@ -47,7 +47,8 @@ class _RunState:
     device_type: str
     made: dict[int, Any] | None = None  # storage id -> weakref: what the run left alive
     rows: dict[int, int] = field(default_factory=dict)  # storage id -> its row, by address
-    addressed: frozenset[int] = frozenset()  # never-freed rows whose address was known
+    #: the never-freed rows whose address the capture gave (never matched by size)
+    addressed: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     complete: bool = True  # every candidate was looked at when the run ended
 
 
@@ -77,7 +78,7 @@ def attach(profile: Profile, state: _RunState) -> None:
             from ._capture.row_addresses import take_addresses
 
             at = _addresses(profile, take_addresses(profile))
-            state.addressed = frozenset(row for row, _ in at.values())
+            state.addressed = np.fromiter((row for row, _ in at.values()), np.int64, len(at))
             sizes = _never_freed(profile, state)[1]
             if sizes.empty() and not at:
                 state.made = {}
@@ -117,8 +118,8 @@ def _never_freed(profile: Profile, state: _RunState) -> tuple[dict[int, list[int
     a = profile.allocations
     device = profile.devices.index(profile.device) if profile.device in profile.devices else -1
     rows = np.flatnonzero((a.alloc_seq >= 0) & (a.free_seq < 0) & (a.device == device))
-    if state.addressed:
-        rows = rows[~np.isin(rows, np.fromiter(state.addressed, np.int64))]
+    if state.addressed.size:
+        rows = rows[~np.isin(rows, state.addressed)]
     by_size: dict[int, list[int]] = {}
     for row in rows[np.argsort(a.alloc_seq[rows], kind="stable")]:
         by_size.setdefault(int(a.size[row]), []).append(int(row))
