@@ -11,7 +11,8 @@ entry. The file is streamed out (bounded memory at any size).
 
 ``measure``: opens a snapshot in a fresh process and reports wall time and peak RSS for
 ``jupyter_vram.Profile.from_snapshot`` (the streaming reader), and, for comparison, a plain
-``pickle.load`` and ``pickle.load`` + ``torch.cuda._memory_viz.segsum`` / ``trace``.
+``pickle.load`` and ``pickle.load`` + ``torch.cuda._memory_viz.segsum`` / ``trace``;
+``--how phases`` times jupyter_vram's read and conversion apart (after the import).
 
 Usage:
     python bench/big_snapshot.py generate --mb 100 -o /tmp/snap100.pickle
@@ -313,6 +314,23 @@ def measure(path: Path, how: str) -> dict[str, Any]:
         result["peak"] = prof.peak_bytes
         result["allocations"] = len(prof.allocations)
         result["peak_breakdown_mib"] = {k: v >> 20 for k, v in prof.peak_breakdown().items() if v}
+    elif how == "phases":  # jupyter_vram's read and conversion apart, the import not timed
+        from jupyter_vram._capture import snapshot_file
+        from jupyter_vram._capture.snapshot_columns import profile_from_columns
+        from jupyter_vram._capture.snapshot_stream import read_snapshot_stream
+
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        with path.open("rb") as fh:
+            rest, traces = read_snapshot_stream(fh)
+        t1, cpu1 = time.perf_counter(), time.process_time()
+        prof = snapshot_file._infer_categories(profile_from_columns(traces[0], rest, 0), False)
+        t2, cpu2 = time.perf_counter(), time.process_time()
+        result["read_s"], result["read_cpu_s"] = round(t1 - t0, 2), round(cpu1 - cpu0, 2)
+        result["convert_s"], result["convert_cpu_s"] = round(t2 - t1, 2), round(cpu2 - cpu1, 2)
+        result["opened_s"] = round(t2 - t0, 2)
+        result["allocations"] = len(prof.allocations)
+        start = resource.getrusage(resource.RUSAGE_SELF)  # CPU below: read and convert only
+        cpu0 = start.ru_utime + start.ru_stime - (cpu2 - cpu0)
     elif how in ("pickle", "memory_viz"):
         import pickle
 
@@ -364,7 +382,7 @@ def main(argv: list[str] | None = None) -> None:
     mea = sub.add_parser("measure")
     mea.add_argument("path", type=Path)
     mea.add_argument("--how", default="jupyter_vram",
-                     choices=["jupyter_vram", "pickle", "memory_viz"])  # fmt: skip
+                     choices=["jupyter_vram", "phases", "pickle", "memory_viz"])  # fmt: skip
     mea.add_argument("--limit-gb", type=float, default=8.0, help="address-space cap")
     args = parser.parse_args(argv)
     if args.cmd == "generate":

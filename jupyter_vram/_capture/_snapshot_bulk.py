@@ -166,7 +166,11 @@ def read_run(reader: _Reader, layout: _Layout, target: list[Any]) -> bool:
         reader.bulk_span = max(reader.bulk_span // 2, _MIN_SPAN)
         return False
 
-    got = _templated(reader, layout, arr, cand, window)
+    got = None
+    if reader.template_off > 0:  # shapes too varied of late: the general path for a while
+        reader.template_off -= 1
+    else:
+        got = _templated(reader, layout, arr, cand, window)
     if got is None:
         got = _general(reader, layout, arr, words, cand, window)
     return _finish(reader, target, buf, cand, got)
@@ -348,6 +352,15 @@ def _templated(reader: _Reader, layout: _Layout, arr: U8, cand: I64, window: int
     # the most common shapes first next time
     order = sorted(range(len(templates)), key=lambda i: -hits[i])
     reader.templates = [templates[i] for i in order]
+    # a row of no shape known early in the window, three windows in a row: the shapes vary
+    # too much for templates (each window makes one more); walk fields for the next 16
+    misses = np.flatnonzero(tid < 0)
+    if len(misses) and misses[0] < n // 2:
+        reader.shape_misses += 1
+        if reader.shape_misses >= 3:
+            reader.shape_misses, reader.template_off = 0, 16
+    else:
+        reader.shape_misses = 0
 
     run = _Run(n)
     run.end = np.full(n, -1, np.int64)

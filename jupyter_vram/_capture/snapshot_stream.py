@@ -200,6 +200,8 @@ class _Reader:
         self.bulk_ready = False
         self.bulk_span = 256 << 10  # bytes the bulk path looks at (it adapts)
         self.templates: list[Any] = []  # entry shapes the bulk path has seen
+        self.shape_misses = 0  # windows in a row where a shape was missing early
+        self.template_off = 0  # windows the bulk path still walks fields (shapes vary)
         self.bulk_retry = 0  # where the bulk path may try again (bytes into the file)
         self.list_table: Any = None  # the frame lists known so far, for the bulk path
         self.bulk_backoff = 0
