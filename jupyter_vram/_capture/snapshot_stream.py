@@ -415,7 +415,7 @@ class _Reader:
         each time before it tries again (each try looks at a whole window)."""
         if not self.bulk_ready or self.consumed + self.pos < self.bulk_retry:
             return False
-        if len(self.buf) - self.pos < _CHUNK // 2 and not self.eof:
+        if len(self.buf) - self.pos < _CHUNK // 8 and not self.eof:
             self.fill(_CHUNK)
         from ._snapshot_bulk import _ListTable, read_run
 
