@@ -2,11 +2,15 @@
 
 Once a trace's key layout is known (see :mod:`.snapshot_stream`), every entry written like the
 ones before it starts with the same bytes: ``EMPTY_DICT MEMOIZE MARK`` and the memo reference
-of its first key. Over a whole buffer, this finds every such start at once, then walks all
-candidates field by field in lockstep (check the key's reference, measure the value by its
-opcode), decodes integers from their bytes, and keeps the entries that chain from the reader's
-position (each starting where the previous one ended, past list batch marks and pickle frame
-headers). Anything irregular ends the run; the per-entry reader takes it from there.
+of its first key. Over a whole window, this finds every such start at once (the read-ahead
+thread has found the EMPTY_DICT bytes), then reads the candidates by shape: each shape of
+entry seen (:class:`_Template`: opcodes, integer widths, string lengths up to the frames) is a
+set of fixed bytes, checked on rows of 8-byte words, its values read from columns at fixed
+offsets. Where shapes vary too much for that, all candidates are walked field by field in
+lockstep (check the key's reference, measure the value by its opcode) instead. Either way the
+entries kept are those that chain from the reader's position (each starting where the previous
+one ended, past list batch marks and pickle frame headers). Anything irregular ends the run;
+the per-entry reader takes it from there.
 
 Memo slots are accounted exactly: one per entry dict, one per inline string, one per new frame
 list (whose slot gets its interned stack id, for the frees that refer to it).
