@@ -213,30 +213,44 @@ def write_readme(rows: list[dict[str, Any]]) -> None:
     write_section(SECTION, INTRO + "\n\n" + table(rows) + "\n\n" + NOTES)
 
 
-NOTES = """What changed ("after"): a run that leaves the model's fake tensors as it made them keeps
-them, with its fake mode, for the next run of the same dtype; when the next run also has the
-same optimizer, and the recorded step left the optimizer state as it found it, that run keeps
-the optimizer too and skips the warm-up step (on the 7B model: AdamW's step over 6.7B
-parameters). The answers do not change: tests/test_estimate_warm.py compares every run of a
-warm process with a fresh process's (rows, memory curve, peak, reserved).
+NOTES = """"before": the estimator as the previous round left it (it already keeps the model's
+fake tensors, its fake mode and the optimizer between runs of one model); "after": this round.
+What changed: later runs of a model leave out the dispatch mode that gives LSTM layers their
+workspace once a whole step of the model ran without the LSTM op (and it has no nn.RNNBase
+module): every op of the step passed through that extra Python layer (py-spy of the 7B AMP
+run: about 8 %); the estimator process freezes (gc.freeze) what exists before the job loads
+(torch, transformers and the rest), so each recording's scan of live objects and each full
+garbage collection skip it (scan and collections: about 4 % of a 7B run). The answers do not
+change: peak and reserved of every call above are the same in both versions, and these two
+changes leave every row of every profile as it was (compared row by row on the three cases).
+Also this round, the one change to rows: the same estimate twice gives the same numbers
+(tests/test_estimate_determinism.py). Before, the first run of a process could differ from
+later ones (GPT-2 small 8x512 with AMP: peak allocated 2 MiB apart): the tensors alive
+before the step were registered in the garbage collector's order, and the CUDA allocator
+model places them in that order; they now come in the order training makes them
+(parameters in module order, the optimizer state parameter by parameter, the inputs).
 
-Where a changed-settings 7B estimate spends its time (py-spy of the estimator process over
-later runs, 32 layers): the recorded step's backward about 42 %, forward about 21 %, the
-optimizer steps about 15 %; most of that inside torch's FakeTensorMode (its cache key and
-output synthesis alone about 36 %) and autograd; our recorder's per-op work (dispatch
-observer, module tagging, stack sampling) about 12 %; starting the recording (scan of live
-objects) 3 %; filling the fake parameters 3 %; the in-place sums, the CUDA allocator replay
-and saving / loading the profile under 2 %; the kernel's side (pickling the job 0.15 s,
-reading the profile) a few tenths of a second. A plain FakeTensorMode forward and backward of
-the 32 layers with no recorder at all takes 1.7-1.9 CPU s here, so any re-simulation of the
-whole model costs at least that.
+One sample per cell, on a machine other sessions were using: "before" / "after" one right
+after the other at load 1.1-1.9, again ("(2)") at 0.7-2.3, and "after (3)" alone at 0.5. The
+CPU seconds swing by 10-30 % from run to run under such load; repeated runs inside one
+process (7B, AMP then SGD, 4 times each, two processes per version, alternating, load 2-5)
+took AMP bf16 median 3.93 / 3.99 CPU s before and 2.89 / 2.95 after (best 2.95 / 3.94 and
+2.52 / 2.79), SGD median 3.33 / 3.62 before and 2.34 / 2.45 after: 15-30 % less.
 
-The "after, idle" rows ran alone on the machine (load 1.0, the same code as "after"): GPT-2
-small 1.45 s (AMP) / 1.15 s (SGD), target 1.5 s, met; small 0.24 / 0.13 s, target 1 s, met.
-The 7B target (a second estimate <= 4 s): the same request again 0.07 s; another optimizer
-3.69 s, met; AMP bf16 4.10 s, 0.1 s over (on the loaded machine 10-20 s of wall time). Going
-well under would need not simulating all 32 identical layers (replaying one layer's recorded
-events for the others), which is not done.
+Wall time well above CPU time in the "AdamW + AMP bf16" column (7B after: 4.7 and 6.0 s of
+wall for 2.7 and 3.3 CPU s) is the spare estimator process starting (imports, about 2.5 CPU
+s) right after the first call returns, on the same two cores as the estimate and the other
+sessions' work; with a core free for it the two do not compete: alone on the machine ("after
+(3)", load 0.5) the 7B calls took 2.52 s (AMP) and 2.31 s (SGD) of wall time against the 4 s
+target, GPT-2 small 0.80 / 0.57 s (target 1.5 s); the small model stays under 0.2 s (1 s).
+
+Where a changed-settings 7B estimate spends its time now (py-spy of the estimator process, 32
+layers): torch's FakeTensorMode about 55 % (its cache key alone about 25 %), the autograd
+engine's own work, the model's Python code; our recorder's per-op work (dispatch observer,
+module tagging, stack sampling) about 15 %; starting the recording 2 %. A plain FakeTensorMode
+forward and backward of the 32 layers with no recorder at all takes about 1.7 CPU s, so any
+re-simulation of the whole model costs at least that; going well under would need not
+simulating all 32 identical layers, which is not done.
 The largest-batch search of the 7B model is not timed: batch 1 does not fit an A100-80GB."""
 
 
