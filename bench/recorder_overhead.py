@@ -103,9 +103,12 @@ VARIANTS: dict[str, Callable[[], AbstractContextManager[object]]] = {
 }
 
 
-def time_inside(make: Callable[[], AbstractContextManager[object]], step: Step, n: int) -> float:
+def time_inside(
+    make: Callable[[], AbstractContextManager[object]], step: Step, n: int
+) -> tuple[float, float]:
     """Seconds per step of one recording of ``n`` steps, from start to a finished profile
-    (reading the profiler's events is part of what recording costs)."""
+    (reading the profiler's events is part of what recording costs), and seconds spent
+    leaving the recording (where the profile is made)."""
     start = time.perf_counter()
     with make() as recorder:
         reset = getattr(recorder, "reset_mod_stats", None)  # MemTracker: one step per call
@@ -113,7 +116,9 @@ def time_inside(make: Callable[[], AbstractContextManager[object]], step: Step, 
             if reset is not None:
                 reset()
             step()
-    return (time.perf_counter() - start) / n
+        ran = time.perf_counter()
+    end = time.perf_counter()
+    return (end - start) / n, end - ran
 
 
 def start_stop(make: Callable[[], AbstractContextManager[object]], repeats: int = 9) -> float:
@@ -131,21 +136,34 @@ def measure(name: str, step: Step, repeats: int, steps: int) -> list[str]:
     step()
     ops = aten_ops(step)
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    leaving: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for _ in range(repeats):
         for variant, make in VARIANTS.items():
             gc.collect()
-            times[variant].append(time_inside(make, step, steps))
+            per_step, stop = time_inside(make, step, steps)
+            times[variant].append(per_step)
+            leaving[variant].append(stop)
     bare = statistics.median(times["bare"])
     rows = [
-        f"**{name}**: {ops:,} aten ops per step, bare step {bare * 1e3:.1f} ms",
+        f"**{name}**: {ops:,} aten ops per step, bare step {bare * 1e3:.1f} ms, "
+        f"{steps} steps per recording",
         "",
-        "| variant | ms per step, start to profile | x bare | us per aten op |",
-        "|---|--:|--:|--:|",
+        "| variant | ms per step, start to profile | x bare | us per aten op, all in | "
+        "us per aten op while running | ms to stop (make the profile) |",
+        "|---|--:|--:|--:|--:|--:|",
     ]
     for variant, ts in times.items():
         med = statistics.median(ts)
-        per_op = "" if variant == "bare" else f"{(med - bare) / ops * 1e6:.1f}"
-        rows.append(f"| {variant} | {med * 1e3:.1f} | {med / bare:.2f} | {per_op} |")
+        stop = statistics.median(leaving[variant])
+        running = med - stop / steps
+        if variant == "bare":
+            rows.append(f"| {variant} | {med * 1e3:.1f} | 1.00 |  |  |  |")
+            continue
+        rows.append(
+            f"| {variant} | {med * 1e3:.1f} | {med / bare:.2f} | "
+            f"{(med - bare) / ops * 1e6:.1f} | {(running - bare) / ops * 1e6:.1f} | "
+            f"{stop * 1e3:.1f} |"
+        )
     return rows
 
 
@@ -153,6 +171,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
     parser.add_argument("--readme", action="store_true", help="write bench/README.md's section")
+    parser.add_argument("--section", help="also write the section's text to this file")
     args = parser.parse_args()
     torch.manual_seed(0)
     load = os.getloadavg()[0]  # a shared machine's other work slows every variant alike
@@ -175,28 +194,36 @@ def main() -> None:
     ]
     text = "\n".join(out)
     print(text)
-    if args.readme:
+    if args.readme or args.section:
         header = (
             f"Made by `python bench/recorder_overhead.py{' --quick' if args.quick else ''} "
             f"--readme` with torch {torch.__version__}, Python {sys.version.split()[0]}, on "
-            f"{torch.get_num_threads()} CPU threads, load average {load:.1f} at the start. "
+            f"{torch.get_num_threads()} CPU threads, load average {load:.1f} at the start and "
+            f"{os.getloadavg()[0]:.1f} at the end. "
             f"Median of {repeats} interleaved runs."
         )
         reading = (
-            "How to read it: jupyter_vram pays its cost when the profile is made, not per op: "
-            "the CPU allocator's reports and the op and module ranges are collected in C++ "
-            "(the profiler alone is the floor), and the profiler's post-processing plus our "
-            "reading of its event tree come at the end. With Python stacks the profiler also "
-            "traces every Python and C call, ours included (the hooks that note roles and open "
-            "module ranges): torch's own post-processing and our walk of the event tree grow "
-            "with them, so on Python-heavy models (many small modules) stacks cost a multiple "
-            "of the profiler with stacks alone and `--no-stacks` is the cheap mode. The "
-            "dispatch tracker was cheaper end to end but changed the program it measured "
-            "(out-of-place gradient accumulation) and missed memory made inside ops; it "
-            "remains for fake-tensor estimates. MemTracker is PyTorch's dispatch-mode memory "
-            "tracker."
+            "How to read it: jupyter_vram pays most of its cost when the profile is made, not "
+            "per op. While the cell runs, the CPU allocator's reports and the op and module "
+            "ranges are collected in C++ by torch's profiler (the profiler alone is the floor), "
+            "plus our hooks' Python at module calls and saved tensors: *us per aten op while "
+            "running*. Leaving the recording, torch post-processes its events and we read its "
+            "event tree (a few microseconds of Python per event: one or two events per op, "
+            "one per allocation) into rows: *ms to stop*, once per recording, so a recording "
+            "of many steps spreads it thin (*all in* counts it against the steps recorded "
+            "here). With Python stacks the profiler also traces every Python and C call, our "
+            "hooks' included, and both torch's post-processing and our reading grow with them: "
+            "on Python-heavy models (many small modules) stacks cost a multiple of the "
+            "profiler with stacks alone, and `--no-stacks` is the cheap mode. The dispatch "
+            "tracker was cheaper end to end but changed the program it measured (out-of-place "
+            "gradient accumulation) and missed memory made inside ops; it remains for "
+            "fake-tensor estimates. MemTracker is PyTorch's dispatch-mode memory tracker."
         )
-        write_section("## Recording overhead", header + "\n\n" + text + "\n\n" + reading)
+        section = header + "\n\n" + text + "\n\n" + reading
+        if args.section:
+            Path(args.section).write_text(section)
+        if args.readme:
+            write_section("## Recording overhead", section)
 
 
 if __name__ == "__main__":
