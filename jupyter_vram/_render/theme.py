@@ -4,7 +4,9 @@ Bokeh draws on a canvas, which cannot read CSS variables, so a figure is drawn w
 transparent background (the page shows through) and, once it is laid out in the page, a small
 script copies the theme's colours (``--jp-ui-font-color1`` ...) into its axes, titles, grids
 and legends, again whenever the user switches the theme. Outside JupyterLab (the standalone
-report) the light fallbacks apply.
+report) the light fallbacks apply. The colours are written as a canvas spells them: they go
+back to the kernel, whose bokeh rejects some CSS spellings (a failed validation there is an
+error in the user's kernel, and the "last error" a debugger or leak search then sees).
 """
 
 from __future__ import annotations
@@ -24,7 +26,17 @@ FALLBACK = {
 
 _THEME_JS = """
 const css = getComputedStyle(document.body);
-const v = (name) => (css.getPropertyValue(name) || '').trim() || fallback[name];
+// Colours go back to the kernel (jupyter_bokeh syncs every model change), where bokeh
+// refuses CSS spellings such as JupyterLab's 'rgba(0,0,0,.54)': a canvas gives each in a
+// form it accepts ('#rrggbb' or 'rgba(r, g, b, 0.54)'), the fallback where it is no colour.
+const ctx = document.createElement('canvas').getContext('2d');
+const v = (name) => {
+  const raw = (css.getPropertyValue(name) || '').trim() || fallback[name];
+  if (ctx == null) return raw;
+  ctx.fillStyle = fallback[name];
+  ctx.fillStyle = raw;
+  return ctx.fillStyle;
+};
 const fg = v('--jp-ui-font-color1'), fg2 = v('--jp-ui-font-color2');
 const line = v('--jp-border-color1'), grid = v('--jp-border-color2');
 const panel = v('--jp-layout-color1');

@@ -21,6 +21,7 @@ from .lab import (
     widget_errors,
     write_notebook,
 )
+from .test_rerun import kernel_print
 
 pytestmark = pytest.mark.browser
 
@@ -339,6 +340,16 @@ PAGE_BACKGROUND = """
 }
 """
 
+#: a CSS colour as a canvas spells it (the theme script writes colours so: the kernel's bokeh
+#: refuses some CSS spellings, such as JupyterLab's own 'rgba(0,0,0,.54)')
+CANVAS_COLOUR = """
+(c) => { const x = document.createElement('canvas').getContext('2d'); x.fillStyle = c;
+         return x.fillStyle; }
+"""
+TEXT2 = f"""
+() => ({CANVAS_COLOUR})(getComputedStyle(document.body).getPropertyValue('--jp-ui-font-color2')
+  .trim())
+"""
 FIGURE_COLOURS = """
 () => {
   const out = [];
@@ -432,9 +443,7 @@ def test_app_follows_the_dark_theme(lab: Lab, page: Page, page_log: PageLog) -> 
     assert modules.evaluate(visible) == before - 1 + hidden
 
     # axis labels take the theme's text colour (set by the figures' theme script)
-    text2 = page.evaluate(
-        "() => getComputedStyle(document.body).getPropertyValue('--jp-ui-font-color2').trim()"
-    )
+    text2 = page.evaluate(TEXT2)
     colours = page.evaluate(FIGURE_COLOURS)
     assert colours and all(c == text2 for c in colours), (colours, text2)
 
@@ -446,8 +455,7 @@ def test_app_follows_the_dark_theme(lab: Lab, page: Page, page_log: PageLog) -> 
     page.wait_for_function("() => document.body.dataset.jpThemeLight === 'true'")
     page.wait_for_function(
         f"""() => {{
-          const want = getComputedStyle(document.body).getPropertyValue('--jp-ui-font-color2')
-            .trim();
+          const want = ({TEXT2})();
           const got = ({FIGURE_COLOURS})();
           return got.length > 0 && got.every(c => c === want);
         }}""",
@@ -473,5 +481,8 @@ def test_app_follows_the_dark_theme(lab: Lab, page: Page, page_log: PageLog) -> 
         page.wait_for_timeout(500)
         app.screenshot(path=str(DOCS / "app-dark.png"))
 
+    # the theme's colours reached the kernel's figures without an error there (bokeh
+    # refused JupyterLab's 'rgba(0,0,0,.54)': a traceback in the kernel, its "last error")
+    assert kernel_print(page, name, "import sys; print(hasattr(sys, 'last_value'))") == "False"
     assert widget_errors(page) == []
     assert page_log.console_errors == []
