@@ -153,6 +153,19 @@ def test_traceback(shell: Any) -> None:
     assert ref() is None
 
 
+def test_a_later_error_does_not_make_the_notebook_a_holder(shell: Any) -> None:
+    """After another cell raised, the last error's frames hold the shell and the namespace
+    (IPython's ``run_code`` local ``self``, our magic's ``shell``): a leak a variable holds is
+    held by that variable, not by every frame that reaches the notebook."""
+    assert run(shell, "kept = torch.ones(64, 1024)\n").error_in_exec is None
+    profile = shell.user_ns["_vram"]
+    failed = shell.run_cell("%%vram --quiet\nraise ValueError('later')\n", store_history=True)
+    assert isinstance(failed.error_in_exec, ValueError)
+    leaks = profile.leaks()
+    assert list(leaks["holders"]) == ["kept"]
+    assert list(leaks["holder_kind"]) == ["variable"] and bool(leaks.iloc[0]["releasable"])
+
+
 def test_closure_is_named_and_left_alone(shell: Any) -> None:
     cell = (
         "def make():\n"

@@ -23,7 +23,7 @@ import contextlib
 import re
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,10 +95,13 @@ class CapacityFailure:
     time_ns: int  # time.time_ns() when it was refused
 
 
-def held_storages(namespace: Mapping[str, Any] | None, device_type: str) -> list[Any]:
+def held_storages(
+    namespace: Mapping[str, Any] | None, device_type: str, skip: Collection[int] = ()
+) -> list[Any]:
     """Distinct storages on ``device_type`` the namespace reaches: tensors, and the
-    parameters, buffers, gradients and optimizer state of its modules and optimizers."""
-    tensors, modules, optimizers = reachable_objects(namespace)
+    parameters, buffers, gradients and optimizer state of its modules and optimizers (not
+    through the objects whose id is in ``skip``)."""
+    tensors, modules, optimizers = reachable_objects(namespace, skip=skip)
     found: dict[int, Any] = {}
 
     def add(value: Any) -> None:

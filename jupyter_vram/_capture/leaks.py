@@ -295,8 +295,11 @@ def held(
         ref = made.get(storage._cdata)
         return ref is not None and ref() is storage
 
+    # what a holder reaches through the notebook itself (a traceback frame's ``self``, the
+    # shell; a local bound to the namespace) is the notebook's names, listed as such
+    notebook = _notebook_ids(namespace)
     for kind, name, value in roots(namespace):
-        for storage in held_storages({"v": value}, device_type):
+        for storage in held_storages({"v": value}, device_type, skip=notebook):
             if ours(storage):
                 entry = found.setdefault(storage._cdata, (int(storage.nbytes()), []))
                 entry[1].append(Holder(kind, name, id(value)))
@@ -339,6 +342,17 @@ def held(
         found[key][1].append(_unnamed_holder(tensor, walk_until, ignore))
     del candidates
     return [HeldStorage(k, n, tuple(h)) for k, (n, h) in found.items()]
+
+
+def _notebook_ids(namespace: Mapping[str, Any] | None) -> set[int]:
+    """Ids of the notebook's own tables: its namespace and its ``Out`` history."""
+    if namespace is None:
+        return set()
+    ids = {id(namespace)}
+    outputs = namespace.get("Out")
+    if isinstance(outputs, dict):
+        ids.add(id(outputs))
+    return ids
 
 
 def _unnamed_holder(target: Any, deadline: float, ignore: set[int], limit: int = 2000) -> Holder:

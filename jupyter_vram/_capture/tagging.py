@@ -14,7 +14,7 @@ import gc
 import sys
 import types
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from types import FrameType
 from typing import Any, cast
 
@@ -90,6 +90,7 @@ def reachable_objects(
     max_depth: int = 3,
     max_objects: int = 200_000,
     names: dict[int, str] | None = None,
+    skip: Collection[int] = (),
 ) -> tuple[list[torch.Tensor], list[nn.Module], list[Optimizer]]:
     """Tensors, modules and optimizers reachable from a namespace's variables (a notebook's,
     or a module's globals), through containers and plain objects.
@@ -98,12 +99,13 @@ def reachable_objects(
     scan of a kernel with transformers imported costs ~70 ms). A function's locals are not
     read: ``frame.f_locals`` would pin them in a cached dict after they are deleted. Anything
     that cannot be inspected is skipped; nothing here raises. ``names``, if given, receives
-    ``id(object) -> the variable it was reached from`` for what is found.
+    ``id(object) -> the variable it was reached from`` for what is found; objects whose id is
+    in ``skip`` are neither listed nor looked into.
     """
     found: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
     if namespace is None:
         return found
-    seen: set[int] = set()
+    seen: set[int] = set(skip)
     todo: list[tuple[Any, int, str]] = []
     with contextlib.suppress(Exception):
         todo.extend((v, 0, str(k)) for k, v in list(namespace.items()))
