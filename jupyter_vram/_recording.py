@@ -7,7 +7,14 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
-from ._capture import RECORDING_LOCK, Recorder, RecordingError, interrupts_deferred, make_recorder
+from ._capture import (
+    RECORDING_LOCK,
+    Recorder,
+    RecordingError,
+    interrupts_deferred,
+    make_recorder,
+    stack_mode,
+)
 from ._model import Profile
 
 
@@ -23,12 +30,16 @@ class Recording:
         self,
         device: str | None = None,
         *,
-        stacks: bool = True,
+        stacks: bool | str = "sampled",
+        ops: str = "auto",
         namespace: Mapping[str, Any] | None = None,
         capacity: int | float | str | None = None,
     ) -> None:
         self._device = device
-        self._stacks = stacks
+        self._stacks = stack_mode(stacks)
+        if ops not in ("auto", "all"):
+            raise ValueError(f"ops must be 'auto' or 'all', not {ops!r}")
+        self._ops = ops
         self._namespace = namespace
         self._capacity = None if capacity is None else _parse_capacity(capacity)
         self._recorder: Recorder | None = None
@@ -59,7 +70,7 @@ class Recording:
                 entry = sys._getframe(1)
                 namespace = self._namespace if self._namespace is not None else entry.f_globals
                 self._leak_state = _note_leak_start(namespace, self._device)
-                self._recorder = make_recorder(self._device, stacks=self._stacks)
+                self._recorder = make_recorder(self._device, stacks=self._stacks, ops=self._ops)
                 self._recorder.start(entry, self._namespace)
                 self._start_watches(self._recorder.device, namespace)
         except BaseException:
@@ -141,7 +152,8 @@ class Recording:
 def record(
     device: str | None = None,
     *,
-    stacks: bool = True,
+    stacks: bool | str = "sampled",
+    ops: str = "auto",
     namespace: Mapping[str, Any] | None = None,
     capacity: int | float | str | None = None,
 ) -> Recording:
@@ -151,6 +163,14 @@ def record(
     otherwise the CPU allocator's own reports of every allocation and free. ``namespace``: the
     variables whose tensors count as memory held before the block (default: the calling
     module's globals, e.g. a notebook's namespace).
+
+    ``stacks``: the Python stack of each allocation, ``"sampled"`` (default: a helper thread
+    reads the stack every 2 ms; an allocation made while a sample fell inside its op gets that
+    exact stack, others the part two samples around it agree on), ``"full"`` / ``True`` (the
+    profiler's tracer: exact, but it records every Python call, which makes Python-heavy code
+    many times slower) or ``False``. ``ops``: ``"auto"`` (default) drops op names from the
+    CPU recording once reading them has cost 15 % of the block's own time, ``"all"`` keeps
+    them whatever it costs. A profile says in ``meta["warnings"]`` what it left out.
 
     ``capacity`` (bytes, or a size such as ``"6GiB"``, ``"6GB"``, ``"512MiB"``): the block
     raises ``torch.OutOfMemoryError`` when live memory would pass it, as a device that size

@@ -389,7 +389,7 @@ def rerun(
     offload: bool = False,
     progress: Progress | None = None,
     *,
-    stacks: bool = False,
+    stacks: bool | str = False,
 ) -> Profile:
     """Run the cell behind a `%%vram` profile again with a change, and return its profile.
 
@@ -397,10 +397,9 @@ def rerun(
     "auto" (the repeated blocks that held the most activations in ``profile``) or module paths
     (``"model.transformer.h.0"``). ``offload``: keep activations in host memory
     (``save_on_cpu``; pinned on CUDA). ``progress``: called with "saving state", "running",
-    "restoring". ``stacks``: Python source lines per allocation, off by default: the
-    comparison is by category, module and op, and with stacks torch's profiler traces every
-    Python call, which makes a rerun of Python-heavy code several times slower and its Cancel
-    wait seconds for the profiler to stop (True only where the first run had them). The
+    "restoring". ``stacks``: Python source lines per allocation, off by default (the
+    comparison is by category, module and op): ``True`` records them as the first run did,
+    or name a mode (``"sampled"``, ``"full"``: see :func:`jupyter_vram.record`). The
     returned profile's ``variant`` says what was applied and its notes what
     could not be kept equal. Parameters, buffers, gradients, optimizer state, random streams,
     modes and the names the cell binds are as they were before the call, even when the cell
@@ -408,7 +407,7 @@ def rerun(
     cannot apply.
     """
     from ._capture import RECORDING_LOCK, interrupts_deferred
-    from ._capture.profiler_events import discarded_on_error
+    from ._capture.cpu_recorder import discarded_on_error
     from ._session import run_code
     from ._transforms import state as state_module
     from ._transforms.checkpointing import checkpoint_blocks
@@ -447,7 +446,7 @@ def rerun(
                 namespace,
                 filename=cell.filename,
                 device=profile.device,
-                stacks=stacks and cell.stacks,
+                stacks=cell.stacks if stacks is True else stacks,
                 around=lambda: _transforms(_Changes(plan.amp, plan.offload), profile.device),
                 keep=False,
             )

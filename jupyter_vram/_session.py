@@ -9,7 +9,7 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from ._capture import RECORDING_LOCK, RecordingError
+from ._capture import RECORDING_LOCK, RecordingError, stack_mode
 from ._model import Profile
 from ._recording import record
 
@@ -35,7 +35,7 @@ class Cell:
     filename: str
     namespace: MutableMapping[str, Any]
     device: str | None
-    stacks: bool
+    stacks: bool | str
     label: str | None
     start: Any  # transforms.state.StartState, taken just before the cell ran (None: no torch)
 
@@ -96,7 +96,8 @@ class CellRun:
 
 def mentions_compile(source: str) -> bool:
     """The cell may run torch.compile (``torch.compile(...)``, ``@torch.compile``, an import
-    of ``compile`` from torch): Python stacks stay off for it (see capture.profiler_events)."""
+    of ``compile`` from torch): its Python stacks are sampled, never traced (see
+    capture.cpu_recorder)."""
     return "compile" in source and ("torch" in source or "@" in source)
 
 
@@ -116,7 +117,8 @@ def run_code(
     *,
     filename: str = "<vram-cell>",
     device: str | None = None,
-    stacks: bool = True,
+    stacks: bool | str = "sampled",
+    ops: str = "auto",
     on_profile: Callable[[Profile], None] | None = None,
     cell: str | None = None,
     around: Callable[[], Any] | None = None,
@@ -140,9 +142,15 @@ def run_code(
         exec(body, globals_)
         value = eval(last, globals_) if last is not None else None
         return CellRun(value, None, nested=True)
-    compiles = stacks and mentions_compile(source)
+    compiles = stack_mode(stacks) == "full" and mentions_compile(source)
     start = _start_state(globals_) if keep else None
-    rec = record(device, stacks=stacks and not compiles, namespace=globals_, capacity=capacity)
+    rec = record(
+        device,
+        stacks="sampled" if compiles else stacks,
+        ops=ops,
+        namespace=globals_,
+        capacity=capacity,
+    )
     try:
         rec.__enter__()
     except RecordingError as error:
@@ -161,11 +169,11 @@ def run_code(
     finally:
         profile = rec.profile if rec._profile is not None else None
         if profile is not None and compiles:
-            from ._capture.profiler_events import NO_STACKS_WITH_COMPILE
+            from ._capture.cpu_recorder import SAMPLED_WITH_COMPILE
 
             warnings = profile.meta.setdefault("warnings", [])
-            if NO_STACKS_WITH_COMPILE not in warnings:
-                warnings.append(NO_STACKS_WITH_COMPILE)
+            if SAMPLED_WITH_COMPILE not in warnings:
+                warnings.append(SAMPLED_WITH_COMPILE)
         if profile is not None and keep:
             remember(profile)
             _cells[profile] = Cell(source, filename, namespace, device, stacks, cell, start)

@@ -20,6 +20,7 @@ from torch.optim import optimizer as optimizer_hooks
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from jupyter_vram._capture import RECORDING_LOCK
+from jupyter_vram._capture.ticker import CHUNK_SIGNAL
 
 
 def recording_state() -> dict[str, object]:
@@ -34,6 +35,10 @@ def recording_state() -> dict[str, object]:
         "profiler": torch.autograd.profiler._is_profiler_enabled,
         "thread_profile": threading.getprofile(),
         "sigint": signal.getsignal(signal.SIGINT),
+        "chunk_signal": signal.getsignal(CHUNK_SIGNAL) if CHUNK_SIGNAL else None,
+        "helper_threads": sorted(
+            t.name for t in threading.enumerate() if t.name.startswith("jupyter_vram-")
+        ),
         "lock": RECORDING_LOCK.locked(),
     }
 
@@ -48,6 +53,8 @@ CLEAN = {
     "profiler": False,
     "thread_profile": None,
     "sigint": signal.default_int_handler,
+    "chunk_signal": signal.SIG_DFL if CHUNK_SIGNAL else None,
+    "helper_threads": [],
     "lock": False,
 }
 

@@ -565,7 +565,7 @@ def test_profiler_labels_go_to_the_same_block_occurrence() -> None:
     same occurrence of it; markers keep theirs; frees are left alone."""
     from jupyter_vram._capture.cuda_convert import MARKER_PREFIX
     from jupyter_vram._capture.cuda_snapshot import label_from_profiler
-    from jupyter_vram._capture.profiler_events import AllocEvent
+    from jupyter_vram._capture.profiler_read import AllocEvent
 
     ops = ["(unknown)", "addmm", "mm", "empty"]
     events = [

@@ -318,9 +318,9 @@ def test_without_addresses_leaks_are_matched_by_size_and_say_so(
 ) -> None:
     """A capture that noted no addresses: each storage is matched by size only, its row says
     so (matched_by, a 'by size:' prefix, every candidate named) and the frame's note too."""
-    from jupyter_vram._capture import profiler_events
+    from jupyter_vram._capture import cpu_recorder
 
-    monkeypatch.setattr(profiler_events, "note_addresses", lambda *args: None)
+    monkeypatch.setattr(cpu_recorder, "note_addresses", lambda *args: None)
     cell = "a = torch.ones(64, 64)\nb = torch.zeros(64, 64)\nc = torch.full((10,), 1.0)\n"
     run(shell, cell)
     leaks = shell.user_ns["_vram"].leaks().set_index("holders")

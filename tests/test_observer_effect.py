@@ -300,38 +300,3 @@ def test_stacks_change_nothing_but_stacks() -> None:
     assert frames[0].equals(frames[1])
     # the optimizer's own allocations are there, charged to its step
     assert "AdamW.step" in set(frames[1]["module"])
-
-
-def test_long_cells_are_read_in_chunks_without_losing_anything(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A training loop is read chunk by chunk (the profiler holds ~2 KB per event until it
-    stops); chunks meet between two top-level calls, so the rows are exactly the same."""
-    from jupyter_vram._capture import profiler_events
-
-    model, batch = _case("resnet")
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    step = train_step(model, opt, batch)
-    step()
-
-    def loop() -> None:
-        for _ in range(4):
-            step()
-
-    columns = ["op", "module", "phase", "category", "bytes", "alloc_seq", "free_seq"]
-    frames = []
-    flushes = []
-    real_flush = profiler_events.ProfilerRecorder._flush
-
-    def counting_flush(self: profiler_events.ProfilerRecorder) -> None:
-        flushes.append(1)
-        real_flush(self)
-
-    monkeypatch.setattr(profiler_events.ProfilerRecorder, "_flush", counting_flush)
-    for every_ns in (10**15, 0):  # one chunk; a chunk per top-level call
-        monkeypatch.setattr(profiler_events, "FLUSH_AFTER_NS", every_ns)
-        with jv.record("cpu") as rec:
-            loop()
-        frames.append(rec.profile.to_dataframe()[columns].astype(str))
-    assert len(flushes) == 4  # the second recording read a chunk at each step's forward
-    assert frames[0].equals(frames[1])

@@ -68,7 +68,7 @@ def rows(stacks: bool) -> tuple[list[tuple[Any, ...]], jv.Profile]:
 def test_stacks_change_no_row() -> None:
     with_stacks, profile = rows(True)
     without, _ = rows(False)
-    assert profile.meta["stacks"] is True
+    assert profile.meta["stacks"] == "full"
     assert with_stacks == without
     # the module ranges our hooks open were found: forward allocations name their block
     assert any(module == "Net.blocks.1.a" for _, _, module, *_ in with_stacks)
@@ -83,7 +83,7 @@ def test_address_search_finds_exactly_the_overlapping_blocks() -> None:
     blocks of very different lengths (one huge block once widened every search's window)."""
     import random
 
-    from jupyter_vram._capture.profiler_events import _Intervals
+    from jupyter_vram._capture.cpu_rows import _Intervals
 
     rng = random.Random(7)
     blocks = []

@@ -300,15 +300,15 @@ def test_reruns_record_without_python_stacks_unless_asked() -> None:
           "x": torch.randn(16, 32)}  # fmt: skip
     cell = "loss = model(x).square().mean()\nloss.backward()\n"
     baseline = run_code(cell, ns, filename="<cell-7>").profile
-    assert baseline is not None and baseline.meta["stacks"] is True
+    assert baseline is not None and baseline.meta["stacks"] == "sampled"
     assert any(f.filename == "<cell-7>" for f in baseline.frames)
 
     plain = jv.rerun(baseline, amp="bf16")
-    assert plain.meta["stacks"] is False and plain.frames == ()
+    assert plain.meta["stacks"] == "none" and plain.frames == ()
     assert plain.variant is not None and plain.variant.amp == "bf16"
 
     lined = jv.rerun(baseline, amp="bf16", stacks=True)
-    assert lined.meta["stacks"] is True
+    assert lined.meta["stacks"] == "sampled"
     assert any(f.filename == "<cell-7>" for f in lined.frames)
     # the same allocations either way: stacks only add source lines
     assert plain.peak_bytes == lined.peak_bytes

@@ -423,16 +423,28 @@ def test_a_discarded_interrupted_recording_is_not_read(monkeypatch: pytest.Monke
     """A run whose caller throws its profile away when it raises (a rerun: Cancel is an
     interrupt) stops without reading the profiler's events, which takes seconds with Python
     stacks; elsewhere an interrupted run keeps its partial profile."""
-    from jupyter_vram._capture import profiler_events
+    from jupyter_vram._capture import cpu_recorder
 
-    read: list[int] = []
-    real = profiler_events.read_events
+    read: list[int] = []  # events read as the recording stops
+    stopping: list[bool] = []
+    real = cpu_recorder.read_events
+    real_stop = cpu_recorder.ProfilerRecorder.stop
 
     def spy(roots: Any, *args: Any, **kwargs: Any) -> Any:
-        read.append(len(roots))
+        if stopping:
+            read.append(len(roots))
         return real(roots, *args, **kwargs)
 
-    monkeypatch.setattr(profiler_events, "read_events", spy)
+    def stop(self: Any, error: str | None = None) -> jv.Profile:
+        stopping.append(True)
+        try:
+            return real_stop(self, error)
+        finally:
+            stopping.clear()
+
+    monkeypatch.setattr(cpu_recorder, "read_events", spy)
+    monkeypatch.setattr(cpu_recorder.ProfilerRecorder, "stop", stop)
+    monkeypatch.setattr(cpu_recorder, "FIRST_CHUNK_NS", 10**15)  # one chunk: read at the end
     ns = notebook()
     cell = TRAIN_STEP + "raise KeyboardInterrupt\n"
     kept: list[jv.Profile] = []
@@ -440,11 +452,11 @@ def test_a_discarded_interrupted_recording_is_not_read(monkeypatch: pytest.Monke
         run_code(cell, ns, device="cpu", keep=False, on_profile=kept.append)
     assert sum(read) > 0 and len(kept[0].allocations) > 0  # the partial profile, read
     read.clear()
-    with pytest.raises(KeyboardInterrupt), profiler_events.discarded_on_error():
+    with pytest.raises(KeyboardInterrupt), cpu_recorder.discarded_on_error():
         run_code(cell, ns, device="cpu", keep=False, on_profile=kept.append)
     assert sum(read) == 0
     assert len(kept[1].allocations) == 0
-    assert kept[1].meta["warnings"] == [profiler_events.NOT_READ]
+    assert kept[1].meta["warnings"] == [cpu_recorder.NOT_READ]
     assert kept[1].error == "KeyboardInterrupt: "
     # a run that ends normally inside is read as always
     profile = run_code(TRAIN_STEP, ns, device="cpu", keep=False).profile
@@ -454,18 +466,28 @@ def test_a_discarded_interrupted_recording_is_not_read(monkeypatch: pytest.Monke
 def test_an_interrupted_rerun_reads_no_events(
     trained: tuple[dict[str, Any], jv.Profile], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Chunks read while the cell ran are read; what the profiler holds when it is
+    interrupted is not (nobody will look at it)."""
     _, baseline = trained
     from jupyter_vram import _session as session
-    from jupyter_vram._capture import profiler_events
+    from jupyter_vram._capture import cpu_recorder
 
-    read: list[int] = []
-    real = profiler_events.read_events
+    read_at_stop: list[int] = []
+    stopping: list[bool] = []
+    real = cpu_recorder.read_events
+    real_stop = cpu_recorder.ProfilerRecorder.stop
 
     def spy(roots: Any, *args: Any, **kwargs: Any) -> Any:
-        read.append(len(roots))
+        if stopping:
+            read_at_stop.append(len(roots))
         return real(roots, *args, **kwargs)
 
-    monkeypatch.setattr(profiler_events, "read_events", spy)
+    def stop(self: Any, error: str | None = None) -> jv.Profile:
+        stopping.append(True)
+        return real_stop(self, error)
+
+    monkeypatch.setattr(cpu_recorder, "read_events", spy)
+    monkeypatch.setattr(cpu_recorder.ProfilerRecorder, "stop", stop)
     cell = session.cell_of(baseline)
     assert cell is not None
     session._cells[baseline] = session.Cell(
@@ -479,4 +501,4 @@ def test_an_interrupted_rerun_reads_no_events(
     )
     with pytest.raises(KeyboardInterrupt):
         rerun(baseline, amp="bf16")
-    assert sum(read) == 0
+    assert stopping and sum(read_at_stop) == 0

@@ -284,21 +284,21 @@ def test_interrupt_during_stop_keeps_the_profile() -> None:
     import os
     import signal
 
-    from jupyter_vram._capture import profiler_events
+    from jupyter_vram._capture import cpu_recorder
 
-    original = profiler_events.build_rows
+    original = cpu_recorder.build_rows
 
     def slow_build(*args: object, **kwargs: object) -> None:
         os.kill(os.getpid(), signal.SIGINT)  # arrives in the middle of building
         original(*args, **kwargs)  # type: ignore[arg-type]
 
-    profiler_events.build_rows = slow_build  # type: ignore[assignment]
+    cpu_recorder.build_rows = slow_build  # type: ignore[assignment]
     rec = jv.record("cpu")
     try:
         with pytest.raises(KeyboardInterrupt), rec:
             torch.ones(256)
     finally:
-        profiler_events.build_rows = original
+        cpu_recorder.build_rows = original
     assert rec.profile.event_count == 2  # built whole (alloc + free), then the interrupt went on
     assert recording_state() == CLEAN
 

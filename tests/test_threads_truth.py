@@ -21,14 +21,9 @@ from torch import nn
 
 import jupyter_vram as jv
 from jupyter_vram._capture.builder import ProfileBuilder
-from jupyter_vram._capture.profiler_events import (
-    BASELINE_OP,
-    ELSEWHERE_OP,
-    AllocEvent,
-    EventRead,
-    MemoryMap,
-    build_rows,
-)
+from jupyter_vram._capture.cpu_rows import BASELINE_OP, ELSEWHERE_OP, build_rows
+from jupyter_vram._capture.cpu_threads import MemoryMap
+from jupyter_vram._capture.profiler_read import AllocEvent, EventRead
 from jupyter_vram._model import CATEGORY_INDEX
 
 from .test_observer_effect import _case, recorded_peak, train_step, true_peak
@@ -232,8 +227,9 @@ def _rows(
     **options: object,
 ) -> tuple[jv.Profile, int]:
     builder = ProfileBuilder()
-    read = EventRead(ops=["", "op"])
-    read.events = [AllocEvent(T0 + t, ptr, size, op=1) for t, ptr, size in events]
+    read = EventRead.of(
+        ["", "op"], [AllocEvent(T0 + t, ptr, size, op=1) for t, ptr, size in events]
+    )
     inferred = build_rows(builder, read, notes, {}, t0=T0, **options)  # type: ignore[arg-type]
     return builder.build(device="cpu", source="test", wall_ns=10**9), inferred
 

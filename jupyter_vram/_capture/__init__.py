@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from ._common import RECORDING_LOCK, Recorder, RecordingError, interrupts_deferred
+from ._common import (
+    RECORDING_LOCK,
+    Recorder,
+    RecordingError,
+    interrupts_deferred,
+    stack_mode,
+)
 
 __all__ = [
     "RECORDING_LOCK",
@@ -11,6 +17,7 @@ __all__ = [
     "interrupts_deferred",
     "make_recorder",
     "parse_device",
+    "stack_mode",
 ]
 
 
@@ -31,7 +38,9 @@ def parse_device(device: str | None) -> str:
     return "cpu" if dev.type == "cpu" else str(dev)
 
 
-def make_recorder(device: str | None, *, stacks: bool = True) -> Recorder:
+def make_recorder(
+    device: str | None, *, stacks: bool | str = "sampled", ops: str = "auto"
+) -> Recorder:
     """The recorder for a device: the allocator's history on CUDA, its reports to the torch
     profiler on the CPU (the dispatch tracker when the user's own profiler is running), the
     dispatch tracker for fake and meta tensors, which allocate nothing."""
@@ -39,15 +48,17 @@ def make_recorder(device: str | None, *, stacks: bool = True) -> Recorder:
 
     name = parse_device(device)
     dev = torch.device(name)
+    mode = stack_mode(stacks)
     if dev.type == "cuda":
         from .cuda_snapshot import CudaSnapshotRecorder
 
-        return CudaSnapshotRecorder(dev, stacks=stacks)
+        return CudaSnapshotRecorder(dev, stacks=mode != "none")
     if dev.type == "cpu":
-        from .profiler_events import ProfilerRecorder, profiler_busy
+        from .cpu_recorder import ProfilerRecorder
+        from .profiler_session import profiler_busy
 
         if not profiler_busy():
-            return ProfilerRecorder(name, stacks=stacks)
+            return ProfilerRecorder(name, stacks=mode, ops=ops)
     from .dispatch import DispatchRecorder
 
-    return DispatchRecorder(name, stacks=stacks)
+    return DispatchRecorder(name, stacks=mode != "none")

@@ -2,7 +2,7 @@
 and deferring Ctrl-C while process-wide state is switched.
 
 Apart from the package's ``__init__`` so that the recorders (``cuda_snapshot``,
-``profiler_events``) import it without importing the package that picks between them.
+``cpu_recorder``) import it without importing the package that picks between them.
 """
 
 from __future__ import annotations
@@ -28,6 +28,22 @@ class Recorder(Protocol):
     ) -> None: ...
 
     def stop(self, error: str | None = None) -> Profile: ...
+
+
+#: Python stacks of allocations: sampled by a helper thread (cheap), traced by the profiler
+#: (exact; every Python call is recorded), or none
+STACK_MODES = ("sampled", "full", "none")
+
+
+def stack_mode(stacks: bool | str | None) -> str:
+    """``True`` -> ``"full"``, ``False`` / ``None`` -> ``"none"``, else one of STACK_MODES."""
+    if stacks is True:
+        return "full"
+    if stacks is False or stacks is None:
+        return "none"
+    if stacks not in STACK_MODES:
+        raise ValueError(f"stacks must be one of {', '.join(STACK_MODES)}, not {stacks!r}")
+    return stacks
 
 
 class RecordingError(RuntimeError):

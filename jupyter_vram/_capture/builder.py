@@ -11,6 +11,8 @@ import numpy as np
 from .._model import CATEGORY_INDEX, Allocations, Frame, Profile, SegmentEvents
 
 UNKNOWN = "(unknown)"
+#: op of memory that was there before recording started
+BASELINE_OP = "(before recording)"
 _ACTIVATION = CATEGORY_INDEX["activation"]
 _INPUT = CATEGORY_INDEX["input"]
 

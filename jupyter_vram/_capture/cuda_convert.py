@@ -24,9 +24,8 @@ import numpy as np
 
 from .._allocator_rules import UNLIMITED_SPLIT, is_small_segment, round_size
 from .._model import PHASES, Frame, Profile, SegmentEvents
-from .builder import OTHER, TEMPORARY, UNKNOWN, ProfileBuilder
+from .builder import BASELINE_OP, OTHER, TEMPORARY, UNKNOWN, ProfileBuilder
 from .cuda_allocator import _active_blocks, _AllocatorModel, _device_segments, _divisions
-from .dispatch import BASELINE_OP
 from .stacks import FrameFilter
 from .tagging import PHASE_OTHER
 

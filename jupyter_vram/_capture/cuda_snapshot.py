@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
@@ -36,7 +36,8 @@ from ._common import RecordingError
 from .builder import Interner, ProfileBuilder
 from .cuda_convert import MARKER_PREFIX, SOURCE, Role, profile_from_snapshot
 from .modes import ObservingMode
-from .profiler_events import AllocEvent, ProfilerSession, profiler_busy, read_events
+from .profiler_read import AllocEvent, read_events
+from .profiler_session import ProfilerSession, profiler_busy
 from .row_addresses import note_addresses
 from .tagging import Tagger, live_objects
 
@@ -387,7 +388,7 @@ class CudaSnapshotRecorder:
 
 
 def label_from_profiler(
-    entries: list[dict[str, Any]], events: Sequence[AllocEvent], ops: Sequence[str]
+    entries: list[dict[str, Any]], events: Iterable[AllocEvent], ops: Sequence[str]
 ) -> int:
     """Give each ``alloc`` entry of the allocator history the ``"phase|module|op"`` label of the
     report the profiler saw for the same block: the same address, the same occurrence of it

@@ -21,13 +21,12 @@ from typing import Any
 import torch
 
 from .._model import Profile
-from .builder import OTHER, TEMPORARY, ProfileBuilder
+from .builder import BASELINE_OP, OTHER, TEMPORARY, ProfileBuilder
 from .modes import ObservingMode
 from .stacks import StackSampler
 from .tagging import PHASE_OTHER, Tagger, live_objects
 
 _SKIP, _FRESH, _MUTATES = 0, 1, 2
-BASELINE_OP = "(before recording)"
 
 
 class DispatchRecorder:

@@ -32,10 +32,9 @@ import numpy.typing as npt
 
 from .._allocator_rules import round_size
 from .._model import PHASE_INDEX, Allocations, Profile, SegmentEvents
-from .builder import OTHER, TEMPORARY, UNKNOWN, ProfileBuilder
+from .builder import BASELINE_OP, OTHER, TEMPORARY, UNKNOWN, ProfileBuilder
 from .cuda_allocator import _active_blocks, _device_segments, _divisions
 from .cuda_convert import MARKER_PREFIX, SOURCE, _Stacks
-from .dispatch import BASELINE_OP
 
 ACTIONS: tuple[str, ...] = (
     "alloc",

@@ -1,0 +1,446 @@
+"""Allocation rows from the allocator's reports, the role notes and what other threads did.
+
+See :func:`build_rows`; the reports come from ``profiler_read``, the evidence about other
+threads from ``cpu_threads``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import sys
+from collections.abc import Iterator, Sequence
+
+from .builder import BASELINE_OP, OTHER, TEMPORARY, ProfileBuilder
+from .cpu_threads import MemoryMap
+from .profiler_read import EventRead
+from .tagging import (
+    ACTIVATION,
+    BUFFER,
+    GRADIENT,
+    OPTIMIZER_STATE,
+    PARAMETER,
+    PHASE_BACKWARD,
+    PHASE_FORWARD,
+)
+
+ELSEWHERE_OP = "(another thread)"
+#: A role noted within this many ns of an allocation's start still belongs to it: notes are
+#: stamped with time.time_ns(), reports with the profiler's clock converted to the same
+#: system time, and the two differ by a conversion error of about a microsecond.
+_TOLERANCE_NS = 20_000
+
+
+def build_rows(
+    builder: ProfileBuilder,
+    read: EventRead,
+    notes: Sequence[tuple[int, int, int, int, int, int]],
+    freed: dict[int, int],
+    *,
+    t0: int,
+    threads_ran_from: int | None = None,
+    maps: Sequence[MemoryMap] = (),
+    addresses: dict[int, int] | None = None,
+) -> int:
+    """Turn allocator reports, role notes and release times into allocation rows; return how
+    many frees were inferred (made where the allocator does not report: another thread).
+
+    Each report pairs with the live allocation at its address. Each note (time, address, size,
+    category, module, storage key) goes to the allocation holding that address at that time,
+    or, when none does, to a row for memory no report covers. That memory was held before
+    recording (a baseline row) unless there is evidence that another thread made it during
+    the recording (an ``(another thread)`` row):
+
+    * the address: a report made during the recording, before the note, covered some of the
+      same bytes (an allocation, or a free of memory an earlier recording allocated), or a
+      memory map snapshot (``maps``) taken during the recording did not have them mapped, so
+      this memory came later; the row starts when those bytes were last seen not to be it;
+    * a thread: another thread is known to have run user code from ``threads_ran_from`` on
+      (see :class:`_ThreadWatch`), the note comes after that, and it is data (an input, an
+      activation, a tensor the cell keeps), not a model's parameters, buffers, gradients or
+      optimizer state, which come from before the cell unless their address says otherwise.
+      This is weaker evidence (data held before the cell that the namespace scan did not
+      reach looks the same), so the row starts with the recording, as memory held before
+      would: a wrong guess moves bytes out of "before the cell", never out of a peak.
+
+    Without either (no other thread, or only idle ones) the memory was there before the cell,
+    as it would be in a run alone. Baseline and other-thread rows end when their storage died
+    (``freed``), the allocator reported their free, or a later report reused their bytes.
+
+    The allocator reports a free only on the thread that makes it: memory allocated here and
+    freed on another thread (gloo's work threads free DDP buffers) would stay live to the end.
+    Such frees are inferred, each at the latest time the evidence allows: a later allocation
+    overlapping the block (the allocator reuses addresses) ends it just before; the death of
+    its noted storage (a weakref) ends it then; a noted storage of another thread over its
+    bytes ends it just before the note; a snapshot of the process's memory map (``maps``,
+    taken at the start, at module calls at most every 50 ms, and at the end) in which its
+    first byte is not mapped at all ends it then (memory still allocated is always mapped).
+
+    ``addresses``, when given, gets the address (row -> address) of each row made while
+    recording whose free no report gave: what ties a storage alive at the end to its row.
+    """
+    for name in read.ops[1:]:
+        builder.ops(name)
+    cpu = builder.devices("cpu")
+    # 1. allocations made while recording; ``starts`` orders the live blocks by address
+    by_ptr: dict[int, list[tuple[int, int]]] = {}
+    live: dict[int, tuple[int, int]] = {}  # ptr -> (row, end address)
+    starts = SortedInts()
+    alloc_time: dict[int, int] = {}
+    reported: dict[int, int] = {}  # row -> time of its reported free
+    inferred: dict[int, int] = {}  # row -> time of a free the allocator did not report
+    evicted: dict[int, int] = {}  # row -> address, of blocks ended by a later one over them
+    blocks: list[tuple[int, int, int]] = []  # (address, end address, row)
+    orphans: list[tuple[int, int, int]] = []  # frees nobody here allocated: (address, end, time)
+    recompute_end: dict[int, int] = {}
+    free_phase: dict[int, int] = {}
+    events = read.events
+    columns = zip(
+        events.time_ns, events.ptr, events.size, events.op, events.module, events.stack,
+        events.phase, events.recompute_end, strict=True,
+    )  # fmt: skip
+    for t, ptr, size, op, module, stack, phase, recompute in columns:
+        if size > 0:
+            stop_at = ptr + size
+            other = starts.before(stop_at)
+            while other is not None:  # live blocks never overlap: the ones further left end before
+                held, other_end = live[other]
+                if other_end <= ptr:
+                    break
+                starts.remove(other)
+                del live[other]
+                inferred[held] = t - 1  # freed unseen before its bytes were handed out again
+                evicted[held] = other
+                other = starts.before(stop_at)
+            row = builder.add(size, 0, t - t0, cpu, op, module, stack, phase, TEMPORARY)
+            live[ptr] = (row, stop_at)
+            starts.add(ptr)
+            alloc_time[row] = t
+            by_ptr.setdefault(ptr, []).append((t, row))
+            blocks.append((ptr, stop_at, row))
+            if recompute:
+                recompute_end[row] = recompute
+        elif size < 0:
+            held_or_none = live.pop(ptr, None)
+            if held_or_none is None:
+                orphans.append((ptr, ptr - size, t))
+                continue
+            starts.remove(ptr)
+            reported[held_or_none[0]] = t
+            free_phase[held_or_none[0]] = phase
+    free_time: dict[int, int] = {**inferred, **reported}
+    space = _Space(blocks, orphans, alloc_time, free_time)
+    # 2. roles
+    baseline: dict[int, int] = {}  # storage key -> its row (before recording / elsewhere)
+    unreported: dict[int, tuple[int, int, int]] = {}  # that row -> (key, ptr, last note)
+    for t, ptr, size, category, module, key in notes:
+        row_or_none = _holder(by_ptr.get(ptr), t, free_time)
+        if row_or_none is None:
+            row_or_none = space.inside(ptr, size, t)  # a storage over part of a block's bytes
+        if row_or_none is not None:
+            row = row_or_none
+            died = freed.get(key)
+            if (
+                row not in reported
+                and died is not None
+                and died >= t - _TOLERANCE_NS
+                and died < free_time.get(row, sys.maxsize)
+                and builder.size[row] == size
+            ):
+                free_time[row] = inferred[row] = died  # its last reference went elsewhere
+        elif key in baseline:
+            row = baseline[key]
+            unreported[row] = (key, ptr, t)
+        else:
+            made = None
+            if t > t0:
+                for other in space.live_at(ptr, size, t):
+                    if other not in reported:  # its bytes are this storage's now
+                        free_time[other] = inferred[other] = t - 1
+                made = _made_after(space.gone_before(ptr, size, t, t0), maps, ptr, t, t0)
+                if (
+                    made is None
+                    and threads_ran_from is not None
+                    and t >= threads_ran_from
+                    and category not in _MODEL_STATE
+                ):
+                    made = t0
+            if made is not None:
+                row = builder.add(size, 0, made - t0, cpu, builder.ops(ELSEWHERE_OP), 0, -1, 0, 0)
+                alloc_time[row] = made
+            else:
+                row = builder.add(size, -1, 0, cpu, builder.ops(BASELINE_OP), 0, -1, 0, 0)
+            builder.category[row] = OTHER
+            baseline[key] = row
+            unreported[row] = (key, ptr, t)
+        builder.promote(row, category)
+        if module and not builder.module[row]:
+            builder.module[row] = module
+    for row, (key, ptr, noted) in unreported.items():
+        released = _release(key, ptr, builder.size[row], noted, freed, space)
+        if released is not None:
+            free_time[row] = released
+    # 3. what the roles cannot say: kept across a recompute, or saved outside module calls
+    for row, until in recompute_end.items():
+        if builder.category[row] == TEMPORARY and free_time.get(row, sys.maxsize) > until:
+            builder.category[row] = ACTIVATION
+    for row, phase in free_phase.items():
+        if (
+            phase == PHASE_BACKWARD
+            and builder.category[row] == TEMPORARY
+            and builder.phase[row] == PHASE_FORWARD
+        ):
+            # kept from forward until backward released it: saved for backward where our
+            # saved-tensor hooks were not on (the loss, outside any module call)
+            builder.category[row] = ACTIVATION
+    # 4. unmapped while we still thought it held
+    if maps:
+        last = maps[-1]
+        for ptr, row, since in _unreported_blocks(live, evicted, unreported, alloc_time):
+            if row in inferred or not last.holds(ptr):
+                gone = _unmapped_by(maps, ptr, since, free_time.get(row, sys.maxsize))
+                if gone is not None:
+                    free_time[row] = inferred[row] = gone
+    if addresses is not None:
+        addresses.update((row, ptr) for ptr, (row, _) in live.items())
+        addresses.update((row, ptr) for row, (_, ptr, _) in unreported.items())
+    # 5. one sequence over every alloc and free
+    timeline = [(t, 0, row) for row, t in alloc_time.items()]
+    timeline.extend((t, 1, row) for row, t in free_time.items())
+    timeline.sort()
+    for seq, (t, kind, row) in enumerate(timeline):
+        if kind == 0:
+            builder.alloc_seq[row] = seq
+        else:
+            builder.free(row, seq, max(0, t - t0))
+    return sum(1 for row in inferred if row not in reported)
+
+
+class SortedInts:
+    """A sorted set of ints in buckets of at most ``2 * load``: adding, removing and finding
+    the largest below a value cost a bisection and a short list move, where one sorted list
+    moves half of all the live blocks on each insert (300,000 tensors kept: minutes)."""
+
+    def __init__(self, load: int = 512) -> None:
+        self._load = load
+        self._buckets: list[list[int]] = []
+        self._maxes: list[int] = []
+
+    def add(self, value: int) -> None:
+        buckets, maxes = self._buckets, self._maxes
+        if not buckets:
+            buckets.append([value])
+            maxes.append(value)
+            return
+        i = min(bisect.bisect_left(maxes, value), len(buckets) - 1)
+        bucket = buckets[i]
+        bisect.insort(bucket, value)
+        maxes[i] = bucket[-1]
+        if len(bucket) > 2 * self._load:
+            buckets.insert(i + 1, bucket[self._load :])
+            del bucket[self._load :]
+            maxes[i] = bucket[-1]
+            maxes.insert(i + 1, buckets[i + 1][-1])
+
+    def remove(self, value: int) -> None:
+        """Remove a value that is present."""
+        i = bisect.bisect_left(self._maxes, value)
+        bucket = self._buckets[i]
+        del bucket[bisect.bisect_left(bucket, value)]
+        if bucket:
+            self._maxes[i] = bucket[-1]
+        else:
+            del self._buckets[i], self._maxes[i]
+
+    def before(self, value: int) -> int | None:
+        """The largest value below ``value`` (None: none)."""
+        i = bisect.bisect_left(self._maxes, value)
+        if i < len(self._buckets):
+            bucket = self._buckets[i]
+            j = bisect.bisect_left(bucket, value)
+            if j:
+                return bucket[j - 1]
+        return self._maxes[i - 1] if i else None
+
+
+def _holder(allocs: list[tuple[int, int]] | None, t: int, free_time: dict[int, int]) -> int | None:
+    """The row that held an address at time ``t`` (None: memory older than the recording)."""
+    if not allocs:
+        return None
+    i = bisect.bisect_right(allocs, (t + _TOLERANCE_NS, sys.maxsize)) - 1
+    while i >= 0:
+        start, row = allocs[i]
+        if free_time.get(row, sys.maxsize) >= t - _TOLERANCE_NS:
+            return row
+        if start < t - _TOLERANCE_NS:
+            return None
+        i -= 1
+    return None
+
+
+#: Roles of a model's own memory: a thread having run is no evidence about these.
+_MODEL_STATE = frozenset({PARAMETER, BUFFER, GRADIENT, OPTIMIZER_STATE})
+
+
+class _Intervals:
+    """Address ranges ``(start, stop, value)``, searchable by overlap with another range.
+
+    Ranges are grouped by length (each group within a factor of 16), each group sorted by
+    start: a range over ``[ptr, ptr + size)`` starts at most its group's longest length before
+    ``ptr``, so each group is searched in a window as narrow as its own lengths. One window for
+    all (as wide as the longest range: a 150 MB embedding gradient) made every search scan
+    most of the recording's blocks.
+    """
+
+    def __init__(self, items: list[tuple[int, int, int]]) -> None:
+        groups: dict[int, list[tuple[int, int, int]]] = {}
+        for item in items:
+            groups.setdefault((item[1] - item[0]).bit_length() // 4, []).append(item)
+        self._groups: list[tuple[list[tuple[int, int, int]], list[int], int]] = []
+        for group in groups.values():
+            group.sort()
+            span = max(stop - start for start, stop, _ in group)
+            self._groups.append((group, [start for start, _, _ in group], span))
+
+    def over(self, ptr: int, size: int) -> list[tuple[int, int, int]]:
+        """The ranges with bytes in ``[ptr, ptr + size)``, in (start, stop, value) order."""
+        found: list[tuple[int, int, int]] = []
+        end = ptr + size
+        for group, starts, span in self._groups:
+            lo = bisect.bisect_right(starts, ptr - span)
+            hi = bisect.bisect_left(starts, end, lo)
+            if lo < hi:
+                found.extend(item for item in group[lo:hi] if item[1] > ptr)
+        if len(self._groups) > 1:
+            found.sort()
+        return found
+
+
+class _Space:
+    """A recording's reported blocks and orphan frees (frees of memory an earlier recording
+    allocated, still in the allocator's table), searchable by address range."""
+
+    def __init__(
+        self,
+        blocks: list[tuple[int, int, int]],
+        orphans: list[tuple[int, int, int]],
+        alloc_time: dict[int, int],
+        free_time: dict[int, int],
+    ) -> None:
+        self._blocks = _Intervals(blocks)
+        self._orphan_ranges = _Intervals(orphans)
+        self._orphans = sorted(orphans)
+        self._orphan_starts = [o[0] for o in self._orphans]
+        self._alloc_time = alloc_time
+        self._free_time = free_time
+
+    def _blocks_over(self, ptr: int, size: int) -> list[tuple[int, int, int]]:
+        return self._blocks.over(ptr, size)
+
+    def _alive(self, row: int, t: int) -> bool:
+        return (
+            self._alloc_time[row] < t - _TOLERANCE_NS and self._free_time.get(row, sys.maxsize) >= t
+        )
+
+    def inside(self, ptr: int, size: int, t: int) -> int | None:
+        """A block alive at ``t`` whose bytes hold all of these (a storage made over part of
+        another's memory, as ``from_blob`` does)."""
+        for start, stop, row in self._blocks_over(ptr, size):
+            if start <= ptr and ptr + size <= stop and self._alive(row, t):
+                return row
+        return None
+
+    def live_at(self, ptr: int, size: int, t: int) -> list[int]:
+        """Blocks over some of these bytes that were allocated before ``t`` and not freed."""
+        return [row for _, _, row in self._blocks_over(ptr, size) if self._alive(row, t)]
+
+    def gone_before(self, ptr: int, size: int, t: int, t0: int) -> int | None:
+        """The latest time in the recording before ``t`` that these bytes were seen to be free
+        or another block's (None: never), so memory noted over them at ``t`` came after."""
+        limit = t - _TOLERANCE_NS
+        times = [
+            min(self._free_time.get(row, t), t)
+            for _, _, row in self._blocks_over(ptr, size)
+            if t0 <= self._alloc_time[row] <= limit
+        ]
+        orphans = self._orphan_ranges.over(ptr, size)
+        times.extend(when for _, _, when in orphans if t0 <= when <= limit)
+        return max(times) if times else None
+
+    def reused_after(self, ptr: int, size: int, t: int) -> int | None:
+        """The first allocation over some of these bytes after ``t`` (they were free by then)."""
+        times = [
+            self._alloc_time[row]
+            for _, _, row in self._blocks_over(ptr, size)
+            if self._alloc_time[row] > t + _TOLERANCE_NS
+        ]
+        return min(times) if times else None
+
+    def orphan_free(self, ptr: int, t: int) -> int | None:
+        """The first free of memory at ``ptr`` allocated under an earlier recording."""
+        i = bisect.bisect_left(self._orphan_starts, ptr)
+        times = []
+        while i < len(self._orphans) and self._orphans[i][0] == ptr:
+            if self._orphans[i][2] >= t - _TOLERANCE_NS:
+                times.append(self._orphans[i][2])
+            i += 1
+        return min(times) if times else None
+
+
+def _release(
+    key: int, ptr: int, size: int, noted: int, freed: dict[int, int], space: _Space
+) -> int | None:
+    """When memory no report allocated went (last noted alive at ``noted``): its storage's
+    death, an allocator free at its address (memory allocated under an earlier recording is
+    still known to the allocator's table), or just before a report reused its bytes."""
+    candidates = []
+    orphan = space.orphan_free(ptr, noted)
+    if orphan is not None:
+        candidates.append(orphan)
+    if key in freed:
+        candidates.append(freed[key])
+    reused = space.reused_after(ptr, size, noted)
+    if reused is not None:
+        candidates.append(reused - 1)
+    return min(candidates) if candidates else None
+
+
+def _unreported_blocks(
+    live: dict[int, tuple[int, int]],
+    evicted: dict[int, int],
+    unreported: dict[int, tuple[int, int, int]],
+    alloc_time: dict[int, int],
+) -> Iterator[tuple[int, int, int]]:
+    """(address, row, alive at) of the memory whose free no report gave: blocks still open,
+    blocks a later one reused the bytes of, and rows for memory no report allocated."""
+    for ptr, (row, _) in live.items():
+        yield ptr, row, alloc_time[row]
+    for row, ptr in evicted.items():
+        yield ptr, row, alloc_time[row]
+    for row, (_, ptr, noted) in unreported.items():
+        yield ptr, row, noted
+
+
+def _made_after(
+    gone: int | None, maps: Sequence[MemoryMap], ptr: int, t: int, t0: int
+) -> int | None:
+    """The earliest time memory noted at ``t`` can have been made, from the reports (bytes
+    seen free or another block's at ``gone``) and the memory maps (an address unmapped in a
+    snapshot during the recording); None: nothing says it came after the start."""
+    made = None if gone is None else gone + 1
+    for snapshot in maps:
+        if snapshot.before > t - _TOLERANCE_NS:
+            break
+        if snapshot.before >= t0 and not snapshot.holds(ptr):
+            made = max(made or 0, snapshot.before)
+    return made
+
+
+def _unmapped_by(maps: Sequence[MemoryMap], ptr: int, since: int, until: int) -> int | None:
+    """The first snapshot after ``since`` and before ``until`` with ``ptr`` unmapped."""
+    i = bisect.bisect_right([m.before for m in maps], since + _TOLERANCE_NS)
+    for snapshot in maps[i:]:
+        if snapshot.after >= until:
+            return None
+        if not snapshot.holds(ptr):
+            return snapshot.after
+    return None

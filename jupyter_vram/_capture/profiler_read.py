@@ -1,0 +1,585 @@
+"""Reading the profiler's event tree: each allocator report with its op, module, phase, stack.
+
+The recorders keep only compact columns of what they read (:class:`Reports`), chunk by chunk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import astuple, dataclass, field
+from itertools import repeat
+from typing import Any
+
+import torch
+
+from .._model import Frame
+from .builder import UNKNOWN, Interner, ProfileBuilder
+from .profiler_session import MODULE_RANGE, ProfilerSession, SeqWindows
+from .stacks import FrameFilter, cell_name
+from .tagging import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OPTIMIZER, PHASE_OTHER
+
+#: op name of an allocation made in a chunk recorded without op events
+LEAN_OP = "(op not recorded)"
+_EVALUATE = "autograd::engine::evaluate_function"
+_STEP = "Optimizer.step#"
+#: Ops that only obtain memory for the op around them: the allocation is charged to that op.
+_PLUMBING = frozenset(
+    {
+        "aten::empty",
+        "aten::empty_strided",
+        "aten::empty_like",
+        "aten::new_empty",
+        "aten::new_empty_strided",
+        "aten::resize_",
+        "aten::as_strided",
+    }
+)
+
+
+@dataclass
+class AllocEvent:
+    """One allocator report: ``size`` > 0 allocates at ``ptr``, < 0 frees it (a row of
+    :class:`Reports`, for code that handles a few; a recording keeps the columns)."""
+
+    time_ns: int
+    ptr: int
+    size: int
+    op: int = 0
+    module: int = 0
+    phase: int = PHASE_OTHER
+    stack: int = -1
+    recompute_end: int = 0  # > 0: made while checkpointing recomputed a block ending then
+    span_start: int = 0  # the outermost op around the report (0: none), for sampled stacks
+    span_end: int = 0
+
+
+_COLUMNS = (
+    ("time_ns", "q"),
+    ("ptr", "q"),
+    ("size", "q"),
+    ("op", "i"),
+    ("module", "i"),
+    ("phase", "b"),
+    ("stack", "i"),
+    ("recompute_end", "q"),
+    ("span_start", "q"),
+    ("span_end", "q"),
+)
+
+
+class Reports:
+    """Allocator reports in time order, as compact columns (about 60 bytes a report, where a
+    Python object a report costs several times that: a long cell makes millions)."""
+
+    def __init__(self) -> None:
+        for name, code in _COLUMNS:
+            setattr(self, name, array(code))
+
+    time_ns: array[int]
+    ptr: array[int]
+    size: array[int]
+    op: array[int]
+    module: array[int]
+    phase: array[int]
+    stack: array[int]
+    recompute_end: array[int]
+    span_start: array[int]
+    span_end: array[int]
+
+    def __len__(self) -> int:
+        return len(self.time_ns)
+
+    def __iter__(self) -> Iterator[AllocEvent]:
+        columns = [getattr(self, name) for name, _ in _COLUMNS]
+        return (AllocEvent(*values) for values in zip(*columns, strict=True))
+
+    def extend(self, events: Iterable[AllocEvent | Sequence[int]]) -> None:
+        """Append reports (objects, or rows in column order)."""
+        rows = [astuple(e) if isinstance(e, AllocEvent) else e for e in events]
+        if not rows:
+            return
+        for (name, _), values in zip(_COLUMNS, zip(*rows, strict=True), strict=False):
+            getattr(self, name).extend(values)
+
+    def extend_columns(self, other: Reports) -> None:
+        """Append another's reports (a chunk's, later in time)."""
+        for name, _ in _COLUMNS:
+            getattr(self, name).extend(getattr(other, name))
+
+    @classmethod
+    def of(cls, events: Iterable[AllocEvent]) -> Reports:
+        reports = cls()
+        reports.extend(events)
+        return reports
+
+
+@dataclass
+class EventRead:
+    """What the event tree says: allocator reports in time order, plus the op names."""
+
+    events: Reports = field(default_factory=Reports)
+    ops: list[str] = field(default_factory=lambda: [UNKNOWN])
+
+    @classmethod
+    def of(cls, ops: list[str], events: Iterable[AllocEvent]) -> EventRead:
+        return cls(Reports.of(events), ops)
+
+
+class StackReader:
+    """Python stacks from the profiler's Python-call events, filtered like every other stack.
+
+    A call event names its caller's frame with the exact line, and the called function only
+    by its first line; ops reached through an operator (``a * b``) have no event of their
+    own, so the innermost frame keeps line 0 ("somewhere in this function") until a builtin
+    call inside it gives the exact line. A stack is (stack id, innermost frame is such a
+    placeholder).
+    """
+
+    def __init__(self, builder: ProfileBuilder, boundary: tuple[str, str] | None) -> None:
+        self._builder = builder
+        self._boundary = boundary
+        self._filter = FrameFilter()
+        self._frames: dict[tuple[str, int, str], Frame | None] = {}
+        self._ids: dict[tuple[Frame, ...], int] = {(): -1}
+        self._tuples: dict[int, tuple[Frame, ...]] = {-1: ()}
+        self._interned: dict[int, int] = {-1: -1}
+        self._resolved: dict[int, tuple[Any, tuple[int, bool]]] = {}
+
+    def _frame(self, file: str, line: int, function: str) -> Frame | None:
+        key = (file, line, function)
+        if key in self._frames:
+            return self._frames[key]
+        keep = self._filter.keep(file)
+        frame = self._frames[key] = Frame(cell_name(file), line, function) if keep else None
+        return frame
+
+    def _id(self, frames: tuple[Frame, ...]) -> int:
+        """A walk-local id: most stacks the walk passes through never allocate."""
+        sid = self._ids.get(frames)
+        if sid is None:
+            sid = self._ids[frames] = len(self._tuples) - 1
+            self._tuples[sid] = frames
+        return sid
+
+    def intern(self, sid: int) -> int:
+        """The profile's stack id of a walk-local one (interned on first use)."""
+        out = self._interned.get(sid)
+        if out is None:
+            out = self._interned[sid] = self._builder.intern_stack(self._tuples[sid])
+        return out
+
+    def resolve(self, node: Any) -> int:
+        """The stack id of a chain of Python-call events (``(parent, event, builtin)``
+        tuples), computed only for chains that reach an allocation, once per chain."""
+        path = []
+        while node is not None and id(node) not in self._resolved:
+            path.append(node)
+            node = node[0]
+        stack, placeholder = self._resolved[id(node)][1] if node is not None else (-1, False)
+        for item in reversed(path):
+            with contextlib.suppress(UnicodeDecodeError, ValueError):  # an unnamed frame
+                stack, placeholder = self.call(stack, placeholder, item[1], item[2])
+            self._resolved[id(item)] = (item, (stack, placeholder))  # keeps ``item`` alive
+        return self.intern(stack)
+
+    def forget_events(self) -> None:
+        self._resolved.clear()
+
+    def call(self, stack: int, placeholder: bool, event: Any, builtin: bool) -> tuple[int, bool]:
+        """The stack inside a Python call event (``builtin``: a C function, no frame)."""
+        extra = event.extra_fields
+        caller = extra.caller
+        cfile, cline, cfunc = caller.file_name, caller.line_number, caller.function_name
+        restart = self._boundary is not None and (cfile, cfunc) == self._boundary
+        frames = () if restart else self._tuples[stack]
+        if placeholder and not restart and frames:
+            frames = frames[:-1]  # the caller's line is now known exactly
+        here = self._frame(cfile, cline, cfunc)
+        if here is not None:
+            frames = (*frames, here)
+        if builtin:
+            return self._id(frames), False
+        site = extra.callsite
+        callee = self._frame(site.file_name, 0, site.function_name)
+        if callee is None:
+            return self._id(frames), False
+        return self._id((*frames, callee)), True
+
+
+@dataclass
+class ReadState:
+    """What reading one chunk of events hands to the next: op names, the module of each
+    forward op's autograd sequence number (a backward may come chunks after its forward), and
+    where the last chunk's sweep ended."""
+
+    ops: Interner = field(default_factory=Interner)
+    seq_module: dict[int, int] = field(default_factory=dict)
+    #: module calls by sequence number, for backward nodes whose forward op no chunk recorded
+    windows: SeqWindows = field(default_factory=SeqWindows)
+    #: the last chunk ended in forward (after a top-level module call, before backward)
+    sticky: bool = False
+    #: where the last chunk's backward seed (a free-standing ones_like) is in the reports
+    seed: int = -1
+
+
+#: Our own functions the profiler's Python tracer sees between a module hook and the module
+#: range it opens (the tagger's hook, the recorder's callback, the session's ``enter``, whose
+#: ``_open_range`` opens it). What else they call is skipped when the tree is read.
+_RANGE_PATH = frozenset({"_pre_forward", "_enter_module", "enter"})
+#: Our bookkeeping, known to run no op and allocate nothing: reading the event tree skips
+#: these calls and all they call (with Python stacks that is most of the tree, a dozen Python
+#: and C calls per hook). Only named functions: other capture code can run the user's ops
+#: (a capacity guard's ``__torch_dispatch__`` runs every op under it), so it is walked.
+_BOOKKEEPING = frozenset(
+    {
+        ("cpu_recorder.py", "_on_role"),
+        ("cpu_recorder.py", "_exit_module"),
+        ("profiler_session.py", "exit"),
+        ("profiler_session.py", "open"),
+        ("profiler_session.py", "close"),
+        ("cpu_recorder.py", "callback"),
+        ("cpu_threads.py", "sample_memory"),
+        ("tagging.py", "_post_forward"),
+        ("tagging.py", "_pack"),
+        ("tagging.py", "_unpack"),
+        ("tagging.py", "_module_id"),
+        ("tagging.py", "_hold_call_hooks"),
+        ("tagging.py", "_release_call_hooks"),
+        ("tagging.py", "_backward_started"),
+        ("tagging.py", "_backward_finished"),
+        ("tagging.py", "_pre_step"),
+        ("tagging.py", "_post_step"),
+        ("tagging.py", "iter_tensors"),
+    }
+)
+_CAPTURE_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep
+_PY_USER, _PY_OWN, _PY_PATH, _PY_OPENER = range(4)
+_OPENS = "_record_function_with_args_enter"  # the C call in ``enter`` that opens it
+
+
+def _py_kind(extra: Any) -> int:
+    """Whose function a Python call event enters: the user's, a library's or capture code that
+    may run ops (``_PY_USER``), or jupyter_vram's capture code on the way to a module range,
+    the range opener, or bookkeeping (``_PY_OWN``: skipped with all it calls)."""
+    try:
+        site = extra.callsite
+        file = site.file_name
+        function = site.function_name
+    except UnicodeDecodeError:  # a name torch cannot decode is not one of ours
+        return _PY_USER
+    base = os.path.basename(file)
+    if os.path.isabs(file):
+        own = os.path.realpath(file).startswith(_CAPTURE_DIR)
+    else:  # named relative to its sys.path entry
+        own = ("/" + file.replace(os.sep, "/")).endswith(f"/jupyter_vram/_capture/{base}")
+        own = own and os.path.isfile(_CAPTURE_DIR + base)
+    if not own:
+        return _PY_USER
+    opener = ProfilerSession._open_range.__code__
+    if (
+        function == opener.co_name
+        and base == os.path.basename(opener.co_filename)
+        and site.line_number == opener.co_firstlineno
+    ):
+        return _PY_OPENER
+    if function in _RANGE_PATH:
+        return _PY_PATH
+    return _PY_OWN if (base, function) in _BOOKKEEPING else _PY_USER
+
+
+def read_events(
+    roots: Sequence[Any],
+    device_type: str,
+    modules: Interner,
+    stacks: StackReader | None = None,
+    state: ReadState | None = None,
+    *,
+    lean: bool = False,
+    into: Reports | None = None,
+) -> EventRead:
+    """Give each allocator report in the profiler's event tree its op, module, phase, stack.
+
+    Two passes. The tree walk reads what nesting says reliably: the aten op around a report
+    (and the outermost op, whose span places a sampled stack), whether it happens inside the
+    autograd engine (and for which forward op's sequence number), and its Python stack. Ranges
+    opened from Python (our module ranges, the optimizers' ``Optimizer.step#`` ranges) are
+    leaves of the tree when Python calls are traced, so a second pass sweeps through time with
+    them: module and optimizer ranges, the module of each forward op's sequence number, and
+    the phase (forward between a top-level module call and the next backward / optimizer
+    step, which covers the loss computation).
+
+    The reports are appended to ``into`` (a recording's, chunk after chunk) when given.
+    A ``lean`` chunk (no op events, see ``profiler_session``) names a report made in backward
+    by its autograd node (``AddmmBackward0``) and one made elsewhere ``LEAN_OP``.
+
+    Each node costs a few microseconds of Python (every attribute is a call into the
+    profiler's bindings; ``children`` alone is the most), so the walk reads as few as it can:
+    an event's kind comes from its ``extra_fields`` type, and the calls our own hooks make are
+    skipped but for the way to the module ranges they open.
+    """
+    state = state if state is not None else ReadState()
+    allocs: list[list[int]] = []  # report rows in column order, then the backward's seq
+    points: list[tuple[int, int, int, int]] = []  # time, kind, value, end
+    first_op = state.ops(LEAN_OP) if lean else 0
+    _walk(roots, device_type, modules, stacks, state.ops, allocs, points, first_op)
+    read = EventRead(into if into is not None else Reports(), state.ops.names)
+    allocs.sort(key=_first)
+    seed_op = -1 if lean else state.ops.index.get("ones_like", -2)
+    _sweep(allocs, points, seed_op, state, read.events)
+    if allocs:
+        columns = list(zip(*allocs, strict=True))
+        for (name, _), values in zip(_COLUMNS, columns, strict=False):  # not the backward seq
+            getattr(read.events, name).extend(values)
+    return read
+
+
+def _first(row: list[int]) -> int:
+    return row[0]
+
+
+def _device_matters(device_type: str) -> bool:
+    """Reports can be of another device than ``device_type`` (else the walk skips asking:
+    each report's device is a new object)."""
+    return device_type != "cpu" or torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+
+
+def _walk(
+    roots: Sequence[Any],
+    device_type: str,
+    modules: Interner,
+    stacks: StackReader | None,
+    ops: Interner,
+    allocs: list[list[int]],
+    points: list[tuple[int, int, int, int]],
+    first_op: int,
+) -> None:
+    """The tree walk of :func:`read_events`: reports into ``allocs``, ranges into ``points``."""
+    from torch._C._profiler import (
+        _ExtraFields_Allocation,
+        _ExtraFields_PyCall,
+        _ExtraFields_PyCCall,
+        _ExtraFields_TorchOp,
+    )
+
+    backward_scope = torch._C._profiler.RecordScope.BACKWARD_FUNCTION
+    check_device = _device_matters(device_type)
+    py_kinds: dict[str, int] = {}  # a Python call event's name -> _py_kind
+    # walk context: op, chain of Python calls, backward seq (-2: not in backward), where in
+    # our own code (0: not in it, else _PY_PATH or _PY_OPENER), and the outermost op's span
+    todo: list[tuple[Any, int, Any, int, int, int, int]] = []
+    add = allocs.append
+    root_stack = stacks.resolve(None) if stacks is not None else -1
+    pop, push = todo.pop, todo.extend
+    for root in roots:  # most events of a lean chunk: reports outside any range
+        extra = root.extra_fields
+        if type(extra) is _ExtraFields_Allocation:
+            if not check_device or extra.device.type == device_type:
+                t = root.start_time_ns
+                add([t, extra.ptr, extra.alloc_size, first_op, 0, 0, root_stack, 0, 0, 0, -2])
+            continue
+        todo.append((root, first_op, None, -2, 0, 0, 0))
+        while todo:
+            event, op, chain, bseq, ours, s0, s1 = pop()
+            extra = event.extra_fields
+            kind = type(extra)
+            if kind is _ExtraFields_Allocation:
+                if not check_device or extra.device.type == device_type:
+                    stack = stacks.resolve(chain) if stacks is not None else -1
+                    t = event.start_time_ns
+                    add([t, extra.ptr, extra.alloc_size, op, 0, 0, stack, 0, s0, s1, bseq])
+                continue
+            if kind is _ExtraFields_TorchOp:
+                name = event.name
+                if name.startswith(MODULE_RANGE):
+                    mid = int(name[len(MODULE_RANGE) :])
+                    points.append((event.start_time_ns, _OPEN_MODULE, mid, event.end_time_ns))
+                    points.append((event.end_time_ns, _CLOSE_MODULE, mid, 0))
+                elif name.startswith(_STEP):
+                    opt = modules(f"{name[len(_STEP) :].split('.')[0]}.step")
+                    points.append((event.start_time_ns, _OPEN_STEP, opt, 0))
+                    points.append((event.end_time_ns, _CLOSE_STEP, opt, 0))
+                elif name.startswith(_EVALUATE):
+                    if bseq == -2:
+                        points.append((event.start_time_ns, _BACKWARD, 0, event.end_time_ns))
+                    bseq = extra.sequence_number
+                elif name.startswith("aten::"):
+                    if name not in _PLUMBING or not op:  # empty() alone is the op itself
+                        op = ops(name[6:])
+                        seq = extra.sequence_number
+                        if seq >= 0 and bseq == -2:
+                            points.append((event.start_time_ns, _FORWARD_OP, seq, 0))
+                elif extra.scope == backward_scope:
+                    op = ops(name.rsplit("::", 1)[-1])
+                    if bseq == -2:  # a lean chunk: the node without the engine's range around it
+                        bseq = extra.sequence_number
+                        points.append((event.start_time_ns, _BACKWARD, bseq, event.end_time_ns))
+                if op != first_op and not s0:
+                    s0, s1 = event.start_time_ns, event.end_time_ns
+            elif kind is _ExtraFields_PyCall:
+                try:
+                    name = event.name
+                except UnicodeDecodeError:  # torch could not decode it: not one of our functions
+                    name = ""
+                py = py_kinds.get(name) if name else None
+                if py is None:
+                    py = _py_kind(extra)
+                    if name:
+                        py_kinds[name] = py
+                if py == _PY_OWN or (ours and py == _PY_USER):
+                    continue  # our bookkeeping, and what it calls
+                if py != _PY_USER:
+                    ours = py
+                elif stacks is not None:
+                    chain = (chain, event, False)
+            elif kind is _ExtraFields_PyCCall:
+                if ours:
+                    if ours != _PY_OPENER or _OPENS not in event.name:
+                        continue
+                elif stacks is not None:
+                    chain = (chain, event, True)
+            children = event.children
+            if children:
+                context = repeat(op), repeat(chain), repeat(bseq), repeat(ours)
+                spans = repeat(s0), repeat(s1)
+                push(zip(reversed(children), *context, *spans, strict=False))
+
+
+_OPEN_MODULE, _CLOSE_MODULE, _OPEN_STEP, _CLOSE_STEP, _BACKWARD, _FORWARD_OP, _ALLOC = range(7)
+# a report row: time, ptr, size, op, module, phase, stack, recompute end, span, backward seq
+_T, _SIZE, _OP, _MODULE, _PHASE, _RECOMPUTE, _BSEQ = 0, 2, 3, 4, 5, 7, 10
+
+
+def _sweep(
+    allocs: list[list[int]],
+    points: list[tuple[int, int, int, int]],
+    seed_op: int,
+    state: ReadState,
+    into: Reports,
+) -> None:
+    """Module, phase and recompute window of each report from the ranges open at its time.
+
+    ``allocs`` are in time order and will follow the reports already in ``into``; what the
+    sweep knows at a chunk's end (forward until backward starts, the seed of backward) goes on
+    to the next chunk through ``state``. Backward's seed is the last free-standing allocation
+    before it by the op that makes it (``seed_op``: ``ones_like``); a lean chunk (``seed_op``
+    -1) has no op names, so there it counts as forward (a few bytes: the loss's gradient).
+    """
+    points.sort()
+    if seed_op == -1:
+        _merge_backward_nodes(points)
+    sweep = _Sweep(state, into, len(into), seed_op)
+    points.append((1 << 63, -1, 0, 0))  # a sentinel: never reached
+    next_point = 0
+    for i, row in enumerate(allocs):  # the ranges that start at or before a report first
+        t = row[_T]
+        while points[next_point][0] <= t:
+            sweep.point(points[next_point])
+            next_point += 1
+        sweep.report(i, row)
+    for point in points[next_point:-1]:
+        sweep.point(point)
+    sweep.done()
+
+
+def _merge_backward_nodes(points: list[tuple[int, int, int, int]]) -> None:
+    """A lean chunk has backward's nodes but not the engine's range around each: the nodes of
+    one pass (no module call or optimizer step between them) become one range, so what the
+    engine allocates between two nodes is backward too."""
+    run: list[int] = []  # indices of the current pass's node points
+    for i, (_, kind, _, _) in enumerate([*points, (0, _OPEN_STEP, 0, 0)]):
+        if kind == _BACKWARD:
+            run.append(i)
+        elif kind in (_OPEN_MODULE, _OPEN_STEP) and run:
+            end = max(points[j][3] for j in run)
+            for j in run:
+                t, k, v, _ = points[j]
+                points[j] = (t, k, v, end)
+            run = []
+
+
+class _Sweep:
+    """The ranges open at one moment of a sweep through a chunk (see :func:`_sweep`)."""
+
+    def __init__(self, state: ReadState, into: Reports, base: int, seed_op: int) -> None:
+        self.state = state
+        self.into = into
+        self.base = base  # where this chunk's reports begin in ``into``
+        self.seed_op = seed_op
+        self.node_seq = -1  # a lean chunk: the backward node that began last
+        self.module_stack: list[int] = []
+        self.opt_stack: list[int] = []
+        self.backward_until = 0  # end of the current top-level backward range
+        self.recompute_until = 0  # end of a module call made inside backward (checkpointing)
+        self.sticky = state.sticky  # forward: after a top-level module call, until backward
+        self.seed: list[int] | None = None  # the last free-standing ones_like: backward's seed
+        self.seed_at = -1  # where that row will be in ``into``
+
+    def point(self, point: tuple[int, int, int, int]) -> None:
+        t, kind, value, end = point
+        module_stack = self.module_stack
+        if kind == _OPEN_MODULE:
+            if t < self.backward_until and not module_stack:
+                self.recompute_until = end
+            elif not module_stack:
+                self.sticky = True
+            module_stack.append(value)
+        elif kind == _CLOSE_MODULE:
+            if module_stack:
+                module_stack.pop()
+            if not module_stack:
+                self.recompute_until = 0
+        elif kind == _OPEN_STEP:
+            self.opt_stack.append(value)
+            self.sticky = False
+        elif kind == _CLOSE_STEP:
+            if self.opt_stack:
+                self.opt_stack.pop()
+        elif kind == _FORWARD_OP:
+            self.state.seq_module.setdefault(value, module_stack[-1] if module_stack else 0)
+        elif kind == _BACKWARD:
+            self.backward_until = max(self.backward_until, end)
+            self.sticky = False
+            self.node_seq = value
+            self._seed_is_backward()
+
+    def _seed_is_backward(self) -> None:
+        if self.seed is not None:
+            self.seed[_PHASE], self.seed[_MODULE] = PHASE_BACKWARD, 0
+        elif self.state.seed >= 0:  # made at the end of an earlier chunk
+            self.into.phase[self.state.seed] = PHASE_BACKWARD
+            self.into.module[self.state.seed] = 0
+        self.seed, self.seed_at, self.state.seed = None, -1, -1
+
+    def report(self, i: int, row: list[int]) -> None:
+        t = row[_T]
+        bseq = row[_BSEQ]
+        in_backward = bseq != -2 or t < self.backward_until
+        if bseq == -2 and in_backward and self.seed_op == -1:
+            bseq = self.node_seq  # made by the engine just after that node (a lean chunk)
+        module_stack, opt_stack = self.module_stack, self.opt_stack
+        if opt_stack:
+            row[_PHASE], row[_MODULE] = PHASE_OPTIMIZER, opt_stack[-1]
+        elif in_backward:
+            row[_PHASE] = PHASE_BACKWARD
+            if self.recompute_until and t <= self.recompute_until and module_stack:
+                row[_MODULE], row[_RECOMPUTE] = module_stack[-1], self.recompute_until
+            else:
+                module = self.state.seq_module.get(bseq)
+                row[_MODULE] = module if module is not None else self.state.windows.module_of(bseq)
+        elif module_stack:
+            row[_PHASE], row[_MODULE] = PHASE_FORWARD, module_stack[-1]
+        else:
+            row[_PHASE] = PHASE_FORWARD if self.sticky else PHASE_OTHER
+        if row[_SIZE] > 0 and not in_backward:
+            free_standing = not opt_stack and not module_stack and row[_OP] == self.seed_op
+            self.seed = row if free_standing else None
+            self.seed_at = self.base + i if free_standing else -1
+            self.state.seed = -1
+
+    def done(self) -> None:
+        self.state.sticky = self.sticky
+        if self.seed is not None:
+            self.state.seed = self.seed_at

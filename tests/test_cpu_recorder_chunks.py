@@ -1,0 +1,290 @@
+"""The CPU recorder reads the profiler in chunks, wherever the cell is: the rows are the same.
+
+Tests for ``_capture/cpu_recorder.py`` (chunks, the cost budget, the cap),
+``_capture/ticker.py`` (the helper thread, sampled stacks) and
+``_capture/profiler_session.py`` (module ranges across chunks, sequence-number windows).
+The truth is a recording read in one chunk (every op, the tracer off), or the CPU allocator's
+own reports under ``torch.profiler``; line numbers are read off this file's source.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+import jupyter_vram as jv
+from jupyter_vram._capture import cpu_recorder
+from jupyter_vram._capture.cpu_rows import SortedInts
+from jupyter_vram._capture.profiler_read import LEAN_OP
+from jupyter_vram._capture.profiler_session import SeqWindows
+from jupyter_vram._capture.ticker import StackSamples
+
+from .test_observer_effect import _case, train_step, true_peak
+
+COLUMNS = ["op", "module", "phase", "category", "bytes", "alloc_seq", "free_seq"]
+
+
+@pytest.fixture
+def flushes(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
+    """Count chunks read, and how many of them the helper thread asked for between two
+    bytecodes (the rest were read at module calls)."""
+    counts = {"chunks": 0, "between_bytecodes": 0}
+    real_flush = cpu_recorder.ProfilerRecorder._flush
+    real_due = cpu_recorder.ProfilerRecorder._on_due
+
+    def flush(self: cpu_recorder.ProfilerRecorder) -> None:
+        counts["chunks"] += 1
+        real_flush(self)
+
+    def due(self: cpu_recorder.ProfilerRecorder, frame: object) -> None:
+        before = counts["chunks"]
+        real_due(self, frame)
+        counts["between_bytecodes"] += counts["chunks"] - before
+
+    monkeypatch.setattr(cpu_recorder.ProfilerRecorder, "_flush", flush)
+    monkeypatch.setattr(cpu_recorder.ProfilerRecorder, "_on_due", due)
+    yield counts
+
+
+def chunks(monkeypatch: pytest.MonkeyPatch, every: bool) -> None:
+    """A chunk at every chance (a due time always past) or never (one far away)."""
+    ns = 0 if every else 10**15
+    for name in ("FIRST_CHUNK_NS", "MIN_CHUNK_NS", "MAX_CHUNK_NS", "RETRY_NS"):
+        monkeypatch.setattr(cpu_recorder, name, ns)
+
+
+def rows(profile: jv.Profile) -> pd.DataFrame:
+    return profile.to_dataframe()[COLUMNS].astype(str).reset_index(drop=True)
+
+
+def resnet_loop(steps: int = 3) -> tuple[object, object]:
+    model, batch = _case("resnet")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    step = train_step(model, opt, batch)
+    step()
+
+    def loop() -> None:
+        for _ in range(steps):
+            step()
+
+    return loop, model
+
+
+def test_chunks_at_module_calls_and_between_bytecodes_change_no_row(
+    monkeypatch: pytest.MonkeyPatch, flushes: dict[str, int]
+) -> None:
+    """A training loop (the loss outside the model: forward until backward) read in one
+    chunk, and read at every module call and every tick of the helper thread: the same rows."""
+    loop, _ = resnet_loop()
+    frames = []
+    for every in (False, True):
+        chunks(monkeypatch, every)
+        with jv.record("cpu", ops="all") as rec:
+            loop()  # type: ignore[operator]
+        frames.append(rows(rec.profile))
+        assert "reports_without_ops" not in rec.profile.meta
+    assert flushes["chunks"] >= 40  # about every module call of three steps
+    assert frames[0].equals(frames[1])
+    assert {"forward", "backward", "optimizer"} <= set(frames[1]["phase"])
+
+
+def test_a_cell_without_module_calls_is_read_between_bytecodes(
+    monkeypatch: pytest.MonkeyPatch, flushes: dict[str, int]
+) -> None:
+    """No module call gives the hooks a chance: the helper thread asks the cell's thread to
+    read chunks between two bytecodes. The rows match one chunk's, the peak the allocator's."""
+
+    def cell() -> None:
+        keep = []
+        for i in range(4000):
+            t = torch.ones(256)  # 1 KiB, freed at the next iteration
+            if i % 100 == 0:
+                keep.append(t)  # 40 KiB kept until the end
+            if i % 500 == 0:
+                time.sleep(0.003)  # let the helper thread tick
+        del keep
+
+    frames = []
+    for every in (False, True):
+        chunks(monkeypatch, every)
+        with jv.record("cpu", ops="all") as rec:
+            cell()
+        frames.append(rows(rec.profile))
+    assert flushes["between_bytecodes"] >= 3
+    assert frames[0].equals(frames[1])
+    profile = rec.profile
+    assert profile.peak_bytes - profile.timeline.baseline_bytes == true_peak(cell)
+
+
+def test_lean_chunks_keep_every_byte_and_drop_only_op_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past the budget, chunks record the allocator's reports without op events: sizes,
+    lifetimes, modules, phases and categories stay exactly as with every op (but backward's
+    seed, the loss's 4-byte gradient, which only its op tells apart); forward ops are not
+    named, backward ones by their autograd node; the profile says so."""
+    loop, _ = resnet_loop()
+    chunks(monkeypatch, every=True)
+    with jv.record("cpu", ops="all") as rec:
+        loop()  # type: ignore[operator]
+    full = rows(rec.profile)
+    monkeypatch.setattr(cpu_recorder, "OPS_BUDGET", -1.0)  # over budget from the first chunk
+    monkeypatch.setattr(cpu_recorder, "OPS_BUDGET_AFTER_NS", -1)
+    with jv.record("cpu") as rec:
+        loop()  # type: ignore[operator]
+    lean = rows(rec.profile)
+    seeds = full["op"] == "ones_like"
+    assert list(full.loc[seeds, "bytes"]) == ["4"] * 3  # one a step
+    assert set(lean.loc[seeds, "phase"]) == {"forward"}
+    lean.loc[seeds, "phase"] = "backward"
+    same = [c for c in COLUMNS if c != "op"]
+    assert lean[same].equals(full[same])
+    meta = rec.profile.meta
+    assert 0 < meta["reports_without_ops"] <= meta["reports"]
+    assert any("op names left out" in w for w in meta["warnings"])
+    forward = lean[(lean["phase"] == "forward") & (lean["alloc_seq"] != "-1")]
+    assert (forward["op"] == LEAN_OP).mean() > 0.9  # all but the first chunk's
+    backward_ops = set(lean.loc[lean["phase"] == "backward", "op"])
+    assert any(op.endswith("Backward0") for op in backward_ops)
+
+
+def test_past_the_cap_the_cell_runs_to_its_end_unrecorded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """More reports than a profile keeps: recording stops, the cell goes on, and the profile
+    says which part it covers."""
+    monkeypatch.setattr(cpu_recorder, "MAX_REPORTS", 600)
+    chunks(monkeypatch, every=True)
+    out = []
+    with jv.record("cpu") as rec:
+        for i in range(3000):
+            out.append(torch.ones(8))  # 3000 allocations, all kept
+            if i % 500 == 0:
+                time.sleep(0.003)
+    assert len(out) == 3000
+    meta = rec.profile.meta
+    assert 600 <= meta["reports"] < 3000
+    assert meta["recorded_ns"] < meta["cell_ns"]
+    assert any("ran unrecorded" in w and "most a profile keeps" in w for w in meta["warnings"])
+
+
+def test_a_cell_that_costs_too_much_to_record_is_recorded_in_part(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cpu_recorder, "PAUSE_SHARE", -1.0)
+    monkeypatch.setattr(cpu_recorder, "PAUSE_AFTER_NS", -1)
+    chunks(monkeypatch, every=True)
+    with jv.record("cpu") as rec:
+        for i in range(2000):
+            torch.ones(8)
+            if i % 500 == 0:
+                time.sleep(0.003)
+    meta = rec.profile.meta
+    assert meta["recorded_ns"] < meta["cell_ns"]
+    assert any("cost over" in w for w in meta["warnings"])
+
+
+# -- sampled stacks ----------------------------------------------------------------------------
+
+
+def _line_of(marker: str) -> int:
+    """The line of this file that holds ``marker`` (what a stack must name)."""
+    lines, _ = inspect.getsourcelines(inspect.getmodule(_line_of))  # type: ignore[arg-type]
+    hits = [i + 1 for i, text in enumerate(lines) if marker in text and "_line_of" not in text]
+    assert len(hits) == 1
+    return hits[0]
+
+
+def _slow_matmul() -> torch.Tensor:
+    a = torch.randn(1500, 1500)
+    return a @ a @ a @ a  # LONG-OP: three 1500^3 products, tens of ms
+
+
+def test_a_sampled_stack_names_the_line_of_a_long_op() -> None:
+    """An op long enough to be sampled while it runs gets the exact line that called it."""
+    with jv.record("cpu") as rec:
+        product = _slow_matmul()
+    del product
+    profile = rec.profile
+    assert profile.meta["stacks"] == "sampled"
+    a = profile.allocations
+    big = [i for i in range(len(a)) if a.size[i] == 1500 * 1500 * 4 and a.alloc_seq[i] >= 0]
+    lines = {profile.frames[profile.stacks[a.stack[i]][-1]].line for i in big if a.stack[i] >= 0}
+    assert _line_of("LONG-OP") in lines
+
+
+def test_a_short_module_call_gets_its_call_line() -> None:
+    """A cell too short for the helper thread still names the line of each module call (a
+    sample is taken as the call starts)."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU())
+    x = torch.randn(8, 64)
+    with jv.record("cpu") as rec:
+        y = model(x)  # MODULE-CALL
+    del y
+    profile = rec.profile
+    a = profile.allocations
+    inside = [i for i in range(len(a)) if a.module[i] and a.alloc_seq[i] >= 0]
+    assert inside
+    for i in inside:
+        frames = [profile.frames[f] for f in profile.stacks[a.stack[i]]]
+        assert any(f.line == _line_of("MODULE-CALL") for f in frames), frames
+
+
+def _chain(*frames: tuple[int, str, int]) -> tuple[tuple[int, object, int], ...]:
+    return tuple((fid, name, line) for fid, name, line in frames)
+
+
+def test_stack_samples_place_exactly_by_common_calls_or_not_at_all() -> None:
+    """Hand-made samples: one inside the op wins; else the calls both neighbours are in
+    (the same frames, not only the same functions); else nothing."""
+    samples = StackSamples()
+    outer = (1, "cell", 5)
+    samples.add(100, _chain(outer, (2, "f", 10)))  # type: ignore[arg-type]
+    samples.add(200, _chain(outer, (2, "f", 12)))  # type: ignore[arg-type]
+    samples.add(300, _chain(outer, (3, "f", 12)))  # type: ignore[arg-type]  another call of f
+    samples.add(400, _chain((1, "cell", 6)))  # type: ignore[arg-type]
+    times = np.array([190, 150, 250, 50, 450], np.int64)
+    starts = np.array([180, 150, 250, 50, 450], np.int64)
+    ends = np.array([210, 150, 250, 50, 450], np.int64)
+    found, which = samples.place(times, starts, ends)
+    placed = [found[k] for k in which]
+    assert placed[0] == (("cell", 5), ("f", 12))  # sampled while the op ran: exact
+    assert placed[1] == (("cell", 5), ("f", 0))  # the same call of f, lines differ
+    assert placed[2] == (("cell", 5),)  # two calls of f: only the cell line is sure
+    assert placed[3] == ()  # no sample before
+    assert placed[4] == ()  # no sample after
+
+
+def test_sequence_windows_name_the_innermost_call() -> None:
+    windows = SeqWindows()
+    windows.starts.extend([0, 2, 5, 9])
+    windows.ends.extend([12, 4, 8, 10])
+    windows.modules.extend([1, 2, 3, 4])
+    expected = {0: 1, 1: 1, 2: 2, 3: 2, 4: 1, 5: 3, 7: 3, 8: 1, 9: 4, 11: 1, 12: 0, 40: 0}
+    assert {seq: windows.module_of(seq) for seq in expected} == expected
+
+
+def test_sorted_ints_agree_with_a_sorted_list() -> None:
+    rng = random.Random(7)
+    ours = SortedInts(load=4)
+    plain: list[int] = []
+    for _ in range(3000):
+        value = rng.randrange(500)
+        if value in plain and rng.random() < 0.5:
+            ours.remove(value)
+            plain.remove(value)
+        elif value not in plain:
+            ours.add(value)
+            plain.append(value)
+            plain.sort()
+        probe = rng.randrange(520)
+        below = [v for v in plain if v < probe]
+        assert ours.before(probe) == (below[-1] if below else None)
