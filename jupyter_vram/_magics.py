@@ -8,7 +8,7 @@ from typing import Any
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from ._capture import RecordingError, parse_device
+from ._capture import STACK_MODES, RecordingError, parse_device
 from ._model import Profile
 from ._render.text import summary
 from ._session import RecordingNotStarted, run_code
@@ -42,6 +42,11 @@ def _capacity(text: str | None, outcome: str = "the cell did not run") -> int | 
         return None
 
 
+def _stacks(args: Any) -> str:
+    """The stack mode ``--stacks`` / ``--no-stacks`` ask for."""
+    return "none" if args.no_stacks else str(args.stacks)
+
+
 @magics_class
 class VramMagics(Magics):
     @magic_arguments()
@@ -49,6 +54,19 @@ class VramMagics(Magics):
         "--device", default=None, help="device to record (default: cuda if available, else cpu)"
     )
     @argument("--no-stacks", action="store_true", help="skip Python stacks (lower overhead)")
+    @argument(
+        "--stacks",
+        choices=STACK_MODES,
+        default="sampled",
+        help="Python stacks: sampled (default, cheap), full (traced: exact lines, every Python "
+        "call recorded: slow on Python-heavy cells), none",
+    )
+    @argument(
+        "--all-ops",
+        action="store_true",
+        help="keep every op name however much it costs (by default a cell whose recording "
+        "falls behind is recorded without op names past the first 15%% of its time)",
+    )
     @argument("--quiet", "-q", action="store_true", help="record only; show nothing")
     @argument("--text", action="store_true", help="print the text summary instead of the app")
     @argument("--amp", default=None, help="record with autocast: bf16 or fp16")
@@ -123,7 +141,8 @@ class VramMagics(Magics):
                 shell.user_ns,
                 filename=filename,
                 device=args.device,
-                stacks=not args.no_stacks,
+                stacks=_stacks(args),
+                ops="all" if args.all_ops else "auto",
                 on_profile=show,
                 capacity=capacity,
                 cell=f"In [{number}]",
@@ -149,7 +168,7 @@ class VramMagics(Magics):
                 filename=filename,
                 nproc=args.nproc,
                 device=args.device,
-                stacks=not args.no_stacks,
+                stacks=_stacks(args),
                 timeout=args.timeout,
             )
         except CellError as error:
@@ -182,7 +201,12 @@ class VramMagics(Magics):
 
         shell = self.shell
         assert shell is not None
-        common = {"filename": filename, "device": args.device, "stacks": not args.no_stacks}
+        common = {
+            "filename": filename,
+            "device": args.device,
+            "stacks": _stacks(args),
+            "ops": "all" if args.all_ops else "auto",
+        }
         try:
             if args.compare:
                 if args.amp or args.checkpoint or args.offload:
@@ -289,7 +313,8 @@ class VramMagics(Magics):
             return
         rec = record(
             args.device,
-            stacks=not args.no_stacks,
+            stacks=_stacks(args),
+            ops="all" if args.all_ops else "auto",
             namespace=self.shell.user_ns,
             capacity=capacity,
         )

@@ -34,9 +34,11 @@ class Recording:
         ops: str = "auto",
         namespace: Mapping[str, Any] | None = None,
         capacity: int | float | str | None = None,
+        trace: bool = True,
     ) -> None:
         self._device = device
         self._stacks = stack_mode(stacks)
+        self._trace = trace  # False: the code may compile; stacks are never traced
         if ops not in ("auto", "all"):
             raise ValueError(f"ops must be 'auto' or 'all', not {ops!r}")
         self._ops = ops
@@ -65,12 +67,17 @@ class Recording:
             raise RecordingError(
                 "jupyter_vram is already recording; nested recording is not supported"
             )
+        from ._capture.tagging import one_scan
+
         try:
-            with interrupts_deferred():  # a half-started recorder is stopped whole, below
+            # a half-started recorder is stopped whole, below; the namespace is walked once
+            with interrupts_deferred(), one_scan():
                 entry = sys._getframe(1)
                 namespace = self._namespace if self._namespace is not None else entry.f_globals
                 self._leak_state = _note_leak_start(namespace, self._device)
-                self._recorder = make_recorder(self._device, stacks=self._stacks, ops=self._ops)
+                self._recorder = make_recorder(
+                    self._device, stacks=self._stacks, ops=self._ops, trace=self._trace
+                )
                 self._recorder.start(entry, self._namespace)
                 self._start_watches(self._recorder.device, namespace)
         except BaseException:

@@ -522,12 +522,13 @@ def run_changed(
     *,
     filename: str,
     device: str | None,
-    stacks: bool,
+    stacks: bool | str,
     cell: str | None,
     amp: str | None,
     checkpoint: Checkpoint,
     offload: bool,
     on_profile: Callable[[Profile], None] | None = None,
+    ops: str = "auto",
 ) -> Any:
     """Run a cell once with AMP / checkpointing / offload applied (it changes the notebook's
     state, as the cell does); the checkpoint switches are taken off again afterwards. Returns
@@ -570,6 +571,7 @@ def run_changed(
             filename=filename,
             device=name,
             stacks=stacks,
+            ops=ops,
             on_profile=tag,
             cell=cell,
             around=lambda: _transforms(changes, name),

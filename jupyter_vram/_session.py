@@ -9,9 +9,9 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from ._capture import RECORDING_LOCK, RecordingError, stack_mode
+from ._capture import RECORDING_LOCK, RecordingError
 from ._model import Profile
-from ._recording import record
+from ._recording import Recording
 
 if TYPE_CHECKING:
     from ._estimator.api import Estimate
@@ -142,19 +142,22 @@ def run_code(
         exec(body, globals_)
         value = eval(last, globals_) if last is not None else None
         return CellRun(value, None, nested=True)
-    compiles = stack_mode(stacks) == "full" and mentions_compile(source)
-    start = _start_state(globals_) if keep else None
-    rec = record(
+    from ._capture.tagging import one_scan
+
+    rec = Recording(
         device,
-        stacks="sampled" if compiles else stacks,
+        stacks=stacks,
         ops=ops,
         namespace=globals_,
         capacity=capacity,
+        trace=not mentions_compile(source),
     )
-    try:
-        rec.__enter__()
-    except RecordingError as error:
-        raise RecordingNotStarted(str(error)) from None
+    with one_scan():  # the start state and the recording's baselines share one walk
+        start = _start_state(globals_) if keep else None
+        try:
+            rec.__enter__()
+        except RecordingError as error:
+            raise RecordingNotStarted(str(error)) from None
     value = None
     try:
         try:
@@ -168,12 +171,6 @@ def run_code(
         rec.__exit__(None, None, None)
     finally:
         profile = rec.profile if rec._profile is not None else None
-        if profile is not None and compiles:
-            from ._capture.cpu_recorder import SAMPLED_WITH_COMPILE
-
-            warnings = profile.meta.setdefault("warnings", [])
-            if SAMPLED_WITH_COMPILE not in warnings:
-                warnings.append(SAMPLED_WITH_COMPILE)
         if profile is not None and keep:
             remember(profile)
             _cells[profile] = Cell(source, filename, namespace, device, stacks, cell, start)

@@ -45,7 +45,8 @@ SAME = ("lin", "x", "mk", "a", "b", "c", "d", "e", "kept", "other", "freed_at", 
 
 
 def run(shell: Any, cell: str) -> Any:
-    result = shell.run_cell("%%vram --quiet\n" + cell, store_history=True)
+    """Run a %%vram cell with exact (traced) stacks: these tests read each leak's line."""
+    result = shell.run_cell("%%vram --quiet --stacks full\n" + cell, store_history=True)
     assert recording_state() == CLEAN
     return result
 

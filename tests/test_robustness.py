@@ -256,7 +256,7 @@ def test_torch_compile_runs_compiled(shell: InteractiveShell) -> None:
         "import torch._dynamo\ntorch._dynamo.reset()\nfrom torch._dynamo.utils import counters",
     )
     cell = (
-        "%%vram -q\n"
+        "%%vram -q --stacks full\n"
         "f = torch.compile(lambda a: (a * 2).sin().sum(), backend='aot_eager')\n"
         "res = f(torch.randn(512, 512))\n"
     )
@@ -266,10 +266,14 @@ def test_torch_compile_runs_compiled(shell: InteractiveShell) -> None:
     prof = shell.user_ns["_vram"]
     assert prof.error is None and prof.peak_bytes - prof.timeline.baseline_bytes >= 512 * 512 * 4
     # the profiler's Python tracer and compiled code crash a later garbage collection: stacks
-    # stay off for a cell that compiles, and for every cell once compiled code exists
+    # are sampled, never traced, for a cell that compiles, and for every cell once compiled
+    # code exists (sampled stacks, the default, never trace it either)
+    assert prof.meta["stacks"] == "sampled"
     assert any("torch.compile" in w for w in prof.meta["warnings"])
-    run(shell, "%%vram -q\nres = f(torch.randn(512, 512))")
+    run(shell, "%%vram -q --stacks full\nres = f(torch.randn(512, 512))")
     assert any("torch.compile" in w for w in shell.user_ns["_vram"].meta["warnings"])
+    run(shell, "%%vram -q\nres = f(torch.randn(512, 512))")
+    assert shell.user_ns["_vram"].error is None
     import gc
 
     gc.collect()
@@ -407,6 +411,7 @@ def test_cell_numbers_in_stacks_are_the_cells_own(shell: InteractiveShell) -> No
     dynamo = sys.modules.get("torch._dynamo.utils")
     if dynamo is not None:  # an earlier test compiled: stacks would stay off (by design)
         dynamo.counters.clear()
-    result = shell.run_cell("%%vram -q\nnumbered = torch.ones(333)", store_history=True)
+    cell = "%%vram -q --stacks full\nnumbered = torch.ones(333)"  # exact lines: traced
+    result = shell.run_cell(cell, store_history=True)
     sites = set(shell.user_ns["_vram"].to_dataframe()["site"].dropna().astype(str))
     assert any(f"In[{result.execution_count}]" in site for site in sites), sites

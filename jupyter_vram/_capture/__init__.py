@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ._common import (
     RECORDING_LOCK,
+    STACK_MODES,
     Recorder,
     RecordingError,
     interrupts_deferred,
@@ -12,6 +13,7 @@ from ._common import (
 
 __all__ = [
     "RECORDING_LOCK",
+    "STACK_MODES",
     "Recorder",
     "RecordingError",
     "interrupts_deferred",
@@ -39,11 +41,12 @@ def parse_device(device: str | None) -> str:
 
 
 def make_recorder(
-    device: str | None, *, stacks: bool | str = "sampled", ops: str = "auto"
+    device: str | None, *, stacks: bool | str = "sampled", ops: str = "auto", trace: bool = True
 ) -> Recorder:
     """The recorder for a device: the allocator's history on CUDA, its reports to the torch
     profiler on the CPU (the dispatch tracker when the user's own profiler is running), the
-    dispatch tracker for fake and meta tensors, which allocate nothing."""
+    dispatch tracker for fake and meta tensors, which allocate nothing. ``trace=False``: the
+    code may run torch.compile, which must not run under the profiler's Python tracer."""
     import torch
 
     name = parse_device(device)
@@ -58,7 +61,7 @@ def make_recorder(
         from .profiler_session import profiler_busy
 
         if not profiler_busy():
-            return ProfilerRecorder(name, stacks=mode, ops=ops)
+            return ProfilerRecorder(name, stacks=mode, ops=ops, trace=trace)
     from .dispatch import DispatchRecorder
 
     return DispatchRecorder(name, stacks=mode != "none")

@@ -96,11 +96,15 @@ class CapacityFailure:
 
 
 def held_storages(
-    namespace: Mapping[str, Any] | None, device_type: str, skip: Collection[int] = ()
+    namespace: Mapping[str, Any] | None,
+    device_type: str,
+    skip: Collection[int] = (),
+    limit: int | None = None,
 ) -> list[Any]:
     """Distinct storages on ``device_type`` the namespace reaches: tensors, and the
     parameters, buffers, gradients and optimizer state of its modules and optimizers (not
-    through the objects whose id is in ``skip``)."""
+    through the objects whose id is in ``skip``); of the namespace's bare tensors, the first
+    ``limit`` (the state of modules and optimizers always)."""
     tensors, modules, optimizers = reachable_objects(namespace, skip=skip)
     found: dict[int, Any] = {}
 
@@ -110,8 +114,6 @@ def held_storages(
                 if storage.device.type == device_type and storage.nbytes():
                     found.setdefault(storage._cdata, storage)
 
-    for tensor in tensors:
-        add(tensor)
     for module in modules:
         with contextlib.suppress(Exception):
             for p in module.parameters():
@@ -124,6 +126,8 @@ def held_storages(
             for state in opt.state.values():
                 for value in state.values():
                     add(value)
+    for tensor in tensors[:limit]:
+        add(tensor)
     return list(found.values())
 
 

@@ -39,7 +39,7 @@ import os
 import sys
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from types import FrameType
 from typing import Any
@@ -57,14 +57,16 @@ from .profiler_read import EventRead, ReadState, Reports, StackReader, read_even
 from .profiler_session import FULL, LEAN, LogLevel, ProfilerSession, profiler_busy
 from .row_addresses import note_addresses
 from .stacks import FrameFilter, cell_name
-from .tagging import Tagger, reachable_objects, storages_of
-from .ticker import StackSamples, Ticker
+from .tagging import BASELINE_TENSORS, Tagger, reachable_objects, storages_of
+from .ticker import StackSamples, Ticker, compiled_anything
 
 SOURCE = "allocator"
 #: a role note: time, address, size, category, module, storage key
 Note = tuple[int, int, int, int, int, int]
-#: full stacks: read the profiler's events at the next top-level module call once a chunk is
-#: this old (restarting its Python tracer inside a call stack would record each call again)
+#: full stacks: the first chunk traces every Python call (exact stacks) and ends at the first
+#: module call once it is this old; later chunks sample. It never ends between two bytecodes:
+#: there the request may run inside the tracer's own callback, and stopping the tracer waits
+#: for that callback to return (a rank of a distributed run hung there)
 FLUSH_AFTER_NS = 1_000_000_000
 #: read a chunk about every this many allocator reports (its duration follows their rate):
 #: the profiler post-processes small chunks faster per report (allocations kept alive: 2.4 us
@@ -99,9 +101,7 @@ SAMPLED_WITH_COMPILE = (
 
 def compile_in_use(modules: Sequence[Any] = ()) -> bool:
     """torch.compile has compiled something in this process, or a compiled module is at hand."""
-    dynamo_utils = sys.modules.get("torch._dynamo.utils")
-    counters = getattr(dynamo_utils, "counters", None)
-    if counters is not None and counters["frames"].get("total", 0):
+    if compiled_anything():
         return True
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
     compiled = getattr(eval_frame, "OptimizedModule", None)
@@ -215,11 +215,17 @@ class ProfilerRecorder:
     source = SOURCE
 
     def __init__(
-        self, device: str = "cpu", *, stacks: bool | str = "sampled", ops: str = "auto"
+        self,
+        device: str = "cpu",
+        *,
+        stacks: bool | str = "sampled",
+        ops: str = "auto",
+        trace: bool = True,
     ) -> None:
         self.device = str(torch.device(device))
         self._device_type = torch.device(device).type
         self._stacks = stack_mode(stacks)
+        self._trace = trace  # False: the code may compile (torch.compile): never the tracer
         self._budget = Budget(ops)
         self._modules = Interner("")
         self._session = ProfilerSession()
@@ -233,6 +239,7 @@ class ProfilerRecorder:
         )
         self._notes: list[Note] = []
         self._watched: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+        self._keys: dict[weakref.ref[torch.UntypedStorage], int] = {}  # what _released reads
         self._freed: dict[int, int] = {}  # storage key -> time its memory was released
         self._boundary: tuple[str, str] | None = None
         self._active = False
@@ -277,46 +284,74 @@ class ProfilerRecorder:
         if namespace is None and entry_frame is not None:
             namespace = entry_frame.f_globals
         names: dict[int, str] = {}
-        tensors, modules, optimizers = reachable_objects(namespace, names=names)
-        for tensor in tensors:
-            self._on_role(tensor, OTHER, 0)
-        self._held_before = held_by_variable(tensors, modules, optimizers, names, self._device_type)
+        sampled: list[str] = []
+        tensors, modules, optimizers = reachable_objects(namespace, names=names, sampled=sampled)
+        self._note_baseline(tensors, names, sampled)
+        self._held_before = held_by_variable(
+            tensors[:BASELINE_TENSORS], modules, optimizers, names, self._device_type
+        )
         del tensors
         self.tagger.adopt(modules, optimizers)
-        self._check_stacks(modules)
+        compiling = not self._trace or compile_in_use(modules)
+        traced = self._check_stacks(compiling)
         del modules, optimizers
-        if self._stacks == "full":
+        if traced:
             self._reader = StackReader(self._builder, self._boundary)
         self._log_level = LogLevel.quiet()
-        self._session.start(stacks=self._stacks == "full")
+        self._session.start(stacks=traced)
         self._t0 = time.time_ns()
         self._budget = Budget(self._budget.ops)
-        self._ticker = Ticker(self._boundary, self._on_due, sample=self._stacks != "none")
-        if self._stacks != "full":  # the tracer's chunk ends at a top-level module call
-            self._ticker.due_ns = time.monotonic_ns() + FIRST_CHUNK_NS
+        self._ticker = Ticker(
+            self._boundary, self._on_due, sample=self._stacks != "none", from_thread=not compiling
+        )
+        first = FLUSH_AFTER_NS if traced else FIRST_CHUNK_NS
+        self._ticker.due_ns = time.monotonic_ns() + first
         self._ticker.start()
         self._threads.start()
         self.tagger.start()
         self._distributed.start()
 
-    def _check_stacks(self, modules: Sequence[Any]) -> None:
-        """The profiler's Python tracer only where it cannot harm: sampled stacks elsewhere."""
+    def _note_baseline(
+        self, tensors: list[torch.Tensor], names: Mapping[int, str], sampled: list[str]
+    ) -> None:
+        """Note the tensors the namespace holds (memory from before the cell), at most
+        ``BASELINE_TENSORS`` of them one by one; say what the walk left out."""
+        for tensor in tensors[:BASELINE_TENSORS]:
+            self._on_role(tensor, OTHER, 0)
+        if len(tensors) > BASELINE_TENSORS:
+            where = sorted({names.get(id(t), "?") for t in tensors[BASELINE_TENSORS:]})
+            self._warnings.append(
+                f"the notebook holds over {BASELINE_TENSORS:,} tensors outside modules and "
+                f"optimizers: {BASELINE_TENSORS:,} count as memory held before the cell, the "
+                f"others (in {', '.join(where[:5])}) are not in this profile unless it uses them"
+            )
+        if sampled:
+            self._warnings.append(
+                "large containers with no tensor in a sample of their items were not looked "
+                f"into: {', '.join(sorted(set(sampled))[:5])}"
+            )
+
+    def _check_stacks(self, compiling: bool) -> bool:
+        """Whether the first chunk traces Python calls: for full stacks, but never where the
+        tracer can harm (full stacks are then sampled, and the profile says so)."""
         if self._stacks != "full":
-            return
+            return False
         warning = None
-        if sys.getprofile() is not None:
+        if compiling:
+            # torch.compile code run under the profiler's Python tracer can corrupt memory
+            # that a later garbage collection trips on (a crash of the whole kernel)
+            warning = SAMPLED_WITH_COMPILE
+        elif sys.getprofile() is not None:
             # the profiler's Python tracer would replace (and at stop, remove) the hook
             warning = (
                 "Python stacks sampled, not traced: another profiler or tracer "
                 "(sys.setprofile) is active"
             )
-        elif compile_in_use(modules):
-            # torch.compile code run under the profiler's Python tracer can corrupt memory
-            # that a later garbage collection trips on (a crash of the whole kernel)
-            warning = SAMPLED_WITH_COMPILE
-        if warning is not None:
-            self._stacks = "sampled"
-            self._warnings.append(warning)
+        if warning is None:
+            return True
+        self._stacks = "sampled"
+        self._warnings.append(warning)
+        return False
 
     def stop(self, error: str | None = None) -> Profile:
         """Switch everything off (always), then read the profiler's events into a Profile."""
@@ -346,6 +381,7 @@ class ProfilerRecorder:
                 self._log_level.restore()
                 self._log_level = None
             self._watched.clear()  # dropping the weakrefs cancels their callbacks
+            self._keys.clear()
         freed, self._freed = self._freed, {}
         notes, self._notes = self._notes, []
         if error is not None and _DISCARD_ON_ERROR.get():
@@ -365,6 +401,7 @@ class ProfilerRecorder:
     def _rows(self, error: str | None, notes: list[Note], freed: dict[int, int]) -> Profile:
         reports, self._reports = self._reports, Reports()
         if self._ticker is not None:
+            self._ticker.settle()
             place_stacks(reports, self._ticker.samples, self._builder, self._boundary)
         merged = EventRead(reports, self._state.ops.names)
         builder = self._builder
@@ -461,13 +498,10 @@ class ProfilerRecorder:
         chunk_ns = began - session.started_ns
         try:
             with interrupts_deferred():
-                if session.stacks:
-                    # Restarting the profiler's Python tracer inside a call stack makes it
-                    # record each call several times over (each restart more): the first
-                    # chunk keeps its exact stacks, later ones are sampled.
+                if session.stacks:  # later chunks sample (see FLUSH_AFTER_NS)
                     self._warnings.append(
-                        f"Python stacks traced for the first {chunk_ns / 1e9:.3g} s of the "
-                        "cell, then sampled: a long cell is read in chunks"
+                        f"Python stacks exact (traced) for the first {chunk_ns / 1e9:.3g} s "
+                        "of the cell, sampled after that"
                     )
                 events = session.restart(mode=self._budget.mode)
             count = len(self._reports)
@@ -508,24 +542,23 @@ class ProfilerRecorder:
         ticker = self._ticker
         if ticker is None or not self._chunk_allowed():
             return
+        if self._session.stacks:  # traced: only at a module call (see FLUSH_AFTER_NS)
+            ticker.due_ns = time.monotonic_ns() + FLUSH_AFTER_NS
+            return
         if frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR):
             ticker.due_ns = time.monotonic_ns() + RETRY_NS
             return
-        while frame is not None:
-            if frame.f_code.co_filename.startswith(_CAPTURE_DIR):
-                ticker.due_ns = time.monotonic_ns() + RETRY_NS
-                return
-            frame = frame.f_back
+        if _unsafe_to_restart(frame):
+            ticker.due_ns = time.monotonic_ns() + RETRY_NS
+            return
         self._flush()
 
-    def _chunk_allowed(self, *, traced: bool = False) -> bool:
-        """No chunk now: one is being read, recording stopped, backward or a step runs, or the
-        first chunk traces Python calls and this is not a top-level module call (``traced``)."""
+    def _chunk_allowed(self) -> bool:
+        """No chunk now: one is being read, recording stopped, or backward or a step runs."""
         if (
             self._flushing
             or not self._active
             or not self._session.on
-            or (self._session.stacks and not traced)
             or self.tagger.optimizer_depth
             or torch._C._current_graph_task_id() != -1
         ):
@@ -543,25 +576,23 @@ class ProfilerRecorder:
             threads.sample_memory()
         session = self._session
         ticker = self._ticker
-        if session.stacks:  # the traced first chunk ends at a top-level call, once old
+        if ticker is not None:
             if (
-                not session.ranges
-                and now - session.started_ns > FLUSH_AFTER_NS
-                and self._chunk_allowed(traced=True)
+                ticker.due_ns
+                and now >= ticker.due_ns
+                and self._chunk_allowed()
+                and not _unsafe_to_restart(sys._getframe(2))
             ):
                 self._flush()
-        elif ticker is not None:
-            if ticker.due_ns and now >= ticker.due_ns and self._chunk_allowed():
-                self._flush()
-            if self._stacks == "sampled":  # where the call is made: frames above our hook's
-                ticker.sample(sys._getframe(2), time.time_ns())
+            if ticker.sampling and not session.stacks:  # the call's place: above our hook
+                ticker.sample(sys._getframe(2))
         session.enter(module_id)
 
     def _exit_module(self) -> None:
         """A module call returns: a sample closes what it made (a short cell's last call)."""
         ticker = self._ticker
-        if ticker is not None and self._stacks == "sampled":
-            ticker.sample(sys._getframe(2), time.time_ns())
+        if ticker is not None and ticker.sampling and not self._session.stacks:
+            ticker.sample(sys._getframe(2))
         self._session.exit()
 
     def _on_role(self, tensor: torch.Tensor, category: int, module: int) -> None:
@@ -584,21 +615,42 @@ class ProfilerRecorder:
                 key = storage._cdata
                 self._notes.append((time.time_ns(), ptr, size, category, module, key))
                 if key not in self._watched:
-                    self._watched[key] = weakref.ref(storage, self._released(key))
+                    ref = weakref.ref(storage, self._released)
+                    self._watched[key] = ref
+                    self._keys[ref] = key
         except Exception:  # noqa: BLE001 - never raise from a hook
             pass
 
-    def _released(self, key: int) -> Callable[[Any], None]:
+    def _released(self, ref: weakref.ref[torch.UntypedStorage]) -> None:
         """A weakref callback: when a noted storage's memory goes, remember when (the profiler
         does not report frees of memory allocated before it started)."""
-        freed = self._freed
-        watched = self._watched
+        key = self._keys.pop(ref, None)
+        if key is not None:
+            self._freed[key] = time.time_ns()
+            self._watched.pop(key, None)
 
-        def callback(_: Any) -> None:
-            freed[key] = time.time_ns()
-            watched.pop(key, None)
 
-        return callback
+#: torch code during which the profiler must not restart: compiling (dynamo, AOT autograd,
+#: fx tracing, fake tensors) or running what it compiled (restarting there crashed the
+#: process at a later garbage collection, 7 runs in 12)
+_MACHINERY = tuple(
+    _TORCH_DIR + part + os.sep
+    for part in ("_dynamo", "_functorch", "_inductor", "fx", "_subclasses", "_higher_order_ops")
+)
+
+
+def _unsafe_to_restart(frame: Any) -> bool:
+    """Our code or torch's compile machinery is on the stack (see ``_MACHINERY``)."""
+    while frame is not None:
+        file = frame.f_code.co_filename
+        if (
+            file.startswith(_CAPTURE_DIR)
+            or file.startswith(_MACHINERY)
+            or file.startswith("<eval_with_key")
+        ):
+            return True
+        frame = frame.f_back
+    return False
 
 
 @contextlib.contextmanager
@@ -621,24 +673,36 @@ def place_stacks(
     builder: ProfileBuilder,
     boundary: tuple[str, str] | None,
 ) -> None:
-    """Give each allocation without a traced stack its sampled one (see ``StackSamples``)."""
+    """Give each allocation without a traced stack its sampled one (see ``StackSamples``); a
+    traced stack that ends in "somewhere in this function" (the tracer sees no call for an
+    operator such as ``a @ b``) takes the exact line of a sample that fell while its op ran."""
     stack = np.frombuffer(reports.stack, np.int32)
     size = np.frombuffer(reports.size, np.int64)
-    todo = np.flatnonzero((stack < 0) & (size > 0))
+    vague = _vague_stacks(builder)
+    todo = np.flatnonzero((size > 0) & ((stack < 0) | np.isin(stack, vague)))
     if not len(todo) or not len(samples):
         return
 
     def column(name: str) -> np.ndarray:
         return np.frombuffer(getattr(reports, name), np.int64)[todo]
 
-    found, which = samples.place(column("time_ns"), column("span_start"), column("span_end"))
+    found, which, exact = samples.place(column("time_ns"), column("span_start"), column("span_end"))
     keep = FrameFilter().keep
     ids = np.empty(len(found), np.int32)
-    for k, frames in enumerate(found):
+    for k, sites in enumerate(found):
         kept = tuple(
-            Frame(cell_name(code.co_filename), line, code.co_name)
-            for code, line in frames
-            if keep(code.co_filename)
+            Frame(cell_name(file), line, function) for file, line, function in sites if keep(file)
         )
         ids[k] = builder.intern_stack(kept) if kept else -1
-    stack[todo] = ids[which]
+    placed = ids[which]
+    use = (stack[todo] < 0) | (exact & (placed >= 0))
+    stack[todo[use]] = placed[use]
+
+
+def _vague_stacks(builder: ProfileBuilder) -> np.ndarray:
+    """Stack ids whose innermost frame has no line (line 0)."""
+    frames = builder.frames
+    return np.array(
+        [sid for sid, ids in enumerate(builder.stacks) if ids and frames[ids[-1]].line == 0],
+        np.int32,
+    )

@@ -25,7 +25,7 @@ import torch
 
 from .capacity import held_storages
 from .stacks import FrameFilter, cell_name
-from .tagging import storages_of
+from .tagging import BASELINE_TENSORS, storages_of
 
 #: IPython's own names: not the user's variables (``_`` and ``_N`` are outputs, below).
 _INTERNAL = frozenset({"In", "Out", "exit", "quit", "get_ipython", "_ih", "_oh", "_dh", "_vram"})
@@ -117,10 +117,15 @@ def storage_keys(namespace: Mapping[str, Any] | None, device_type: str) -> dict[
     """Weak references to the storages the notebook reaches now (memory from before a cell).
 
     Every recording calls this, so it reads no frame's locals (``frame.f_locals`` leaves a
-    cached copy on the frame): memory only an old traceback holds is not in it."""
+    cached copy on the frame): memory only an old traceback holds is not in it. The namespace
+    is walked as the recorder walks it (one walk, shared while a recording starts; as many
+    bare tensors as it notes); the closures of its functions are walked apart."""
     out: dict[int, Any] = {}
-    for _, _, value in roots(namespace, tracebacks=False):
-        for storage in held_storages({"v": value}, device_type):
+    closures = {
+        name: value for kind, name, value in roots(namespace, tracebacks=False) if kind == "closure"
+    }
+    for reach in (namespace, closures):
+        for storage in held_storages(reach, device_type, limit=BASELINE_TENSORS):
             with contextlib.suppress(TypeError):
                 out.setdefault(storage._cdata, weakref.ref(storage))
     return out

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import sys
 import types
 import weakref
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from contextvars import ContextVar
 from types import FrameType
 from typing import Any, cast
 
@@ -84,6 +86,43 @@ def storages_of(tensor: torch.Tensor) -> list[torch.UntypedStorage]:
         return []
 
 
+#: tensors the namespace holds outside modules and optimizers that a recording's start notes
+#: one by one (memory from before the cell; each costs a few microseconds at the start)
+BASELINE_TENSORS = 50_000
+#: a container longer than this is looked into only where a sample of its items reaches a
+#: tensor, module or optimizer (a list of 10M ints holds none, and walking it took seconds)
+LARGE = 4_096
+_SAMPLE = 32
+_PROBE = 512  # objects a sample's probe may visit
+#: types whose values hold no tensor
+_ATOMS = frozenset(
+    {int, float, complex, bool, str, bytes, bytearray, type(None), range, slice, memoryview}
+)
+_OPAQUE = (type, types.ModuleType, types.FunctionType, types.MethodType, str, bytes)
+_END = object()
+Found = tuple[list[torch.Tensor], list[nn.Module], list[Optimizer]]
+#: a walk: what it found, the variable each was reached from, the variables it sampled
+_Walk = tuple[Found, dict[int, str], list[str]]
+#: the walks of the namespace a recording is starting with, shared by all that start
+_scans: ContextVar[dict[tuple[int, int, int], _Walk] | None] = ContextVar(
+    "jv_namespace_scans", default=None
+)
+
+
+@contextlib.contextmanager
+def one_scan() -> Iterator[None]:
+    """Inside, :func:`reachable_objects` walks a namespace once: what a recording's start asks
+    of it (the baseline, the leak baseline, the rerun start state) shares that walk."""
+    if _scans.get() is not None:  # an outer one already shares its walks
+        yield
+        return
+    token = _scans.set({})
+    try:
+        yield
+    finally:
+        _scans.reset(token)
+
+
 def reachable_objects(
     namespace: Mapping[str, Any] | None,
     *,
@@ -91,28 +130,68 @@ def reachable_objects(
     max_objects: int = 200_000,
     names: dict[int, str] | None = None,
     skip: Collection[int] = (),
-) -> tuple[list[torch.Tensor], list[nn.Module], list[Optimizer]]:
+    sampled: list[str] | None = None,
+) -> Found:
     """Tensors, modules and optimizers reachable from a namespace's variables (a notebook's,
     or a module's globals), through containers and plain objects.
 
     Cost is proportional to what the code can name, not to the kernel's object count (a gc
-    scan of a kernel with transformers imported costs ~70 ms). A function's locals are not
-    read: ``frame.f_locals`` would pin them in a cached dict after they are deleted. Anything
-    that cannot be inspected is skipped; nothing here raises. ``names``, if given, receives
+    scan of a kernel with transformers imported costs ~70 ms), nor to the length of containers
+    that hold no tensor: one longer than ``LARGE`` is walked only if a sample of its items
+    reaches something (its variable goes to ``sampled`` when it is skipped). No user code
+    runs: containers are read as the built-in types they are, objects through their instance
+    dict (never ``getattr``, ``__getattr__`` or properties). A function's locals are not read:
+    ``frame.f_locals`` would pin them in a cached dict after they are deleted. Anything that
+    cannot be inspected is skipped; nothing here raises. ``names``, if given, receives
     ``id(object) -> the variable it was reached from`` for what is found; objects whose id is
     in ``skip`` are neither listed nor looked into.
     """
-    found: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
     if namespace is None:
-        return found
+        return ([], [], [])
+    cache = _scans.get() if not skip else None
+    key = (id(namespace), max_depth, max_objects)
+    walk = cache.get(key) if cache is not None else None
+    if walk is None:
+        walk = ([], [], []), {}, []
+        _walk_namespace(namespace, max_depth, max_objects, walk, skip)
+        if cache is not None:
+            cache[key] = walk
+    found, found_names, found_sampled = walk
+    if names is not None:
+        names.update(found_names)
+    if sampled is not None:
+        sampled.extend(found_sampled)
+    return found[0][:], found[1][:], found[2][:]
+
+
+def _walk_namespace(
+    namespace: Mapping[str, Any],
+    max_depth: int,
+    max_objects: int,
+    walk: _Walk,
+    skip: Collection[int],
+) -> None:
+    found, names, sampled = walk
     seen: set[int] = set(skip)
-    todo: list[tuple[Any, int, str]] = []
-    with contextlib.suppress(Exception):
-        todo.extend((v, 0, str(k)) for k, v in list(namespace.items()))
     kind_of = _KindCache()
     budget = max_objects
-    while todo and budget > 0:
-        obj, depth, root = todo.pop()
+    try:  # newest variable first, and so on down (the order callers have always seen)
+        top = [(value, str(name)) for name, value in reversed(list(namespace.items()))]
+    except Exception:  # noqa: BLE001 - an exotic mapping: nothing reachable
+        return
+    stack: list[tuple[Iterator[Any], int, str | None]] = [(iter(top), 0, None)]
+    while stack and budget > 0:
+        items, depth, root = stack[-1]
+        try:
+            item: Any = next(items, _END)
+        except Exception:  # noqa: BLE001 - changed while we read it (another thread)
+            item = _END
+        if item is _END:
+            stack.pop()
+            continue
+        obj: Any
+        name: str
+        obj, name = item if root is None else (item, root)
         if id(obj) in seen:
             continue
         seen.add(id(obj))
@@ -121,26 +200,72 @@ def reachable_objects(
         kind = kind_of(cls)
         if kind >= 0:
             found[kind].append(obj)
-            if names is not None:
-                names[id(obj)] = root
+            names[id(obj)] = name
             continue
-        if depth >= max_depth:
-            continue
-        try:
-            if cls in (list, tuple, set, frozenset):
-                todo.extend((v, depth + 1, root) for v in obj)
-            elif cls is dict:
-                todo.extend((v, depth + 1, root) for v in list(obj.values()))
-            elif not isinstance(obj, _OPAQUE):
-                attrs = getattr(obj, "__dict__", None)
-                if type(attrs) is dict:
-                    todo.extend((v, depth + 1, root) for v in list(attrs.values()))
-        except Exception:  # noqa: BLE001 - exotic containers: skip
-            continue
-    return found
+        if depth < max_depth and cls not in _ATOMS:
+            inner = _inside(obj, cls, kind_of)
+            if inner is _SKIPPED:
+                sampled.append(name)
+            elif inner is not None:
+                stack.append((inner, depth + 1, name))
 
 
-_OPAQUE = (type, types.ModuleType, types.FunctionType, types.MethodType, str, bytes)
+_SKIPPED: Any = iter(())
+
+
+def _inside(obj: Any, cls: type, kind_of: _KindCache) -> Iterator[Any] | None:
+    """What ``obj`` holds, to walk (None: nothing; ``_SKIPPED``: a large container whose
+    sample reaches no tensor, module or optimizer)."""
+    values: Any
+    try:
+        if cls is list or cls is tuple:
+            n = len(obj)
+            if n > LARGE and not _probe([obj[i] for i in range(0, n, n // _SAMPLE)], kind_of):
+                return cast(Iterator[Any], _SKIPPED)
+            return cast(Iterator[Any], reversed(obj))
+        if cls is dict:
+            values = obj.values()
+        elif cls is set or cls is frozenset:
+            values = obj
+        elif issubclass(cls, _OPAQUE):
+            return None
+        else:
+            attrs = _instance_dict(obj)
+            return reversed(list(attrs.values())) if attrs is not None else None
+        if len(values) > LARGE and not _probe(list(itertools.islice(values, _SAMPLE)), kind_of):
+            return cast(Iterator[Any], _SKIPPED)
+        items: list[Any] | Iterable[Any] = list(values) if len(values) <= LARGE else values
+        return reversed(items) if isinstance(items, list) else iter(items)
+    except Exception:  # noqa: BLE001 - exotic containers: skip
+        return None
+
+
+def _instance_dict(obj: Any) -> dict[str, Any] | None:
+    """An object's own attributes, read without running its code (``object.__getattribute__``
+    calls no ``__getattr__`` and no property of the class but one named ``__dict__``)."""
+    try:
+        attrs = object.__getattribute__(obj, "__dict__")
+    except Exception:  # noqa: BLE001 - no instance dict (slots, C types)
+        return None
+    return attrs if type(attrs) is dict else None
+
+
+def _probe(sample: list[Any], kind_of: _KindCache) -> bool:
+    """Whether these items (a large container's sample) reach a tensor, module or optimizer
+    within a few levels."""
+    todo = [(item, 0) for item in sample]
+    visits = _PROBE
+    while todo and visits:
+        obj, depth = todo.pop()
+        visits -= 1
+        cls = type(obj)
+        if kind_of(cls) >= 0:
+            return True
+        if depth < 2 and cls not in _ATOMS:
+            inner = _inside(obj, cls, kind_of)
+            if inner is not None and inner is not _SKIPPED:
+                todo.extend((item, depth + 1) for item in itertools.islice(inner, _SAMPLE))
+    return False
 
 
 def live_objects() -> tuple[list[torch.Tensor], list[nn.Module], list[Optimizer]]:

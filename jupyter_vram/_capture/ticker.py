@@ -1,11 +1,15 @@
-"""A helper thread beside a CPU recording: it samples the recording thread's Python stack and
-tells that thread when the profiler's events are due to be read.
+"""A helper thread beside a CPU recording: it samples the recording thread's Python stack
+every few milliseconds and tells that thread when the profiler's events are due to be read.
 
 Sampling replaces the profiler's Python tracer, which records every Python call (a cell of
 two million small calls ran 49x slower under it). A sample is the chain of frames from the
-recorded block down to the line running now, read from another thread; torch releases the
-GIL inside its ops, so a sample taken while an op runs names the exact line that called it.
-:class:`StackSamples` places each allocation at such a sample where one exists (see there).
+recorded block down to the line running now. torch releases the GIL inside its ops, so a
+sample taken while an op runs names the exact line that called it; :class:`StackSamples`
+places each allocation at such a sample where one exists. The thread reads the stack with
+``faulthandler.dump_traceback`` (about 80 us), which reads the frames where they are and makes
+no frame object: frame objects made from another thread's frames (``sys._current_frames``)
+can outlive those frames on Python 3.11, and a later garbage collection crashed the process.
+Module calls add samples of their own (``sys._getframe`` on the recording thread itself).
 
 Reading the profiler's events must happen on the recording thread, at a moment when no op is
 running. A cell that calls no module (``for i in range(10**6): t = torch.ones(1)``) gives our
@@ -20,13 +24,16 @@ from __future__ import annotations
 
 import _thread
 import contextlib
+import faulthandler
+import os
+import re
 import signal
 import sys
 import threading
 import time
 from array import array
 from collections.abc import Callable
-from types import CodeType, FrameType
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -38,8 +45,11 @@ INTERVAL_S = 0.002
 #: samples kept; past it the interval doubles and every other sample is dropped
 MAX_SAMPLES = 200_000
 
-#: (frame id, code, line) from the outermost recorded frame inward
-Chain = tuple[tuple[int, CodeType, int], ...]
+#: a frame of a sample: (file, line, function)
+Site = tuple[str, int, str]
+#: a sample: its frames from the outermost recorded one inward
+Chain = tuple[Site, ...]
+_FRAME_LINE = re.compile(rb'^  File "(.*)", line (\d+) in (.*)$')
 
 
 class StackSamples:
@@ -49,9 +59,9 @@ class StackSamples:
 
     * a sample taken while that op ran: its stack, exactly;
     * otherwise the samples just before and just after the op: where both show the same
-      frames (the same calls, not only the same functions) the op ran inside those calls,
-      so their common part is kept, and the innermost common frame's line only if both
-      samples were on it (else line 0: somewhere in that function);
+      functions from the outermost inward the op ran inside them, so their common part is
+      kept, and the innermost common frame's line only if both samples were on it (else line
+      0: somewhere in that function);
     * no sample on one side: no stack.
     """
 
@@ -60,34 +70,52 @@ class StackSamples:
         self.chains = array("i")
         self._chains: list[Chain] = []
         self._index: dict[Chain, int] = {}
-        self._lock = threading.Lock()  # the helper thread and the recording thread both add
+        #: the helper thread's samples, as faulthandler printed them (parsed by ``settle``)
+        self.raw_times = array("q")
+        self.raw: list[bytes] = []
 
     def __len__(self) -> int:
-        return len(self.times)
+        return len(self.times) + len(self.raw_times)
 
     def add(self, t: int, chain: Chain) -> None:
-        with self._lock:
-            cid = self._index.get(chain)
-            if cid is None:
-                cid = self._index[chain] = len(self._chains)
-                self._chains.append(chain)
-            self.times.append(t)
-            self.chains.append(cid)
+        cid = self._index.get(chain)
+        if cid is None:
+            cid = self._index[chain] = len(self._chains)
+            self._chains.append(chain)
+        self.times.append(t)
+        self.chains.append(cid)
+
+    def add_raw(self, t: int, text: bytes) -> None:
+        """A sample as printed (the helper thread adds these: bytes and ints only, which the
+        garbage collector does not track, so this thread never sets off a collection)."""
+        self.raw_times.append(t)
+        self.raw.append(text)
 
     def thin(self) -> None:
-        """Drop every other sample (the thread samples half as often from now on)."""
-        with self._lock:
-            self.times = self.times[::2]
-            self.chains = self.chains[::2]
+        """Drop every other raw sample, in place (the thread samples half as often now)."""
+        del self.raw_times[::2]
+        del self.raw[::2]
+
+    def settle(self, boundary: tuple[str, str] | None) -> None:
+        """Parse the raw samples into stacks (on the recording thread, once it is done)."""
+        parsed: dict[bytes, Chain | None] = {}
+        for t, text in zip(self.raw_times, self.raw, strict=True):
+            chain = parsed.get(text, ())
+            if chain == ():
+                chain = parsed[text] = recorded_part(_sites(text), boundary)
+            if chain is not None:
+                self.add(t, chain)
+        self.raw_times, self.raw = array("q"), []
 
     def place(
         self, times: np.ndarray, starts: np.ndarray, ends: np.ndarray
-    ) -> tuple[list[tuple[tuple[CodeType, int], ...]], np.ndarray]:
-        """Each allocation's frames (see the class): the distinct stacks found, as (code,
-        line) pairs outermost first, and for each allocation the index of its stack."""
+    ) -> tuple[list[Chain], np.ndarray, np.ndarray]:
+        """Each allocation's frames (see the class): the distinct stacks found, outermost
+        frame first, for each allocation the index of its stack, and whether its stack is
+        exact (a sample fell while its op ran)."""
         n = len(self.times)
         if not n or not len(times):
-            return [()], np.zeros(len(times), np.int64)
+            return [()], np.zeros(len(times), np.int64), np.zeros(len(times), bool)
         order = np.argsort(np.frombuffer(self.times, np.int64), kind="stable")
         at = np.frombuffer(self.times, np.int64)[order]  # two threads add: nearly in order
         chains = np.frombuffer(self.chains, np.int32).astype(np.int64)[order]
@@ -103,35 +131,49 @@ class StackSamples:
         a[inside] = chains[first[inside]]
         a[both] = chains[first[both] - 1]
         b[both] = chains[after[both]]
-        keys, which = np.unique(a * (len(self._chains) + 1) + (b + 1), return_inverse=True)
+        width = len(self._chains) + 1
+        keys, which = np.unique(a * width + (b + 1), return_inverse=True)
         found = []
         for key in keys.tolist():
-            one, other = divmod(key, len(self._chains) + 1)
+            one, other = divmod(key, width)
             found.append(self._frames(one, other - 1) if one >= 0 else ())
-        return found, which.reshape(-1)
+        return found, which.reshape(-1), inside
 
-    def _frames(self, a: int, b: int) -> tuple[tuple[CodeType, int], ...]:
+    def _frames(self, a: int, b: int) -> Chain:
         one = self._chains[a]
         if b < 0 or a == b:
-            return tuple((code, line) for _, code, line in one)
-        other = self._chains[b]
-        common: list[tuple[CodeType, int]] = []
-        for (fid, code, line), (fid2, _, line2) in zip(one, other, strict=False):
-            if fid != fid2:
+            return one
+        common: list[Site] = []
+        for site, (file, line, function) in zip(one, self._chains[b], strict=False):
+            if (site[0], site[2]) != (file, function):
                 break
-            common.append((code, line))
-            if line != line2:
-                common[-1] = (code, 0)
+            common.append(site)
+            if site[1] != line:
+                common[-1] = (file, 0, function)
                 break
         return tuple(common)
+
+
+def compiled_anything() -> bool:
+    """torch.compile has compiled something in this process. The thread then samples no more:
+    while compiled code runs (or dynamo compiles), a garbage collection our thread sets off
+    can walk the recording thread's frames in a state only dynamo expects, and crash the
+    process (seen on Python 3.11). Module calls still take samples of their own."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    try:  # .get: the helper thread makes no object the garbage collector tracks
+        frames = counters.get("frames") if counters is not None else None
+        return bool(frames is not None and frames.get("total", 0))
+    except Exception:  # noqa: BLE001 - another torch: assume the worst
+        return True
 
 
 class Ticker:
     """The helper thread of one recording (see the module doc).
 
-    ``boundary``: (file, function) of the frame that asked for recording; samples stop
-    above it. ``on_due(frame)`` runs on the recording thread when ``due_ns`` (monotonic) has
-    passed; it reads a chunk or, at a bad moment, sets a later ``due_ns``.
+    ``boundary``: (file, function) of the frame that asked for recording; samples stop at
+    it. ``on_due(frame)`` runs on the recording thread when ``due_ns`` (monotonic) has passed;
+    it reads a chunk or, at a bad moment, sets a later ``due_ns``.
     """
 
     def __init__(
@@ -140,24 +182,29 @@ class Ticker:
         on_due: Callable[[Any], None],
         *,
         sample: bool,
+        from_thread: bool = True,
         interval_s: float = INTERVAL_S,
     ) -> None:
         self.samples = StackSamples()
         self.due_ns = 0  # 0: nothing due
         self.signals = False  # chunks can be read between bytecodes (our handler is on)
+        self.sampling = sample
         self._boundary = boundary
         self._on_due = on_due
-        self._sample = sample
         self._interval = interval_s
         self._target = threading.get_ident()
-        self._stop = threading.Event()
+        self._running = True
         self._thread: threading.Thread | None = None
         self._previous: Any = None
         self._asked = False
+        self._pipe: tuple[int, int] | None = None
+        self._from_thread = from_thread
 
     def start(self) -> None:
         self.signals = self._take_signal()
-        if not (self.signals or self._sample):
+        if self.sampling and self._from_thread:
+            self._pipe = _sample_pipe()
+        if not (self.signals or self._pipe):
             return
         self._thread = threading.Thread(target=self._run, name="jupyter_vram-ticker", daemon=True)
         self._thread.start()
@@ -166,8 +213,12 @@ class Ticker:
         """Stop the thread, then give the signal back (a request already made is dropped)."""
         thread, self._thread = self._thread, None
         if thread is not None:
-            self._stop.set()
+            self._running = False
             thread.join()
+        pipe, self._pipe = self._pipe, None
+        for fd in pipe or ():
+            with contextlib.suppress(OSError):
+                os.close(fd)
         if self.signals:
             self.signals = False
             with contextlib.suppress(ValueError, OSError):
@@ -191,11 +242,19 @@ class Ticker:
             self._on_due(frame)
 
     def _run(self) -> None:
-        wait = self._stop.wait
+        """Every tick: a sample, and a request when a chunk is due. Nothing here makes an
+        object the garbage collector tracks (no ``Event.wait``, no exception caught), so no
+        collection ever starts on this thread: one would walk the recording thread's frames
+        while it is inside an op with the GIL released, which crashed the process."""
         interval = self._interval
-        while not wait(interval):
-            if self._sample:
-                self._take_sample()
+        header = f"Thread 0x{self._target:016x} ".encode()
+        samples = self._pipe is not None
+        while self._running:
+            time.sleep(interval)
+            if samples and compiled_anything():
+                samples = False
+            if samples:
+                self._take_sample(header)
                 if len(self.samples) >= MAX_SAMPLES:
                     self.samples.thin()
                     interval *= 2
@@ -205,30 +264,80 @@ class Ticker:
                 with contextlib.suppress(Exception):
                     _thread.interrupt_main(CHUNK_SIGNAL)  # type: ignore[arg-type]
 
-    def _take_sample(self) -> None:
+    def _take_sample(self, header: bytes) -> None:
+        """The recording thread's stack as faulthandler prints it, kept as printed: only
+        bytes and ints here (see ``StackSamples.add_raw``)."""
+        assert self._pipe is not None
         t = time.time_ns()
-        frames = sys._current_frames()
-        frame: FrameType | None = frames.get(self._target)
-        frames.clear()
-        del frames
-        self.sample(frame, t)
+        read, write = self._pipe
+        try:
+            faulthandler.dump_traceback(write, all_threads=True)
+            text = os.read(read, _PIPE_BYTES)  # all of it: written before the call returned
+        except (OSError, ValueError):
+            return
+        start = text.find(header)
+        if start >= 0:
+            end = text.find(b"\n\n", start)
+            self.samples.add_raw(t, text[start : end if end >= 0 else len(text)])
 
-    def sample(self, frame: FrameType | None, t: int) -> None:
-        """Add the stack from ``frame`` up to the frame that asked for recording (none if it is
-        not inside the recorded block:
-        recording is starting or stopping). The recording thread calls this too, at module
-        calls: a short cell gets stacks where the thread had no time to sample."""
-        chain: list[tuple[int, CodeType, int]] = []
-        boundary = self._boundary
+    def sample(self, frame: FrameType | None) -> None:
+        """Add the stack from ``frame`` (on the recording thread itself: module calls take one
+        too, so a short cell gets stacks where the thread had no time to sample)."""
+        t = time.time_ns()
+        sites = []
         while frame is not None:
             code = frame.f_code
-            chain.append((id(frame), code, frame.f_lineno or 0))
-            if boundary is not None and (code.co_filename, code.co_name) == boundary:
-                break  # the frame that asked for recording is the outermost one kept
+            sites.append((code.co_filename, frame.f_lineno or 0, code.co_name))
             frame = frame.f_back
+        chain = recorded_part(sites, self._boundary)
+        if chain is not None:
+            self.samples.add(t, chain)
+
+    def settle(self) -> None:
+        """Parse the thread's samples (after ``stop``, on the recording thread)."""
+        self.samples.settle(self._boundary)
+
+
+def recorded_part(sites: list[Site], boundary: tuple[str, str] | None) -> Chain | None:
+    """The frames (innermost first) from the one that asked for recording inward, outermost
+    first (None if it is not among them: recording is starting or stopping)."""
+    if boundary is not None:
+        for i, (file, _, function) in enumerate(sites):
+            if (file, function) == boundary:
+                del sites[i + 1 :]
+                break
         else:
-            if boundary is not None:
-                return
-        del frame
-        chain.reverse()
-        self.samples.add(t, tuple(chain))
+            return None
+    sites.reverse()
+    return tuple(sites)
+
+
+def _sites(text: bytes) -> list[Site]:
+    """A thread's frames from faulthandler's print of them (innermost first)."""
+    sites = []
+    for line in text.splitlines()[1:]:
+        match = _FRAME_LINE.match(line)
+        if match is not None:
+            file, number, function = match.groups()
+            sites.append((file.decode(errors="replace"), int(number), function.decode()))
+    return sites
+
+
+#: what one print of every thread's stack may take (a larger one is cut, not blocked on)
+_PIPE_BYTES = 1 << 20
+
+
+def _sample_pipe() -> tuple[int, int] | None:
+    """A pipe for faulthandler's prints: non-blocking both ways (a print that does not fit is
+    cut short rather than blocking the thread that reads it), as large as Linux allows."""
+    try:
+        read, write = os.pipe()
+    except OSError:
+        return None
+    for fd in (read, write):
+        os.set_blocking(fd, False)
+    with contextlib.suppress(Exception):
+        import fcntl
+
+        fcntl.fcntl(write, getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_BYTES)
+    return read, write

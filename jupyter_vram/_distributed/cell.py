@@ -28,7 +28,7 @@ def run_cell_on_ranks(
     filename: str,
     nproc: int,
     device: str | None = None,
-    stacks: bool = True,
+    stacks: bool | str = "sampled",
     timeout: float = 300.0,
 ) -> list[Profile]:
     """Run the cell in ``namespace``, then its ``main()`` on ``nproc`` ranks (Profiles in rank

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from .._capture import stack_mode
 from .._model import Profile, ProfileFileError
 from .files import rank_path
 
@@ -95,7 +96,7 @@ def launch(
     *,
     timeout: float = 300.0,
     device: str | None = None,
-    stacks: bool = True,
+    stacks: bool | str = "sampled",
 ) -> list[Profile]:
     """Run ``fn(*args, **kwargs)`` on ``nproc`` local ranks, each recorded; one Profile per
     rank, in rank order (``profile.meta`` holds ``rank``, ``world_size``, ``backend``).
@@ -103,6 +104,7 @@ def launch(
     ``backend``: None picks NCCL (one GPU per rank) when there are enough GPUs, else gloo.
     ``device``: what each rank records (default ``cuda:<local rank>`` under NCCL, else the
     recorder's default). ``timeout``: seconds for the whole launch, start-up included.
+    ``stacks``: as :func:`jupyter_vram.record` takes it.
     Raises :class:`LaunchError` (with every rank's partial profile and error) when a rank
     raises, crashes or runs past the timeout.
     """
@@ -123,7 +125,7 @@ def launch(
     try:
         (folder / "payload.pkl").write_bytes(payload)
         port = free_port()
-        settings = [str(folder), backend, device or "", repr(timeout * 0.75), str(int(stacks))]
+        settings = [str(folder), backend, device or "", repr(timeout * 0.75), stack_mode(stacks)]
         for rank in range(nproc):
             log: BinaryIO = (folder / f"rank{rank}.log").open("wb")
             logs.append(log)

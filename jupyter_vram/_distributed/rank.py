@@ -38,7 +38,7 @@ def record_rank(
     out: Path,
     *,
     device: str | None,
-    stacks: bool,
+    stacks: bool | str,
     namespace: Mapping[str, Any],
     meta: Mapping[str, Any],
 ) -> BaseException | None:

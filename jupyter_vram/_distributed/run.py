@@ -17,6 +17,7 @@ import runpy
 import sys
 from pathlib import Path
 
+from .._capture import STACK_MODES
 from .files import rank_path
 from .rank import format_error, rank_meta, record_rank
 
@@ -29,6 +30,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", default="vram_ranks", help="folder for rank<N>.json.gz")
     parser.add_argument("--device", default=None, help="device to record (default: cuda if any)")
     parser.add_argument("--no-stacks", action="store_true", help="skip Python stacks")
+    parser.add_argument(
+        "--stacks",
+        choices=STACK_MODES,
+        default="sampled",
+        help="Python stacks: sampled (default), full (traced: exact, slower), none",
+    )
     parser.add_argument("script", help="the training script")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     return parser.parse_args(argv)
@@ -64,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         call,
         out,
         device=device,
-        stacks=not options.no_stacks,
+        stacks="none" if options.no_stacks else options.stacks,
         namespace=namespace,
         meta={**meta, "script": str(script)},
     )

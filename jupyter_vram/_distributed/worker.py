@@ -1,7 +1,8 @@
 """One rank of :func:`jupyter_vram._distributed.launch` (run as ``python -m``).
 
 Arguments: folder, backend, device ('' for the default), process-group timeout in seconds,
-stacks (1/0). The environment carries RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT.
+stacks (sampled / full / none). The environment carries RANK / WORLD_SIZE / MASTER_ADDR /
+MASTER_PORT.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def main(argv: list[str]) -> int:
             lambda: fn(*args, **kwargs),
             rank_path(out, rank),
             device=device or None,
-            stacks=stacks == "1",
+            stacks=stacks,
             namespace={"args": args, "kwargs": kwargs},
             meta=meta,
         )
