@@ -55,3 +55,29 @@ def test_tests_pass_with_sigint_ignored() -> None:
     assert "session SIGINT ignored: True" in done.stdout
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "2 passed" in done.stdout
+
+
+NO_CHROMIUM = """\
+from pathlib import Path
+import tests.browser.lab as lab
+lab.CHROMIUM = Path(__file__).with_name("no-chromium-here")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ci", ["true", ""])
+def test_browser_tests_fail_in_ci_without_chromium(tmp_path: Path, ci: str) -> None:
+    """Without chromium a browser test skips, with the reason; under ``CI=true`` it fails."""
+    (tmp_path / "no_chromium.py").write_text(NO_CHROMIUM)
+    test = "tests/browser/test_lab_startup.py::test_lab_starts_without_bokehjs"
+    done = child_pytest(
+        ["-rA", "-p", "no:cacheprovider", "-p", "no_chromium", test],
+        env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "CI": ci},
+    )
+    out = done.stdout
+    assert "no-chromium-here not installed" in out, out[-3000:]
+    if ci:
+        assert done.returncode == 1 and "1 error" in out, out[-3000:]  # failed at setup
+        assert "CI=true, and browser tests cannot run" in out
+    else:
+        assert done.returncode == 0 and "1 skipped" in out, out[-3000:]
