@@ -48,6 +48,7 @@ from .._model import (
     Profile,
     ProfileFileError,
     SegmentEvents,
+    open_regular_file,
 )
 from .cuda_convert import profile_from_snapshot
 from .snapshot_columns import TraceColumns, columns_from_trace, profile_from_columns
@@ -93,12 +94,28 @@ class SafeUnpickler(pickle.Unpickler):
 
 
 def _open_maybe_gzip(path: Path) -> IO[bytes]:
-    fh: IO[bytes] = path.open("rb")
+    """The file's bytes, through gzip when it is gzip; a regular file only (see
+    :func:`open_regular_file`: a FIFO would block, a device read forever)."""
+    fh = open_regular_file(path)
     if fh.read(2) == b"\x1f\x8b":
-        fh.close()
-        return gzip.GzipFile(path, "rb")  # type: ignore[return-value]
+        fh.seek(0)
+        return _OwnedGzip(fh)  # type: ignore[return-value]
     fh.seek(0)
     return fh
+
+
+class _OwnedGzip(gzip.GzipFile):
+    """A gzip reader that closes the file it reads, as when it opens the file itself."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        super().__init__(fileobj=raw, mode="rb")
+        self._raw = raw
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._raw.close()
 
 
 def load_snapshot(path: str | Path) -> dict[str, Any]:
@@ -218,7 +235,7 @@ def _is_big_pickle(path: Path) -> bool:
             if fh.read(1) != b"\x80":
                 return False
         return path.stat().st_size >= STREAM_MIN_BYTES
-    except OSError:
+    except (OSError, ProfileFileError):  # load_snapshot says what is wrong with the file
         return False
 
 
