@@ -161,12 +161,17 @@ def _script_context(script: Path, argv: Sequence[str]) -> Iterator[None]:
 
 
 def cmd_run(args: argparse.Namespace, progress: Progress) -> int:
+    from ._capture import RecordingError, parse_device
     from ._recording import record
     from ._render.text import format_bytes
 
     script = Path(args.script)
     if not script.is_file():
         raise UsageError(f"{args.script}: no such script")
+    try:
+        parse_device(args.device)
+    except RecordingError as error:  # a device this machine lacks: one line, exit 2
+        raise UsageError(str(error)) from None
     if args.nproc_per_node is not None:  # torchrun records every rank (_distributed/run.py)
         from ._distributed.run import run_local
 

@@ -28,6 +28,11 @@ def current_cell_number(shell: Any) -> int:
     return int(shell.execution_count)
 
 
+def said(error: object, outcome: str) -> str:
+    """One line: the problem, then what became of the cell (no ``.;`` between them)."""
+    return f"{str(error).rstrip(' .')}; {outcome}"
+
+
 def _capacity(text: str | None, outcome: str = "the cell did not run") -> int | None:
     """``--capacity`` in bytes; a bad size prints one message (ending in ``outcome``) and
     gives None."""
@@ -38,7 +43,7 @@ def _capacity(text: str | None, outcome: str = "the cell did not run") -> int | 
     try:
         return parse_capacity(text)
     except ValueError as error:
-        print(f"%%vram: {error}; {outcome}", file=sys.stderr)
+        print(f"%%vram: {said(error, outcome)}", file=sys.stderr)
         return None
 
 
@@ -90,7 +95,10 @@ class VramMagics(Magics):
         try:
             parse_device(args.device)
         except RecordingError as error:
-            print(f"%vram: {error}", file=sys.stderr)
+            if cell is None:
+                print(f"%vram: {error}", file=sys.stderr)
+            else:
+                print(f"%%vram: {said(error, 'the cell did not run')}", file=sys.stderr)
             return None
         capacity = _capacity(args.capacity)
         if args.capacity is not None and capacity is None:
@@ -129,7 +137,7 @@ class VramMagics(Magics):
                 cell=f"In [{number}]",
             )
         except RecordingNotStarted as error:
-            print(f"%%vram: {error}; the cell did not run", file=sys.stderr)
+            print(f"%%vram: {said(error, 'the cell did not run')}", file=sys.stderr)
             return None
         if run.nested:
             print("%%vram: already recording; this nested cell ran without its own recording")
@@ -198,7 +206,7 @@ class VramMagics(Magics):
                     checkpoint=checkpoint, offload=args.offload, on_profile=show,
                 )  # fmt: skip
         except (RerunError, RecordingNotStarted) as error:
-            print(f"%%vram: {error}; the cell did not run", file=sys.stderr)
+            print(f"%%vram: {said(error, 'the cell did not run')}", file=sys.stderr)
             return None
         if run.nested or run.profile is None:
             print("%%vram: already recording; this nested cell ran without its own recording")
@@ -271,7 +279,7 @@ class VramMagics(Magics):
         try:
             parse_device(args.device)
         except RecordingError as error:
-            print(f"%%vram: {error}; the cell runs unrecorded", file=sys.stderr)
+            print(f"%%vram: {said(error, 'the cell runs unrecorded')}", file=sys.stderr)
             return
         if args.amp or args.checkpoint or args.offload or args.compare:
             print(
@@ -296,7 +304,7 @@ class VramMagics(Magics):
         try:
             rec.__enter__()
         except RecordingError as error:
-            print(f"%%vram: {error}; the cell runs unrecorded", file=sys.stderr)
+            print(f"%%vram: {said(error, 'the cell runs unrecorded')}", file=sys.stderr)
             return
         self._async = (rec, args)
 

@@ -19,6 +19,9 @@ class Recording:
     post-mortem in the profile (``profile.oom``) and propagates unchanged.
     """
 
+    #: records the meta device (refused otherwise: a user's meta tensors hold no memory)
+    fake_run = False
+
     def __init__(
         self,
         device: str | None = None,
@@ -58,8 +61,10 @@ class Recording:
             with interrupts_deferred():  # a half-started recorder is stopped whole, below
                 entry = sys._getframe(1)
                 namespace = self._namespace if self._namespace is not None else entry.f_globals
-                self._leak_state = _note_leak_start(namespace, self._device)
-                self._recorder = make_recorder(self._device, stacks=self._stacks)
+                self._leak_state = _note_leak_start(namespace, self._device, self.fake_run)
+                self._recorder = make_recorder(
+                    self._device, stacks=self._stacks, fake=self.fake_run
+                )
                 self._recorder.start(entry, self._namespace)
                 self._start_watches(self._recorder.device, namespace)
         except BaseException:
@@ -138,6 +143,12 @@ class Recording:
             attach(profile, state)
 
 
+class FakeRunRecording(Recording):
+    """The estimator's recording of its fake-tensor run, on the meta device."""
+
+    fake_run = True
+
+
 def record(
     device: str | None = None,
     *,
@@ -167,12 +178,12 @@ def _parse_capacity(value: int | float | str) -> int:
     return parse_capacity(value)
 
 
-def _note_leak_start(namespace: Mapping[str, Any], device: str | None) -> Any:
+def _note_leak_start(namespace: Mapping[str, Any], device: str | None, fake: bool) -> Any:
     """What exists before the run, so leaks are only what it made (never raises)."""
     try:
         from ._capture import parse_device
         from ._leaks import note_start
 
-        return note_start(namespace, parse_device(device))
+        return note_start(namespace, parse_device(device, fake=fake))
     except Exception:  # noqa: BLE001 - leak finding is a nicety; recording goes on
         return None

@@ -1,0 +1,110 @@
+"""Bad input gets one clear line: devices this machine lacks, runaway rank counts and
+timeouts, sizes of any length, numbers past 64 bits in snapshots, the wrong object given to
+``jv.rerun``, a file that is neither a profile nor a snapshot. Nothing runs, no process starts,
+no traceback shows, and the kernel records the next cell as before.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from IPython.core.interactiveshell import InteractiveShell
+
+import jupyter_vram as jv
+from jupyter_vram import _cli as cli
+from jupyter_vram._capture import RECORDING_LOCK, RecordingError
+from jupyter_vram._devices import memory_now
+
+from .conftest import CLEAN, ipython_shell, recording_state
+
+DID_NOT_RUN = "; the cell did not run"
+
+
+@pytest.fixture(scope="module")
+def shell() -> Iterator[InteractiveShell]:
+    ip = ipython_shell()
+    ip.run_line_magic("load_ext", "jupyter_vram")
+    ip.run_cell("import torch")
+    yield ip
+
+
+def one_line(
+    shell: InteractiveShell, cell: str, capsys: pytest.CaptureFixture[str], *, prefix: str
+) -> str:
+    """Run ``cell``: it raises nothing, binds no ``ran_here``, and prints one line on stderr
+    (no traceback, no ``.;``). Returns the line."""
+    shell.user_ns.pop("ran_here", None)
+    result = shell.run_cell(cell)
+    assert result.error_before_exec is None and result.error_in_exec is None, result
+    assert "ran_here" not in shell.user_ns, "the cell ran"
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1, out.err
+    assert lines[0].startswith(prefix), lines[0]
+    assert "Traceback" not in out.err + out.out and ".;" not in lines[0], lines[0]
+    assert recording_state() == CLEAN
+    return lines[0]
+
+
+# -- 12: devices that hold nothing, or that this machine does not have ----------------------
+
+
+def _missing(device: str) -> bool:
+    if device == "mps":
+        return not torch.backends.mps.is_available()
+    if device == "xla":
+        return importlib.util.find_spec("torch_xla") is None
+    return True
+
+
+@pytest.mark.parametrize("device", ["meta", "mps", "xla"])
+def test_devices_without_memory_here_are_refused(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str], device: str
+) -> None:
+    if not _missing(device):
+        pytest.skip(f"this machine has {device}")
+    line = one_line(
+        shell, f"%%vram --device {device}\nran_here = torch.ones(10)", capsys, prefix="%%vram: "
+    )
+    assert line.endswith(DID_NOT_RUN)
+    if device == "meta":
+        assert "meta tensors hold no memory" in line
+    else:
+        assert f"device '{device}' is not available here" in line
+    with pytest.raises(RecordingError), jv.record(device):
+        pass  # pragma: no cover - never entered
+    assert not RECORDING_LOCK.locked()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() > 7, reason="this machine has a cuda:7")
+def test_line_magic_on_a_cuda_device_this_machine_lacks(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = one_line(shell, "%vram --device cuda:7", capsys, prefix="%vram: ")
+    if torch.cuda.is_available():
+        assert "cuda:7 does not exist" in line
+    else:
+        assert "torch.cuda.is_available() is False" in line
+    assert memory_now("cuda:7") == line  # called directly: the same line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_refused_without_a_stray_period(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = one_line(shell, "%%vram --device cuda\nran_here = 1", capsys, prefix="%%vram: ")
+    assert line.endswith("jv.record(device='cpu')" + DID_NOT_RUN)
+
+
+def test_cli_run_on_a_device_without_memory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("ran_here = 1\n")
+    assert cli.main(["run", "--device", "meta", "-o", str(tmp_path / "r.html"), str(script)]) == 2
+    assert capsys.readouterr().err.startswith("jupyter-vram run: 'meta': meta tensors hold")
+    assert not (tmp_path / "r.html").exists()
