@@ -173,10 +173,12 @@ def cmd_run(args: argparse.Namespace, progress: Progress) -> int:
     except RecordingError as error:  # a device this machine lacks: one line, exit 2
         raise UsageError(str(error)) from None
     if args.nproc_per_node is not None:  # torchrun records every rank (_distributed/run.py)
+        from ._distributed.launcher import launch_problem
         from ._distributed.run import run_local
 
-        if args.nproc_per_node < 1:
-            raise UsageError("--nproc-per-node must be at least 1")
+        problem = launch_problem(args.nproc_per_node, 1.0, nproc_name="--nproc-per-node")
+        if problem is not None:
+            raise UsageError(problem)
         return run_local(str(script), args.args, nproc=args.nproc_per_node,
                          out=args.ranks_dir, device=args.device)  # fmt: skip
     progress(f"running {script.name} under recording")

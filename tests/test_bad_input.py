@@ -7,6 +7,8 @@ no traceback shows, and the kernel records the next cell as before.
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,3 +110,51 @@ def test_cli_run_on_a_device_without_memory(
     assert cli.main(["run", "--device", "meta", "-o", str(tmp_path / "r.html"), str(script)]) == 2
     assert capsys.readouterr().err.startswith("jupyter-vram run: 'meta': meta tensors hold")
     assert not (tmp_path / "r.html").exists()
+
+
+# -- 10 and 13: --nproc and --timeout ---------------------------------------------------------
+
+
+@pytest.fixture
+def two_cpus(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """A machine of two CPUs and no GPU, where starting a process is recorded, not done."""
+    started: list[object] = []
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(subprocess, "call", lambda *a, **k: started.append(a))
+    return started
+
+
+MAIN = "\ndef main():\n    pass\nran_here = 1"
+
+
+@pytest.mark.parametrize("nproc", ["3", "99999999999999999999", "0", "-2"])
+def test_nproc_is_bounded_by_the_machine(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str], two_cpus: list[object], nproc: str
+) -> None:
+    line = one_line(shell, f"%%vram --nproc {nproc}{MAIN}", capsys, prefix="%%vram: --nproc")
+    assert line.endswith(DID_NOT_RUN)
+    if int(nproc) > 2:
+        assert f"--nproc {nproc} is more ranks than this machine can run at once: at most 2" in line
+    else:
+        assert "at least 1" in line
+    assert two_cpus == []  # no process started
+    with pytest.raises(ValueError, match="at most 2"):
+        jv.launch(print, nproc=10**400)
+    assert cli.main(["run", "--nproc-per-node", nproc, __file__]) == 2
+    assert "--nproc-per-node" in capsys.readouterr().err
+    assert two_cpus == []
+
+
+@pytest.mark.parametrize("timeout", ["-1", "0", "nan", "inf", "1e300"])
+def test_timeout_must_be_a_real_number_of_seconds(
+    shell: InteractiveShell,
+    capsys: pytest.CaptureFixture[str],
+    two_cpus: list[object],
+    timeout: str,
+) -> None:
+    cell = f"%%vram --nproc 2 --timeout {timeout}{MAIN}"
+    line = one_line(shell, cell, capsys, prefix="%%vram: --timeout must be more than 0 seconds")
+    assert line.endswith(DID_NOT_RUN) and two_cpus == []
