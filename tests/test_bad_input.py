@@ -19,6 +19,7 @@ from IPython.core.interactiveshell import InteractiveShell
 import jupyter_vram as jv
 from jupyter_vram import _cli as cli
 from jupyter_vram._capture import RECORDING_LOCK, RecordingError
+from jupyter_vram._capture.capacity import parse_capacity
 from jupyter_vram._devices import memory_now
 
 from .conftest import CLEAN, ipython_shell, recording_state
@@ -158,3 +159,27 @@ def test_timeout_must_be_a_real_number_of_seconds(
     cell = f"%%vram --nproc 2 --timeout {timeout}{MAIN}"
     line = one_line(shell, cell, capsys, prefix="%%vram: --timeout must be more than 0 seconds")
     assert line.endswith(DID_NOT_RUN) and two_cpus == []
+
+
+# -- 13: sizes, snapshots, rerun, files ---------------------------------------------------------
+
+
+def test_capacity_of_any_length_and_unit() -> None:
+    assert parse_capacity("1PB") == 10**15
+    assert parse_capacity("1PiB") == 2**50
+    assert parse_capacity("1125899906842624") == 2**50  # 1 PiB in bytes: the most taken
+    for too_big in ("1" * 400, "99999TiB", "1125899906842625", "2PB", 10**400, 1e300):
+        with pytest.raises(ValueError, match=r"more than any device holds \(at most 1 PiB"):
+            parse_capacity(too_big)
+    for not_positive in ("0", "0.1", 0):
+        with pytest.raises(ValueError, match="must be a positive size"):
+            parse_capacity(not_positive)
+
+
+def test_magic_capacity_of_400_digits(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cell = f"%%vram --capacity {'1' * 400}\nran_here = 1"
+    line = one_line(shell, cell, capsys, prefix="%%vram: capacity '1111")
+    assert "more than any device holds" in line and line.endswith(DID_NOT_RUN)
+    assert len(line) < 200
