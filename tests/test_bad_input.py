@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pickle
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from IPython.core.interactiveshell import InteractiveShell
 
 import jupyter_vram as jv
+from jupyter_vram import ProfileFileError
 from jupyter_vram import _cli as cli
 from jupyter_vram._capture import RECORDING_LOCK, RecordingError
 from jupyter_vram._capture.capacity import parse_capacity
+from jupyter_vram._capture.snapshot_file import profile_from_snapshot_source
 from jupyter_vram._devices import memory_now
 
 from .conftest import CLEAN, ipython_shell, recording_state
@@ -183,3 +187,38 @@ def test_magic_capacity_of_400_digits(
     line = one_line(shell, cell, capsys, prefix="%%vram: capacity '1111")
     assert "more than any device holds" in line and line.endswith(DID_NOT_RUN)
     assert len(line) < 200
+
+
+def snapshot(size: int = 4096, time_us: int = 1_000_000, addr: int = 1 << 20) -> dict[str, Any]:
+    """A one-device snapshot: one block allocated and freed."""
+    entry = {"addr": addr, "size": size, "stream": 0, "frames": []}
+    return {
+        "segments": [],
+        "device_traces": [
+            [
+                {**entry, "action": "alloc", "time_us": time_us},
+                {**entry, "action": "free_completed", "time_us": time_us + 5},
+            ]
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"size": 2**70}, "too large"),
+        ({"time_us": 10**30}, "too large"),
+        ({"addr": 2**70}, "too large"),
+        ({"size": -512}, "trace entry 0: size -512 is out of range"),
+        ({"addr": -5}, "trace entry 0: address -5 is out of range"),
+    ],
+)
+def test_snapshot_numbers_out_of_range(tmp_path: Path, change: dict[str, int], says: str) -> None:
+    """Each way in (a dict, a pickle read whole, a pickle streamed) says ProfileFileError."""
+    data = snapshot(**change)  # type: ignore[arg-type]
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(data, protocol=4))
+    for source, stream in ((data, None), (path, False), (path, True)):
+        with pytest.raises(ProfileFileError, match=says):
+            profile_from_snapshot_source(source, stream=stream)  # type: ignore[arg-type]
+    assert jv.Profile.from_snapshot(snapshot()).peak_bytes == 4096  # the same, in range
