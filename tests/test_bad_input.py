@@ -25,6 +25,7 @@ from jupyter_vram._capture import RECORDING_LOCK, RecordingError
 from jupyter_vram._capture.capacity import parse_capacity
 from jupyter_vram._capture.snapshot_file import profile_from_snapshot_source
 from jupyter_vram._devices import memory_now
+from jupyter_vram._rerun import RerunError
 
 from .conftest import CLEAN, ipython_shell, recording_state
 
@@ -222,3 +223,11 @@ def test_snapshot_numbers_out_of_range(tmp_path: Path, change: dict[str, int], s
         with pytest.raises(ProfileFileError, match=says):
             profile_from_snapshot_source(source, stream=stream)  # type: ignore[arg-type]
     assert jv.Profile.from_snapshot(snapshot()).peak_bytes == 4096  # the same, in range
+
+
+@pytest.mark.parametrize("what", [5, None, "_vram"])
+def test_rerun_of_something_else_is_one_line(what: object) -> None:
+    with pytest.raises(RerunError, match=r"^rerun needs a profile made by %%vram") as info:
+        jv.rerun(what)  # type: ignore[arg-type]
+    assert type(what).__name__ in str(info.value) and "\n" not in str(info.value)
+    assert jv.rerun_unavailable(what) == str(info.value)  # type: ignore[arg-type]
