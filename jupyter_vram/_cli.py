@@ -59,6 +59,12 @@ class Progress:
             self.stream.flush()
 
 
+NEITHER = (
+    "neither a jupyter_vram profile (JSON, maybe gzip) nor a PyTorch memory snapshot "
+    "(a torch.cuda.memory._dump_snapshot pickle)"
+)
+
+
 def load_profile(path: str, *, device: str | None, progress: Progress) -> Profile:
     """A saved jupyter_vram profile (JSON, maybe gzip) or a PyTorch snapshot (pickle / JSON)."""
     from ._model import Profile, ProfileFileError
@@ -68,12 +74,15 @@ def load_profile(path: str, *, device: str | None, progress: Progress) -> Profil
         raise UsageError(f"{path}: no such file")
     with file.open("rb") as fh:
         head = fh.read(2)
+    not_json = False
     if head[:1] != b"\x80":  # not a pickle: JSON, maybe gzip; our profile or a JSON snapshot
         progress(f"reading {file.name}")
         try:
             return Profile.load(file)
         except ProfileFileError as exc:
-            if "not a jupyter_vram profile" not in str(exc):
+            # the text did not parse: maybe an old text-protocol pickle, else neither
+            not_json = isinstance(exc.__cause__, (ValueError, RecursionError))
+            if not not_json and "not a jupyter_vram profile" not in str(exc):
                 raise UsageError(str(exc)) from None
     from ._capture.snapshot_file import profile_from_snapshot_source
 
@@ -86,7 +95,7 @@ def load_profile(path: str, *, device: str | None, progress: Progress) -> Profil
     try:
         return profile_from_snapshot_source(file, device=device, progress=reading)
     except ProfileFileError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(f"{path}: {NEITHER}" if not_json else str(exc)) from None
 
 
 def _write_html(profile: Profile, out: str, progress: Progress) -> Path:

@@ -231,3 +231,17 @@ def test_rerun_of_something_else_is_one_line(what: object) -> None:
         jv.rerun(what)  # type: ignore[arg-type]
     assert type(what).__name__ in str(info.value) and "\n" not in str(info.value)
     assert jv.rerun_unavailable(what) == str(info.value)  # type: ignore[arg-type]
+
+
+def test_report_of_a_file_that_is_neither(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name, data in (("random.pickle", bytes(range(7, 256)) * 10), ("text.pickle", b"hello")):
+        (tmp_path / name).write_bytes(data)
+        assert cli.main(["report", str(tmp_path / name), "-o", str(tmp_path / "r.html")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (
+            f"jupyter-vram report: {tmp_path / name}: neither a jupyter_vram profile (JSON, "
+            "maybe gzip) nor a PyTorch memory snapshot (a torch.cuda.memory._dump_snapshot "
+            "pickle)"
+        )
