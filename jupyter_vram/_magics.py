@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import tokenize
 from typing import Any
 
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
@@ -26,6 +27,18 @@ def current_cell_number(shell: Any) -> int:
                 return number
             frame = frame.f_back  # type: ignore[assignment]
     return int(shell.execution_count)
+
+
+def shown_value(value: Any, source: str) -> Any:
+    """The cell's value, or None when its last statement ends in ``;``: as without %%vram
+    (and as %%time does), a trailing semicolon keeps the value from being displayed."""
+    from IPython.core.displayhook import DisplayHook
+
+    try:
+        quiet = DisplayHook.semicolon_at_end_of_expression(source)
+    except (SyntaxError, tokenize.TokenError):  # the cell ran, so this is only a nicety
+        quiet = False
+    return None if quiet else value
 
 
 def said(error: object, outcome: str) -> str:
@@ -141,7 +154,7 @@ class VramMagics(Magics):
             return None
         if run.nested:
             print("%%vram: already recording; this nested cell ran without its own recording")
-        return run.value
+        return shown_value(run.value, source)
 
     def _vram_ranks(self, source: str, filename: str, args: Any) -> None:
         """``--nproc N``: the cell defines main(); run it on N ranks, show the ranks."""
@@ -210,10 +223,10 @@ class VramMagics(Magics):
             return None
         if run.nested or run.profile is None:
             print("%%vram: already recording; this nested cell ran without its own recording")
-            return run.value
+            return shown_value(run.value, source)
         if args.compare:
             self._compare(run.profile, techniques, args)
-        return run.value
+        return shown_value(run.value, source)
 
     def _compare(self, baseline: Profile, techniques: list[str], args: Any) -> None:
         """Rerun ``baseline`` with each technique; the app (shown first) gets each variant in

@@ -245,3 +245,19 @@ def test_report_of_a_file_that_is_neither(
             "maybe gzip) nor a PyTorch memory snapshot (a torch.cuda.memory._dump_snapshot "
             "pickle)"
         )
+
+
+# -- 13: a trailing semicolon ------------------------------------------------------------------
+
+
+def test_trailing_semicolon_hides_the_value_as_without_vram(shell: InteractiveShell) -> None:
+    for cell, shown in (
+        ("1 + 1;", None),
+        ("1 + 1;  # a comment", None),
+        ("1 + 1", 2),
+        ("x = 'a;'\nx", "a;"),
+    ):
+        plain = shell.run_cell(cell, store_history=True).result
+        recorded = shell.run_cell(f"%%vram -q\n{cell}", store_history=True).result
+        assert plain == recorded == shown, cell
+    assert recording_state() == CLEAN
