@@ -119,10 +119,11 @@ class Recording:
         finally:
             self._recorder = None
             RECORDING_LOCK.release()
-        self._after(self._profile, exc, limit)
+        self._profile = self._after(self._profile, exc, limit)
 
-    def _after(self, profile: Profile, exc: BaseException | None, limit: Any) -> None:
-        """Post-mortem facts of an OOM, and the run's leak baseline; never raises."""
+    def _after(self, profile: Profile, exc: BaseException | None, limit: Any) -> Profile:
+        """Post-mortem facts of an OOM (a refused CPU request taken out of the profile: see
+        ``capture.refused``), and the run's leak baseline; never raises."""
         watch, self._oom_watch = self._oom_watch, None
         state, self._leak_state = self._leak_state, None
         if self._capacity is not None:
@@ -134,13 +135,20 @@ class Recording:
                 failure = limit.failure if limit is not None else None
                 from ._analysis.oom import META_KEY
 
-                profile.meta[META_KEY] = watch.facts(exc, failure, self._capacity)
+                facts = watch.facts(exc, failure, self._capacity)
+                if failure is not None:
+                    from ._capture.refused import drop_refused
+
+                    profile, refused = drop_refused(profile, failure)
+                    facts.update(refused)
+                profile.meta[META_KEY] = facts
         except Exception as problem:  # noqa: BLE001 - the post-mortem must not hide the error
             profile.meta.setdefault("warnings", []).append(f"OOM post-mortem failed: {problem}")
         if state is not None:
             from ._leaks import attach
 
             attach(profile, state)
+        return profile
 
 
 class FakeRunRecording(Recording):

@@ -125,6 +125,10 @@ class CapacityFailure:
     capacity_bytes: int
     op: str
     time_ns: int  # time.time_ns() when it was refused
+    #: bytes of each new storage the op made (the refused one at ``refused_index``); the guard
+    #: drops them all, and the refused one and those after it were never counted
+    output_bytes: tuple[int, ...] = ()
+    refused_index: int = 0
 
 
 def held_storages(
@@ -243,12 +247,15 @@ class CapacityGuard(TorchDispatchMode):
         except Exception:  # noqa: BLE001 - never raise from bookkeeping
             return out
         pending = 0
-        for storage in new:
+        for index, storage in enumerate(new):
             n = int(storage.nbytes())
             if self.live_bytes + pending + n > self.capacity:
                 in_use = self.live_bytes + pending
                 op = getattr(getattr(func, "_overloadpacket", None), "__name__", str(func))
-                self.failure = CapacityFailure(n, in_use, self.capacity, op, time.time_ns())
+                sizes = tuple(int(s.nbytes()) for s in new)
+                self.failure = CapacityFailure(
+                    n, in_use, self.capacity, op, time.time_ns(), sizes, index
+                )
                 # the caller's traceback keeps this frame: it must not keep tensors alive
                 del out, new, storage
                 args, kwargs = (), {}
