@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -240,7 +239,7 @@ def test_gzip_of_several_members_loads(good: dict[str, Any], tmp_path: Path) -> 
     assert Profile.load(tmp_path / "m.json.gz").to_dict()["allocations"] == good["allocations"]
 
 
-def test_gzip_bomb_is_refused_in_bounded_memory_and_time(tmp_path: Path) -> None:
+def test_gzip_bomb_is_refused_in_bounded_memory(tmp_path: Path) -> None:
     # 24 gzip members of 64 MiB of zeros each: a 1.5 MB file that inflates to 1.5 GiB,
     # past the default 1 GiB limit
     member = gzip.compress(b"\0" * (64 << 20), compresslevel=9)
@@ -248,16 +247,13 @@ def test_gzip_bomb_is_refused_in_bounded_memory_and_time(tmp_path: Path) -> None
     path.write_bytes(member * 24)
     assert path.stat().st_size < 2 << 20
     tracemalloc.start()
-    start = time.perf_counter()
     try:
         with pytest.raises(ProfileFileError, match="inflates past the 1,073,741,824-byte limit"):
             Profile.load(path)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    elapsed = time.perf_counter() - start
     assert peak < 32 << 20, f"loading the bomb held {peak:,} bytes"
-    assert elapsed < 20
     # a caller's own limit applies too, and a plain file over it is not even read
     with pytest.raises(ProfileFileError, match="1,000-byte limit"):
         Profile.load(path, max_bytes=1000)
