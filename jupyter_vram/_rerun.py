@@ -282,6 +282,11 @@ def _plan(
             f"rerun needs a profile made by %%vram in this kernel (a cell's _vram), not "
             f"{type(profile).__name__} {profile!r:.40}"
         )
+    if "world_size" in profile.meta:  # made by %%vram --nproc, jv.launch or torchrun
+        raise RerunError(
+            f"this is rank {profile.meta.get('rank', '?')} of a distributed run (%%vram "
+            "--nproc, jv.launch, torchrun): reruns apply to a single-process %%vram cell"
+        )
     cell = cell_of(profile)
     variant = profile.variant
     if variant is not None:

@@ -18,6 +18,7 @@ import torch
 import jupyter_vram as jv
 from jupyter_vram._analysis.allocator import allocator_state
 from jupyter_vram._analysis.compare import verdict
+from jupyter_vram._app import ProfileApp
 from jupyter_vram._app.compare_view import _change_cell
 from jupyter_vram._app.estimate_view import what_if_html
 from jupyter_vram._app.profile_app import notes_html, simulated_html
@@ -118,6 +119,17 @@ def _scaled(profile: jv.Profile, factor: int) -> Allocations:
     a = profile.allocations
     columns = {name: getattr(a, name) for name in a.__dataclass_fields__}
     return Allocations(**{**columns, "size": a.size * factor})
+
+
+def test_a_rank_says_it_is_a_rank(cpu_profile: jv.Profile) -> None:
+    rank = cpu_profile.replace(meta={**cpu_profile.meta, "rank": 1, "world_size": 2})
+    reason = jv.rerun_unavailable(rank)
+    assert reason == (
+        "this is rank 1 of a distributed run (%%vram --nproc, jv.launch, torchrun): reruns "
+        "apply to a single-process %%vram cell"
+    )
+    note = text_of(ProfileApp(rank).reruns.value)  # type: ignore[union-attr]
+    assert "rank 1 of a distributed run" in note and "made by %%vram" not in note
 
 
 def test_an_estimate_has_a_step_not_a_cell(cpu_profile: jv.Profile) -> None:
