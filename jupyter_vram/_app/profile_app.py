@@ -47,8 +47,13 @@ if TYPE_CHECKING:
 EVENT_AXIS = next(name for name, axis in AXES.items() if axis == "event")
 TABS = ("Flame graph", "Breakdown", "Timeline", "Top sites", "Allocator")
 # Colours come from JupyterLab's theme variables (light and dark); the fallbacks are light.
+# Bokeh draws its hover tooltips white, in a box it appends to the page's body (outside the
+# app, so the rule cannot be scoped to it): in a dark theme they take the theme's colours.
 STYLE = """<style>
 .jv-app{color:var(--jp-ui-font-color1,#222)}
+body[data-jp-theme-light="false"] .bk-Tooltip{--tooltip-color:var(--jp-layout-color1);
+--tooltip-text:var(--jp-ui-font-color1);--tooltip-border:var(--jp-border-color1);
+--tooltip-arrow-color:var(--jp-border-color1)}
 .jv-header{display:flex;flex-wrap:wrap;gap:4px 18px;font-size:13px;padding:4px 0;line-height:1.6}
 .jv-label{color:var(--jp-ui-font-color2,#666)}
 .jv-error,.jv-gone{color:var(--jp-error-color1,#a00);margin:2px 0}
