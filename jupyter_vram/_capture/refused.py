@@ -61,28 +61,29 @@ def _output_rows(profile: Profile, failure: CapacityFailure) -> list[int] | None
     freed &= a.device == profile.devices.index(profile.device)
     named = np.array([name == failure.op for name in profile.ops], dtype=bool)
     for candidates in (freed & named[a.op], freed):  # by the op's name first, then by size
-        rows = _pick(np.flatnonzero(candidates).tolist(), a.size, failure.output_bytes, a.alloc_seq)
+        rows = _pick(np.flatnonzero(candidates), a.size, failure.output_bytes, a.alloc_seq)
         if rows is not None and _dropped_at_once(a, rows):
             return rows
     return None
 
 
 def _pick(
-    rows: list[int],
+    rows: Any,
     sizes: np.ndarray[Any, Any],
     wanted: tuple[int, ...],
     order: np.ndarray[Any, Any] | None = None,
 ) -> list[int] | None:
     """For each wanted size, that many of ``rows`` of that size, latest (by ``order``) first;
-    None when some size is short."""
-    if order is not None:
-        rows = sorted(rows, key=lambda r: -int(order[r]))
+    None when some size is short. Vectorized: a profile may have a million rows."""
+    rows = np.asarray(rows, np.int64)
     picked: list[int] = []
     for size, count in Counter(wanted).items():
-        same = [r for r in rows if sizes[r] == size and r not in picked][:count]
+        same = rows[sizes[rows] == size]
+        if order is not None:
+            same = same[np.argsort(-order[same], kind="stable")]
         if len(same) < count:
             return None
-        picked += same
+        picked += same[:count].tolist()
     return picked
 
 
