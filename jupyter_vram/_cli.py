@@ -59,6 +59,12 @@ class Progress:
             self.stream.flush()
 
 
+NEITHER = (
+    "neither a jupyter_vram profile (JSON, maybe gzip) nor a PyTorch memory snapshot "
+    "(a torch.cuda.memory._dump_snapshot pickle)"
+)
+
+
 def load_profile(path: str, *, device: str | None, progress: Progress) -> Profile:
     """A saved jupyter_vram profile (JSON, maybe gzip) or a PyTorch snapshot (pickle / JSON)."""
     from ._model import Profile, ProfileFileError
@@ -68,12 +74,15 @@ def load_profile(path: str, *, device: str | None, progress: Progress) -> Profil
         raise UsageError(f"{path}: no such file")
     with file.open("rb") as fh:
         head = fh.read(2)
+    not_json = False
     if head[:1] != b"\x80":  # not a pickle: JSON, maybe gzip; our profile or a JSON snapshot
         progress(f"reading {file.name}")
         try:
             return Profile.load(file)
         except ProfileFileError as exc:
-            if "not a jupyter_vram profile" not in str(exc):
+            # the text did not parse: maybe an old text-protocol pickle, else neither
+            not_json = isinstance(exc.__cause__, (ValueError, RecursionError))
+            if not not_json and "not a jupyter_vram profile" not in str(exc):
                 raise UsageError(str(exc)) from None
     from ._capture.snapshot_file import profile_from_snapshot_source
 
@@ -86,7 +95,7 @@ def load_profile(path: str, *, device: str | None, progress: Progress) -> Profil
     try:
         return profile_from_snapshot_source(file, device=device, progress=reading)
     except ProfileFileError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(f"{path}: {NEITHER}" if not_json else str(exc)) from None
 
 
 def _write_html(profile: Profile, out: str, progress: Progress) -> Path:
@@ -161,17 +170,24 @@ def _script_context(script: Path, argv: Sequence[str]) -> Iterator[None]:
 
 
 def cmd_run(args: argparse.Namespace, progress: Progress) -> int:
+    from ._capture import RecordingError, parse_device
     from ._recording import record
     from ._render.text import format_bytes
 
     script = Path(args.script)
     if not script.is_file():
         raise UsageError(f"{args.script}: no such script")
+    try:
+        parse_device(args.device)
+    except RecordingError as error:  # a device this machine lacks: one line, exit 2
+        raise UsageError(str(error)) from None
     if args.nproc_per_node is not None:  # torchrun records every rank (_distributed/run.py)
+        from ._distributed.launcher import launch_problem
         from ._distributed.run import run_local
 
-        if args.nproc_per_node < 1:
-            raise UsageError("--nproc-per-node must be at least 1")
+        problem = launch_problem(args.nproc_per_node, 1.0, nproc_name="--nproc-per-node")
+        if problem is not None:
+            raise UsageError(problem)
         return run_local(str(script), args.args, nproc=args.nproc_per_node,
                          out=args.ranks_dir, device=args.device)  # fmt: skip
     progress(f"running {script.name} under recording")

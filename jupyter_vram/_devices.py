@@ -8,10 +8,14 @@ from ._render.text import format_bytes
 
 
 def memory_now(device: str | None = None) -> str:
-    """Allocated / reserved / device used on CUDA; otherwise tensors alive per category."""
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+    """Allocated / reserved / device used on CUDA; otherwise tensors alive per category (a
+    device this machine lacks: one line saying so)."""
+    from ._capture import RecordingError, parse_device
+
+    try:
+        dev = torch.device(parse_device(device))
+    except RecordingError as error:  # a device this machine does not have: one line
+        return f"%vram: {error}"
     if dev.type == "cuda":
         from ._capture.nvml import device_memory
 

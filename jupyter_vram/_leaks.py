@@ -216,9 +216,12 @@ def find_leaks(profile: Profile) -> pd.DataFrame:
                 "its allocations of that size"
             )
     if not state.complete:
+        from ._capture.leaks import MAX_TENSORS
+
         notes.append(
-            "the search for what the cell left alive, as it ended, ran out of time: "
-            "some leaks may be missing"
+            "the search for what the cell left alive, as it ended, stopped at its bound (the "
+            f"first {MAX_TENSORS:,} of the garbage collector's tensors): some leaks may be "
+            "missing"
         )
     if notes:
         frame.attrs["note"] = "; ".join(notes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import tokenize
 from typing import Any
 
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
@@ -28,6 +29,23 @@ def current_cell_number(shell: Any) -> int:
     return int(shell.execution_count)
 
 
+def shown_value(value: Any, source: str) -> Any:
+    """The cell's value, or None when its last statement ends in ``;``: as without %%vram
+    (and as %%time does), a trailing semicolon keeps the value from being displayed."""
+    from IPython.core.displayhook import DisplayHook
+
+    try:
+        quiet = DisplayHook.semicolon_at_end_of_expression(source)
+    except (SyntaxError, tokenize.TokenError):  # the cell ran, so this is only a nicety
+        quiet = False
+    return None if quiet else value
+
+
+def said(error: object, outcome: str) -> str:
+    """One line: the problem, then what became of the cell (no ``.;`` between them)."""
+    return f"{str(error).rstrip(' .')}; {outcome}"
+
+
 def _capacity(text: str | None, outcome: str = "the cell did not run") -> int | None:
     """``--capacity`` in bytes; a bad size prints one message (ending in ``outcome``) and
     gives None."""
@@ -38,7 +56,7 @@ def _capacity(text: str | None, outcome: str = "the cell did not run") -> int | 
     try:
         return parse_capacity(text)
     except ValueError as error:
-        print(f"%%vram: {error}; {outcome}", file=sys.stderr)
+        print(f"%%vram: {said(error, outcome)}", file=sys.stderr)
         return None
 
 
@@ -108,7 +126,10 @@ class VramMagics(Magics):
         try:
             parse_device(args.device)
         except RecordingError as error:
-            print(f"%vram: {error}", file=sys.stderr)
+            if cell is None:
+                print(f"%vram: {error}", file=sys.stderr)
+            else:
+                print(f"%%vram: {said(error, 'the cell did not run')}", file=sys.stderr)
             return None
         capacity = _capacity(args.capacity)
         if args.capacity is not None and capacity is None:
@@ -148,11 +169,11 @@ class VramMagics(Magics):
                 cell=f"In [{number}]",
             )
         except RecordingNotStarted as error:
-            print(f"%%vram: {error}; the cell did not run", file=sys.stderr)
+            print(f"%%vram: {said(error, 'the cell did not run')}", file=sys.stderr)
             return None
         if run.nested:
             print("%%vram: already recording; this nested cell ran without its own recording")
-        return run.value
+        return shown_value(run.value, source)
 
     def _vram_ranks(self, source: str, filename: str, args: Any) -> None:
         """``--nproc N``: the cell defines main(); run it on N ranks, show the ranks."""
@@ -222,14 +243,14 @@ class VramMagics(Magics):
                     checkpoint=checkpoint, offload=args.offload, on_profile=show,
                 )  # fmt: skip
         except (RerunError, RecordingNotStarted) as error:
-            print(f"%%vram: {error}; the cell did not run", file=sys.stderr)
+            print(f"%%vram: {said(error, 'the cell did not run')}", file=sys.stderr)
             return None
         if run.nested or run.profile is None:
             print("%%vram: already recording; this nested cell ran without its own recording")
-            return run.value
+            return shown_value(run.value, source)
         if args.compare:
             self._compare(run.profile, techniques, args)
-        return run.value
+        return shown_value(run.value, source)
 
     def _compare(self, baseline: Profile, techniques: list[str], args: Any) -> None:
         """Rerun ``baseline`` with each technique; the app (shown first) gets each variant in
@@ -295,7 +316,7 @@ class VramMagics(Magics):
         try:
             parse_device(args.device)
         except RecordingError as error:
-            print(f"%%vram: {error}; the cell runs unrecorded", file=sys.stderr)
+            print(f"%%vram: {said(error, 'the cell runs unrecorded')}", file=sys.stderr)
             return
         if args.amp or args.checkpoint or args.offload or args.compare:
             print(
@@ -321,7 +342,7 @@ class VramMagics(Magics):
         try:
             rec.__enter__()
         except RecordingError as error:
-            print(f"%%vram: {error}; the cell runs unrecorded", file=sys.stderr)
+            print(f"%%vram: {said(error, 'the cell runs unrecorded')}", file=sys.stderr)
             return
         self._async = (rec, args)
 

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import stat
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -522,19 +524,42 @@ def _refuse_constant(name: str) -> Any:
     raise ProfileFileError(f"JSON holds {name}, which no profile field can take")
 
 
-def _read_limited(path: Path, max_bytes: int) -> bytes | bytearray:
-    """The file's bytes, gunzipped when it is gzip, refusing anything past ``max_bytes``."""
+def open_regular_file(path: Path) -> BinaryIO:
+    """``path`` opened for reading in binary, if it is a regular file; ProfileFileError for
+    a device (``/dev/zero`` reads forever), a FIFO (blocks until a writer comes), a socket or
+    a folder. Opened without blocking, then checked on the open file itself, so a path that
+    changes in between cannot slip through."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
     try:
-        with path.open("rb") as fh:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise ProfileFileError(f"cannot read the file ({exc.strerror or exc})") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a folder" if stat.S_ISDIR(mode) else "a device, FIFO or socket"
+            raise ProfileFileError(f"not a regular file ({kind}): only files are read")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_limited(path: Path, max_bytes: int) -> bytes | bytearray:
+    """The file's bytes, gunzipped when it is gzip, refusing anything past ``max_bytes``
+    (plain text is read to one byte past the limit at most, whatever the file claims)."""
+    too_big = f"over the {max_bytes:,}-byte limit (raise it with Profile.load(path, max_bytes=...))"
+    try:
+        with open_regular_file(path) as fh:
             head = fh.read(2)
             if head != b"\x1f\x8b":
-                size = path.stat().st_size
+                size = os.fstat(fh.fileno()).st_size
                 if size > max_bytes:
-                    raise ProfileFileError(
-                        f"file is {size:,} bytes, over the {max_bytes:,}-byte limit (raise it "
-                        "with Profile.load(path, max_bytes=...))"
-                    )
-                return head + fh.read()
+                    raise ProfileFileError(f"file is {size:,} bytes, {too_big}")
+                text: bytes = head + fh.read(max(max_bytes + 1 - len(head), 0))
+                if len(text) > max_bytes:  # it grew since
+                    raise ProfileFileError(f"file is {too_big}")
+                return text
             fh.seek(0)
             return _gunzip_limited(fh, max_bytes)
     except OSError as exc:

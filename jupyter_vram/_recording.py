@@ -26,6 +26,9 @@ class Recording:
     post-mortem in the profile (``profile.oom``) and propagates unchanged.
     """
 
+    #: records the meta device (refused otherwise: a user's meta tensors hold no memory)
+    fake_run = False
+
     def __init__(
         self,
         device: str | None = None,
@@ -74,9 +77,13 @@ class Recording:
             with interrupts_deferred(), one_scan():
                 entry = sys._getframe(1)
                 namespace = self._namespace if self._namespace is not None else entry.f_globals
-                self._leak_state = _note_leak_start(namespace, self._device)
+                self._leak_state = _note_leak_start(namespace, self._device, self.fake_run)
                 self._recorder = make_recorder(
-                    self._device, stacks=self._stacks, ops=self._ops, trace=self._trace
+                    self._device,
+                    stacks=self._stacks,
+                    ops=self._ops,
+                    trace=self._trace,
+                    fake=self.fake_run,
                 )
                 self._recorder.start(entry, self._namespace)
                 self._start_watches(self._recorder.device, namespace)
@@ -132,10 +139,11 @@ class Recording:
         finally:
             self._recorder = None
             RECORDING_LOCK.release()
-        self._after(self._profile, exc, limit)
+        self._profile = self._after(self._profile, exc, limit)
 
-    def _after(self, profile: Profile, exc: BaseException | None, limit: Any) -> None:
-        """Post-mortem facts of an OOM, and the run's leak baseline; never raises."""
+    def _after(self, profile: Profile, exc: BaseException | None, limit: Any) -> Profile:
+        """Post-mortem facts of an OOM (a refused CPU request taken out of the profile: see
+        ``capture.refused``), and the run's leak baseline; never raises."""
         watch, self._oom_watch = self._oom_watch, None
         state, self._leak_state = self._leak_state, None
         if self._capacity is not None:
@@ -147,13 +155,26 @@ class Recording:
                 failure = limit.failure if limit is not None else None
                 from ._analysis.oom import META_KEY
 
-                profile.meta[META_KEY] = watch.facts(exc, failure, self._capacity)
+                facts = watch.facts(exc, failure, self._capacity)
+                if failure is not None:
+                    from ._capture.refused import drop_refused
+
+                    profile, refused = drop_refused(profile, failure)
+                    facts.update(refused)
+                profile.meta[META_KEY] = facts
         except Exception as problem:  # noqa: BLE001 - the post-mortem must not hide the error
             profile.meta.setdefault("warnings", []).append(f"OOM post-mortem failed: {problem}")
         if state is not None:
             from ._leaks import attach
 
             attach(profile, state)
+        return profile
+
+
+class FakeRunRecording(Recording):
+    """The estimator's recording of its fake-tensor run, on the meta device."""
+
+    fake_run = True
 
 
 def record(
@@ -194,12 +215,12 @@ def _parse_capacity(value: int | float | str) -> int:
     return parse_capacity(value)
 
 
-def _note_leak_start(namespace: Mapping[str, Any], device: str | None) -> Any:
+def _note_leak_start(namespace: Mapping[str, Any], device: str | None, fake: bool) -> Any:
     """What exists before the run, so leaks are only what it made (never raises)."""
     try:
         from ._capture import parse_device
         from ._leaks import note_start
 
-        return note_start(namespace, parse_device(device))
+        return note_start(namespace, parse_device(device, fake=fake))
     except Exception:  # noqa: BLE001 - leak finding is a nicety; recording goes on
         return None

@@ -277,6 +277,16 @@ def _plan(
     from ._transforms.offload import offload_unavailable
     from ._transforms.state import available_host_bytes, host_bytes_needed
 
+    if not isinstance(profile, Profile):  # jv.rerun(5), jv.rerun(None): one clear line
+        raise RerunError(
+            f"rerun needs a profile made by %%vram in this kernel (a cell's _vram), not "
+            f"{type(profile).__name__} {profile!r:.40}"
+        )
+    if "world_size" in profile.meta:  # made by %%vram --nproc, jv.launch or torchrun
+        raise RerunError(
+            f"this is rank {profile.meta.get('rank', '?')} of a distributed run (%%vram "
+            "--nproc, jv.launch, torchrun): reruns apply to a single-process %%vram cell"
+        )
     cell = cell_of(profile)
     variant = profile.variant
     if variant is not None:

@@ -16,3 +16,35 @@ def format_bytes(n: float) -> str:
             return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+_UNITS = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("B", 1))
+
+
+def format_column(values: list[int]) -> list[str]:
+    """Byte counts of one table column, in one unit: the unit of the largest, or the next
+    smaller one where that would show different counts alike (a small model's what-ifs all
+    read 0.23 GiB; in MiB they differ)."""
+    if not values:
+        return []
+    top = max(abs(v) for v in values)
+    at = next(i for i, (_, size) in enumerate(_UNITS) if top >= size or size == 1)
+    texts = _in_unit(values, *_UNITS[at])
+    if len(set(texts)) < len(set(values)) and at + 1 < len(_UNITS):
+        texts = _in_unit(values, *_UNITS[at + 1])
+    return texts
+
+
+def _in_unit(values: list[int], name: str, size: int) -> list[str]:
+    return [f"{v:,} B" if size == 1 else f"{v / size:,.2f} {name}" for v in values]
+
+
+def format_change(base: float, new: float, *, decimals: int = 1, space: str = " ") -> str:
+    """A change that stays readable: '+12.5 %', '-41.0 %'; from ten times on a factor,
+    '63,616x' (a percentage such as '+6361500.0 %' says less); 'new' from nothing."""
+    if not base:
+        return "new" if new else f"{0:+.{decimals}f}{space}%"
+    ratio = new / base
+    if base > 0 and ratio >= 10:
+        return f"{ratio:,.0f}x" if ratio >= 100 else f"{ratio:.1f}x"
+    return f"{100 * (ratio - 1):+.{decimals}f}{space}%"

@@ -43,6 +43,10 @@ def recording_state() -> dict[str, object]:
     }
 
 
+STARTED_SIGINT = signal.getsignal(signal.SIGINT)
+"""SIGINT's handler as the test session started: Python's default, or SIG_IGN where the session
+was started with interrupts ignored (a background job, nohup, some CI runners)."""
+
 CLEAN = {
     "dispatch_modes": 0,
     "forward_pre_hooks": 0,
@@ -52,11 +56,22 @@ CLEAN = {
     "saved_tensor_hooks": None,
     "profiler": False,
     "thread_profile": None,
-    "sigint": signal.default_int_handler,
+    "sigint": STARTED_SIGINT,
     "chunk_signal": signal.SIG_DFL if CHUNK_SIGNAL else None,
     "helper_threads": [],
     "lock": False,
 }
+
+
+@contextlib.contextmanager
+def interrupts_raise() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt in the block, as in a kernel running a request
+    (ipykernel sets Python's handler then), whatever the session started with."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(autouse=True)

@@ -26,7 +26,7 @@ from jupyter_vram._render.compare_figures import GROW, SAME
 from jupyter_vram._render.text import format_bytes
 from jupyter_vram._rerun import rerun_unavailable
 
-from .conftest import ipython_shell
+from .conftest import interrupts_raise, ipython_shell
 
 SETUP = """\
 import torch
@@ -193,7 +193,8 @@ def test_cancel_is_an_interrupt_and_leaves_state_intact(shell: InteractiveShell)
         return progress
 
     bar._progress = interrupting  # type: ignore[method-assign]
-    assert bar.run() is None
+    with interrupts_raise():  # a kernel handling the click: SIGINT raises
+        assert bar.run() is None
     assert "cancelled" in bar.status.value
     assert bar.cancel.layout.display == "none" and not bar.running
     assert app.compare_view is None

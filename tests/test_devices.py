@@ -26,6 +26,8 @@ def test_cuda_view_reports_allocator_and_device(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_cuda_view_without_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "GPU")
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda i: 0)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i: 0)

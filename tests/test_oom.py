@@ -110,6 +110,19 @@ def test_capacity_raises_and_post_mortem_by_hand(tmp_path: Path) -> None:
     assert oom.op == "gelu" and oom.module == f"Net.blocks.{K}.act" and oom.phase == "forward"
     assert oom.live_bytes == counts["live"]
     assert oom.shortfall_bytes == 1
+    # the peak is what was live: the refused gelu output (made, then dropped by the guard)
+    # is in the post-mortem, not in the profile. Block K's fc1 output is the last thing live
+    # before it; earlier blocks peaked lower (their fc2 output, B x D, is less than Z).
+    prof = rec.profile
+    assert prof.peak_bytes == counts["live"] <= capacity_for(ns)
+    assert prof.peak_breakdown() == oom.live_by_category
+    assert prof.peak_breakdown()["temporary"] == 0
+    a = prof.allocations
+    refused = [
+        r for r in range(len(a))
+        if prof.modules[int(a.module[r])] == f"Net.blocks.{K}.act" and a.size[r] == Z
+    ]  # fmt: skip
+    assert refused == []
     live = oom.live_by_category
     assert live["parameter"] == counts["params"]
     assert live["optimizer_state"] == counts["state"]
@@ -143,6 +156,35 @@ def test_capacity_raises_and_post_mortem_by_hand(tmp_path: Path) -> None:
     # saved and loaded, the post-mortem is the same
     again = jv.Profile.load(rec.profile.save(tmp_path / "oom.json.gz")).oom
     assert again is not None and again.suggestions == oom.suggestions
+    assert (again.op, again.module, again.phase) == (oom.op, oom.module, oom.phase)
+
+
+@pytest.mark.parametrize("refused", ["output", "mean"])
+def test_refused_outputs_are_not_in_the_peak(refused: str) -> None:
+    """LayerNorm(D) on x (B x D floats) under no_grad: one op, native_layer_norm, makes its
+    output (B x D floats) and the mean and rstd (B floats each), which the guard counts in
+    that order. Held before: x and the weight and bias, B*D*4 + 2*D*4 bytes. A capacity one
+    byte short of the output refuses it: the op's three outputs are dropped, and the peak is
+    what was held before. A capacity 4 bytes past the output refuses the mean: the output was
+    in use then (the post-mortem's live bytes and the peak), the mean and rstd were not."""
+    b, d = 64, 256
+    torch.manual_seed(0)
+    ns = {"x": torch.randn(b, d), "ln": nn.LayerNorm(d)}
+    held = b * d * 4 + 2 * d * 4
+    capacity = held + b * d * 4 + (4 if refused == "mean" else -1)
+    rec = jv.record("cpu", namespace=ns, capacity=capacity)
+    with pytest.raises(torch.OutOfMemoryError), rec, torch.no_grad():
+        ns["y"] = ns["ln"](ns["x"])
+    oom = rec.profile.oom
+    assert oom is not None and oom.op == "native_layer_norm"
+    assert (oom.module, oom.phase) == ("LayerNorm", "forward")
+    live = held + (b * d * 4 if refused == "mean" else 0)
+    assert oom.requested_bytes == (b * 4 if refused == "mean" else b * d * 4)
+    assert rec.profile.peak_bytes == oom.live_bytes == live <= capacity
+    assert oom.shortfall_bytes == live + oom.requested_bytes - capacity
+    a = rec.profile.allocations
+    made = sorted(int(n) for n in a.size[a.alloc_seq >= 0])
+    assert made == ([b * d * 4] if refused == "mean" else [])  # mean and rstd: gone
 
 
 class Mlp(nn.Sequential):
@@ -249,6 +291,7 @@ def test_magic_capacity_reraises_and_keeps_the_profile() -> None:
     assert result.error_in_exec is shell.user_ns["inner"]
     oom = shell.user_ns["_vram"].oom
     assert oom is not None and oom.requested_bytes == Z
+    assert shell.user_ns["_vram"].peak_bytes == hand_counts(ns)["live"] <= capacity_for(ns)
     line = inspect.getsourcelines(Block.forward)[1] + 1  # the innermost line of user code
     assert oom.site == f"{__file__}:{line} (forward)"
     assert recording_state() == CLEAN

@@ -126,6 +126,34 @@ def stranded_requests(profile: Profile) -> list[StrandedRequest]:
     return out
 
 
+def capture_words(profile: Profile) -> tuple[str, str, str]:
+    """(who recorded, what one allocation is, what it leaves out) for a profile without a
+    caching allocator. The CPU allocator's own reports include the buffers an op makes and
+    frees inside itself; the dispatch tracker (used while the user's own profiler runs) and
+    a fake-tensor estimate see only the storages ops return."""
+    if profile.source == "dispatch":
+        return (
+            "the tensor tracker",
+            "tensor storages ops returned",
+            "Kernel workspaces (cuBLAS, cuDNN) and buffers an op makes and frees inside itself "
+            "are not seen by the tracker.",
+        )
+    if profile.source == "estimate":
+        return (
+            "the estimate's fake-tensor run",
+            "tensor storages the simulated step made",
+            "Buffers a real op makes and frees inside itself are in it only where the "
+            "estimator models them.",
+        )
+    return (
+        "the CPU allocator",
+        "allocations the allocator reported, buffers made inside ops included",
+        "The requests are the CPU allocator's own, buffers an op makes and frees inside "
+        "itself included; the workspaces CUDA libraries keep (cuBLAS, cuDNN) have no CPU "
+        "counterpart and are not in them.",
+    )
+
+
 def allocator_state(profile: Profile) -> AllocatorState:
     """Reconcile the levels the user sees in different tools, and explain the differences."""
     t = profile.timeline
@@ -140,8 +168,9 @@ def allocator_state(profile: Profile) -> AllocatorState:
             Gap(
                 "no caching allocator",
                 0,
-                "The tensor tracker counts live tensor storages; there is no reserved pool on "
-                "this device, so allocated is what the process holds for tensors.",
+                f"Allocated is what was recorded ({capture_words(profile)[1]}) while live; "
+                "there is no reserved pool on this device, so it is what the process holds "
+                "for tensors.",
             )
         )
         state = AllocatorState(

@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._model import CATEGORIES, CATEGORY_INDEX
-from .._units import format_bytes
+from .._units import format_bytes, format_change
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -184,7 +184,7 @@ def describe_change(profile: Profile) -> str:
 def _pct(change: int | float, base: int | float) -> str:
     if not base:
         return "n/a"
-    return f"{100.0 * change / base:+.0f} %"
+    return format_change(base, base + change, decimals=0)
 
 
 def verdict(baseline: Profile, variant: Profile) -> str:

@@ -111,7 +111,7 @@ def oom_report(profile: Profile) -> OomReport | None:
     t = profile.timeline
     a = profile.allocations
     requested = _int(facts.get("requested_bytes"))
-    index, asking = _moment(profile, requested)
+    index, asking = _moment(profile, requested, _int(facts.get("refused_seq")))
     mask = t.live_mask(index)
     live = t.total_at(index)
     by_cat = t.breakdown_at(index)
@@ -119,6 +119,9 @@ def oom_report(profile: Profile) -> OomReport | None:
     op = facts.get("op") or (profile.ops[int(a.op[asking])] if asking >= 0 else None)
     module = profile.modules[int(a.module[asking])] if asking >= 0 else None
     phase = PHASES[int(a.phase[asking])] if asking >= 0 else None
+    if asking < 0 and isinstance(facts.get("refused_module"), str):  # taken out of the rows
+        module = facts["refused_module"]
+        phase = facts.get("refused_phase") if facts.get("refused_phase") in PHASES else None
     site = facts.get("site")
     site_text = (
         f"{site[0]}:{site[1]} ({site[2]})" if isinstance(site, list) and len(site) == 3 else None
@@ -158,16 +161,21 @@ def _int(value: Any) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _moment(profile: Profile, requested: int | None) -> tuple[int, int]:
+def _moment(
+    profile: Profile, requested: int | None, refused_seq: int | None = None
+) -> tuple[int, int]:
     """(timeline index just before the failed request, the allocation row that asked or the
     last one made before it; -1 if none).
 
     CUDA: the allocator history's ``oom`` entry places the failure. A capacity run: the refused
-    output was made and dropped, so it is the latest allocation of exactly the requested size.
-    Otherwise the end of the run.
+    output was made and dropped; recorded now, its row was taken out of the profile and its
+    sequence number kept (``refused_seq``); in older profiles it is the latest allocation of
+    exactly the requested size. Otherwise the end of the run.
     """
     t = profile.timeline
     a = profile.allocations
+    if refused_seq is not None:
+        return t.index_at_seq(refused_seq - 1), -1
     made = (a.alloc_seq >= 0) & t.device_mask
     ooms = profile.meta.get("oom")
     last_oom = ooms[-1] if isinstance(ooms, list) and ooms else None

@@ -29,6 +29,7 @@ from .._render.compare_figures import (
 from .._render.figures import CATEGORY_COLORS, flame_height
 from .._render.text import format_bytes
 from .._render.theme import apply_theme
+from .._units import format_change
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -102,7 +103,7 @@ def compare_result(baseline: Profile, variant: Profile) -> VariantResult:
 def _change_cell(base: float, new: float, text: str) -> str:
     """A table cell with a change, red when it grew, green when it shrank."""
     css = "jv-up" if new > base else "jv-down" if new < base else ""
-    pct = f" ({100 * (new - base) / base:+.1f}%)" if base else ""
+    pct = f" ({format_change(base, new, space='')})" if base or new else ""
     return f"<td class='jv-num {css}'>{text}{pct}</td>"
 
 

@@ -25,6 +25,7 @@ from .._model import CATEGORIES, Profile
 from .._render.estimate_text import MODELLED, NOT_MODELLED, format_count, settings_text
 from .._render.html import facts_html
 from .._render.text import format_bytes
+from .._units import format_change, format_column
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 
 TITLE = "Fit & what-ifs"
 BADGE = "Estimate · simulated on fake tensors, no GPU used"
-GIB = 1 << 30
 RIGHT = " style='text-align:right'"
 T = TypeVar("T")
 #: How the estimator decides a fit (Estimate.fits), in words for the tables.
@@ -282,7 +282,8 @@ def what_if_html(
     data_parallel: int,
     fits: Sequence[bool | None] | None = None,
 ) -> str:
-    """The what-if table: GiB with 2 decimals, change as a signed %, fits on ``gpu``.
+    """The what-if table: each byte column in one unit that keeps its rows apart, change as a
+    signed % (a factor from ten times on), fits on ``gpu``.
 
     ``fits``: one answer per row for ``gpu`` (see :func:`what_if_fits`; None: "-").
     """
@@ -292,7 +293,9 @@ def what_if_html(
         f"<th>device used</th><th>change</th>{fits_head}</tr>"
     )
     rows = []
-    for i, row in enumerate(_records(frame)):
+    records = _records(frame)
+    shown = _byte_columns(records, ("peak_bytes", "reserved_bytes", "predicted_device_bytes"))
+    for i, row in enumerate(records):
         name = html.escape(str(row["what_if"]))
         cells = [
             f"<td>{f'<b>{name}</b>' if i == 0 else name}</td>",
@@ -309,13 +312,12 @@ def what_if_html(
         else:
             change = float(row["change"])
             trend = "jv-up" if change > 0.0005 else "jv-down" if change < -0.0005 else ""
-            used = int(row["predicted_device_bytes"])
             cells += [
                 *(
-                    f"<td{RIGHT} title='{format_bytes(int(v))}'>{int(v) / GIB:.2f} GiB</td>"
-                    for v in (row["peak_bytes"], row["reserved_bytes"], used)
+                    f"<td{RIGHT} title='{format_bytes(int(row[key]))}'>{shown[key][i]}</td>"
+                    for key in ("peak_bytes", "reserved_bytes", "predicted_device_bytes")
                 ),
-                f"<td{RIGHT} class='{trend}'>{100 * change:+.1f}%</td>",
+                f"<td{RIGHT} class='{trend}'>{format_change(1.0, 1.0 + change, space='')}</td>",
             ]
             if gpu is not None:
                 fit = fits[i] if fits is not None and i < len(fits) else None
@@ -336,6 +338,19 @@ def what_if_html(
         )
         + "</div>"
     )
+
+
+def _byte_columns(records: list[dict[str, Any]], keys: Sequence[str]) -> dict[str, dict[int, str]]:
+    """Each byte column of the rows that ran, in one unit that keeps different rows apart
+    (see :func:`format_column`): key -> row index -> text."""
+    ran = [
+        i for i, r in enumerate(records)
+        if not r.get("note") and r["predicted_device_bytes"] == r["predicted_device_bytes"]
+    ]  # fmt: skip
+    return {
+        key: dict(zip(ran, format_column([int(records[i][key]) for i in ran]), strict=True))
+        for key in keys
+    }
 
 
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:

@@ -12,7 +12,12 @@ import ipywidgets as w
 import pandas as pd
 from jupyter_bokeh import BokehModel
 
-from .._analysis.allocator import AllocatorState, allocator_state, has_segments
+from .._analysis.allocator import (
+    AllocatorState,
+    allocator_state,
+    capture_words,
+    has_segments,
+)
 from .._analysis.groups import allocated_during_run, live_at_peak
 from .._analysis.tables import top_sites
 from .._model import Profile
@@ -26,7 +31,7 @@ from .._render.html import (
     legend_html,
     sites_html,
 )
-from .._render.text import format_bytes, summary
+from .._render.text import format_bytes, run_word, summary
 from .._render.theme import apply_theme
 from .flame_view import FlameView
 from .holder import GONE, ProfileHandle
@@ -42,8 +47,13 @@ if TYPE_CHECKING:
 EVENT_AXIS = next(name for name, axis in AXES.items() if axis == "event")
 TABS = ("Flame graph", "Breakdown", "Timeline", "Top sites", "Allocator")
 # Colours come from JupyterLab's theme variables (light and dark); the fallbacks are light.
+# Bokeh draws its hover tooltips white, in a box it appends to the page's body (outside the
+# app, so the rule cannot be scoped to it): in a dark theme they take the theme's colours.
 STYLE = """<style>
 .jv-app{color:var(--jp-ui-font-color1,#222)}
+body[data-jp-theme-light="false"] .bk-Tooltip{--tooltip-color:var(--jp-layout-color1);
+--tooltip-text:var(--jp-ui-font-color1);--tooltip-border:var(--jp-border-color1);
+--tooltip-arrow-color:var(--jp-border-color1)}
 .jv-header{display:flex;flex-wrap:wrap;gap:4px 18px;font-size:13px;padding:4px 0;line-height:1.6}
 .jv-label{color:var(--jp-ui-font-color2,#666)}
 .jv-error,.jv-gone{color:var(--jp-error-color1,#a00);margin:2px 0}
@@ -459,22 +469,24 @@ def notes_html(state: AllocatorState) -> str:
 
 
 def tracker_facts(profile: Profile) -> list[tuple[str, str, str]]:
-    """(label, value, explanation) of what the CPU tensor tracker saw."""
+    """(label, value, explanation) of what the CPU recording saw."""
     a = profile.allocations
     t = profile.timeline
     during = allocated_during_run(profile)
     sizes = a.size[during]
     live_at_peak = int(t.live_mask(t.peak_index).sum())
     end = t.total_at(len(t) - 1)
+    made = capture_words(profile)[1]
+    run = run_word(profile)
     facts = [
-        ("allocations during the cell", f"{int(during.sum()):,}", "tensor storages created"),
-        ("bytes allocated during the cell", format_bytes(int(sizes.sum())),
+        (f"allocations during the {run}", f"{int(during.sum()):,}", made),
+        (f"bytes allocated during the {run}", format_bytes(int(sizes.sum())),
          "every allocation, freed or not"),
         ("largest single allocation", format_bytes(int(sizes.max(initial=0))), ""),
-        ("alive before the cell", format_bytes(t.baseline_bytes),
+        (f"alive before the {run}", format_bytes(t.baseline_bytes),
          "tensors that existed when recording started"),
         ("peak allocated", format_bytes(t.peak_bytes), f"{live_at_peak:,} tensors live then"),
-        ("live after the cell", format_bytes(end), "what the cell left allocated"),
+        (f"live after the {run}", format_bytes(end), f"what the {run} left allocated"),
     ]  # fmt: skip
     return facts
 
@@ -483,7 +495,8 @@ def simulated_html(profile: Profile) -> str:
     """The tracker's facts, and the CUDA caching allocator model applied to the recorded
     requests: what a GPU would reserve for the same run."""
     facts = "".join(_row(k, v, e) for k, v, e in tracker_facts(profile))
-    out = f"<h4>What the tensor tracker saw</h4><table class='jv-table'>{facts}</table>"
+    who, _, unseen = capture_words(profile)
+    out = f"<h4>What {who} reported</h4><table class='jv-table'>{facts}</table>"
     try:
         from .._estimator.api import RUNTIME_OVERHEAD_BYTES
         from .._estimator.cuda_model import simulate, to_cuda_profile
@@ -519,7 +532,7 @@ def simulated_html(profile: Profile) -> str:
         "<h4>On a GPU (the CUDA caching allocator model, applied to these requests)</h4>"
         f"<p>On a GPU this run would reserve <b>{format_bytes(sim.peak_reserved)}</b> for a peak "
         f"of <b>{format_bytes(sim.peak_allocated)}</b> allocated; at the allocated peak "
-        f"{100 * share:.1f}% of reserved memory would be cached but free, and {frag}. Kernel "
-        "workspaces (cuBLAS, cuDNN) and allocations inside ops are not seen by the tracker.</p>"
+        f"{100 * share:.1f}% of reserved memory would be cached but free, and {frag}. "
+        f"{html.escape(unseen)}</p>"
         f"<table class='jv-table'>{rows}</table>"
     )

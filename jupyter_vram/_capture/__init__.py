@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ._common import (
     RECORDING_LOCK,
     STACK_MODES,
@@ -10,6 +12,9 @@ from ._common import (
     interrupts_deferred,
     stack_mode,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "RECORDING_LOCK",
@@ -23,8 +28,11 @@ __all__ = [
 ]
 
 
-def parse_device(device: str | None) -> str:
-    """A device name a recorder accepts, or a RecordingError that says which ones are."""
+def parse_device(device: str | None, *, fake: bool = False) -> str:
+    """A device name a recorder accepts, or a RecordingError that says why not: an unknown
+    name, a device this machine does not have (``cuda`` without a GPU, ``mps``, ``xla``...),
+    or ``meta``, whose tensors hold no memory (``fake``: the estimator's fake-tensor run, which
+    records meta on purpose)."""
     import torch
 
     if device is None:
@@ -37,11 +45,44 @@ def parse_device(device: str | None) -> str:
         ) from None
     if dev.type == "cpu" and dev.index not in (None, 0):
         raise RecordingError(f"{device!r}: the CPU has one memory, not one per index; record 'cpu'")
+    if dev.type == "meta" and not fake:
+        raise RecordingError(
+            f"{device!r}: meta tensors hold no memory, so there is nothing to record; "
+            "%vram_estimate (jv.estimate) predicts a step's memory without the device"
+        )
+    why = _unavailable(dev)
+    if why is not None:
+        raise RecordingError(why)
     return "cpu" if dev.type == "cpu" else str(dev)
 
 
+def _unavailable(dev: torch.device) -> str | None:
+    """Why this machine cannot hold tensors on ``dev`` (None: it can)."""
+    import torch
+
+    if dev.type in ("cpu", "meta"):
+        return None
+    if dev.type == "cuda":
+        from .cuda_snapshot import cuda_unavailable
+
+        return cuda_unavailable(dev.index)
+    try:  # mps, xla, xpu...: a backend that is not here cannot make an empty tensor
+        torch.empty(0, device=dev)
+    except Exception:  # noqa: BLE001 - each backend words it differently, at length
+        return (
+            f"device {str(dev)!r} is not available here (torch {torch.__version__} cannot make "
+            "a tensor on it); record 'cpu' or 'cuda'"
+        )
+    return None
+
+
 def make_recorder(
-    device: str | None, *, stacks: bool | str = "sampled", ops: str = "auto", trace: bool = True
+    device: str | None,
+    *,
+    stacks: bool | str = "sampled",
+    ops: str = "auto",
+    trace: bool = True,
+    fake: bool = False,
 ) -> Recorder:
     """The recorder for a device: the allocator's history on CUDA, its reports to the torch
     profiler on the CPU (the dispatch tracker when the user's own profiler is running), the
@@ -49,7 +90,7 @@ def make_recorder(
     code may run torch.compile, which must not run under the profiler's Python tracer."""
     import torch
 
-    name = parse_device(device)
+    name = parse_device(device, fake=fake)
     dev = torch.device(name)
     mode = stack_mode(stacks)
     if dev.type == "cuda":

@@ -20,17 +20,20 @@ are dropped and ``torch.OutOfMemoryError`` is raised, worded like CUDA's. What t
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import time
 import weakref
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from .._model import MAX_BYTES
 from .tagging import reachable_objects, storages_of
 
 _UNITS = {
@@ -44,33 +47,62 @@ _UNITS = {
     "gb": 1000**3,
     "t": 1000**4,
     "tb": 1000**4,
+    "p": 1000**5,
+    "pb": 1000**5,
     "kib": 1 << 10,
     "mib": 1 << 20,
     "gib": 1 << 30,
     "tib": 1 << 40,
+    "pib": 1 << 50,
 }
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
+#: The largest capacity taken (1 PiB, what a saved profile holds at most): no device is larger.
+MAX_CAPACITY = MAX_BYTES
 
 
 def parse_capacity(value: int | float | str) -> int:
-    """Bytes from ``6GiB``, ``6GB`` (10^9), ``512MiB``, ``1.5 GiB`` or plain bytes; a
-    ValueError that says what is accepted otherwise."""
+    """Bytes from ``6GiB``, ``6GB`` (10^9), ``512MiB``, ``1.5 GiB``, ``1PB`` or plain bytes,
+    exactly (a number of any length, no float rounding); a ValueError that says what is
+    accepted otherwise, or that the size is past :data:`MAX_CAPACITY`."""
     accepted = "a size such as 6GiB, 6GB, 512MiB or a number of bytes"
+    shown = _shown(value)
     if isinstance(value, bool):
-        raise ValueError(f"capacity {value!r} is not {accepted}")
+        raise ValueError(f"capacity {shown} is not {accepted}")
     if isinstance(value, (int, float)):
-        nbytes = value
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"capacity {shown} must be a positive size ({accepted})")
+        nbytes = Fraction(value)
     elif isinstance(value, str):
         match = _SIZE.match(value)
         unit = match.group(2).lower() if match else ""
         if match is None or unit not in _UNITS:
-            raise ValueError(f"capacity {value!r} is not {accepted}")
-        nbytes = float(match.group(1)) * _UNITS[unit]
+            raise ValueError(f"capacity {shown} is not {accepted}")
+        whole = match.group(1).split(".")[0].lstrip("0")
+        if len(whole) > 24:  # past any unit's petabytes, and Fraction's digit limit
+            nbytes = Fraction(MAX_CAPACITY + 1)
+        else:
+            try:
+                nbytes = Fraction(match.group(1)) * _UNITS[unit]
+            except ValueError:  # thousands of decimals
+                raise ValueError(f"capacity {shown} is not {accepted}") from None
     else:
-        raise ValueError(f"capacity {value!r} is not {accepted}")
-    if not nbytes == nbytes or nbytes in (float("inf"), float("-inf")) or int(nbytes) <= 0:
-        raise ValueError(f"capacity {value!r} must be a positive size ({accepted})")
+        raise ValueError(f"capacity {shown} is not {accepted}")
+    if nbytes > MAX_CAPACITY:
+        raise ValueError(
+            f"capacity {shown} is more than any device holds (at most 1 PiB, "
+            f"{MAX_CAPACITY:,} bytes)"
+        )
+    if int(nbytes) <= 0:
+        raise ValueError(f"capacity {shown} must be a positive size ({accepted})")
     return int(nbytes)
+
+
+def _shown(value: object) -> str:
+    """A value as an error message shows it: short, even for a number of 400 digits."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 100:
+        return f"of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def out_of_memory_message(requested: int, capacity: int, in_use: int, op: str) -> str:
@@ -93,6 +125,10 @@ class CapacityFailure:
     capacity_bytes: int
     op: str
     time_ns: int  # time.time_ns() when it was refused
+    #: bytes of each new storage the op made (the refused one at ``refused_index``); the guard
+    #: drops them all, and the refused one and those after it were never counted
+    output_bytes: tuple[int, ...] = ()
+    refused_index: int = 0
 
 
 def held_storages(
@@ -215,12 +251,15 @@ class CapacityGuard(TorchDispatchMode):
         except Exception:  # noqa: BLE001 - never raise from bookkeeping
             return out
         pending = 0
-        for storage in new:
+        for index, storage in enumerate(new):
             n = int(storage.nbytes())
             if self.live_bytes + pending + n > self.capacity:
                 in_use = self.live_bytes + pending
                 op = getattr(getattr(func, "_overloadpacket", None), "__name__", str(func))
-                self.failure = CapacityFailure(n, in_use, self.capacity, op, time.time_ns())
+                sizes = tuple(int(s.nbytes()) for s in new)
+                self.failure = CapacityFailure(
+                    n, in_use, self.capacity, op, time.time_ns(), sizes, index
+                )
                 # the caller's traceback keeps this frame: it must not keep tensors alive
                 del out, new, storage
                 args, kwargs = (), {}

@@ -41,7 +41,23 @@ from .profiler_session import ProfilerSession, profiler_busy
 from .row_addresses import note_addresses
 from .tagging import Tagger, live_objects
 
-__all__ = ["CudaSnapshotRecorder"]
+__all__ = ["CudaSnapshotRecorder", "cuda_unavailable"]
+
+
+def cuda_unavailable(index: int | None = None) -> str | None:
+    """Why CUDA memory (device ``index``, None: the current one) cannot be recorded or read
+    here; None when it can. One sentence, no trailing period (callers add their outcome)."""
+    if not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else "no usable CUDA device"
+        return (
+            f"CUDA memory recording needs a CUDA device, and torch.cuda.is_available() is "
+            f"False (torch {torch.__version__}: {build}); record on the CPU instead: "
+            f"--device cpu, jv.record(device='cpu')"
+        )
+    count = int(torch.cuda.device_count())
+    if index is not None and not 0 <= index < count:
+        return f"cuda:{index} does not exist ({count} CUDA device{'s' if count != 1 else ''})"
+    return None
 
 
 class _CudaApi:
@@ -49,13 +65,9 @@ class _CudaApi:
 
     def available(self) -> str | None:
         """None if CUDA memory history can be recorded here, else why not."""
-        if not torch.cuda.is_available():
-            build = "a CPU-only build" if torch.version.cuda is None else "no usable CUDA device"
-            return (
-                f"CUDA memory recording needs a CUDA device, and torch.cuda.is_available() is "
-                f"False (torch {torch.__version__}: {build}). Record on the CPU instead: "
-                f"jv.record(device='cpu')."
-            )
+        why = cuda_unavailable()
+        if why is not None:
+            return why
         memory = torch.cuda.memory
         if not (hasattr(memory, "_record_memory_history") and hasattr(memory, "_snapshot")):
             return f"torch {torch.__version__} has no CUDA allocator history to record"

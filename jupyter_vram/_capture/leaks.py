@@ -3,8 +3,11 @@ traceback, closures, reference cycles, found by walking what the notebook can na
 
 Everything returned is plain data (storage ids, names, object ids): no tensor is kept. Roots are
 walked top-down (cost proportional to what the notebook names); storages no root reaches are
-looked for with a time-bounded ``gc.get_referrers`` walk. Releasing drops the named references
-and nothing else, and only when asked.
+looked for among the garbage collector's tensors, and what holds them with ``gc.get_referrers``.
+Both searches are bounded by work, never by time (:data:`MAX_TENSORS` looked at,
+:data:`MAX_SCANS` referrer scans): the same kernel state gives the same answer on a fast
+machine and on a loaded one. Releasing drops the named references and nothing else, and only
+when asked.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import contextlib
 import gc
 import itertools
 import sys
-import time
 import traceback
 import types
 import weakref
@@ -26,6 +28,15 @@ import torch
 from .capacity import held_storages
 from .stacks import FrameFilter, cell_name
 from .tagging import BASELINE_TENSORS, storages_of
+
+#: Garbage-collected tensors looked at for storages the notebook's names do not reach (a
+#: notebook rarely holds this many; each costs microseconds).
+MAX_TENSORS = 200_000
+#: ``gc.get_referrers`` calls (each one scans every object the collector tracks) spent on what
+#: holds one unnamed storage, and on all of them in one search.
+MAX_SCANS = 64
+MAX_SCANS_IN_ALL = 256
+NOT_FOUND = "not found within the search's bounds"
 
 #: IPython's own names: not the user's variables (``_`` and ``_N`` are outputs, below).
 _INTERNAL = frozenset({"In", "Out", "exit", "quit", "get_ipython", "_ih", "_oh", "_dh", "_vram"})
@@ -221,7 +232,7 @@ def made_by_run(
     device_type: str,
     before: Mapping[int, Any],
     rows: RowMatcher,
-    budget_s: float = 0.5,
+    max_tensors: int = MAX_TENSORS,
 ) -> tuple[dict[int, Any], dict[int, int], bool]:
     """Weak references (storage id -> weakref) to the storages alive as a run ends that it
     made: new since ``before`` and one of its never-freed allocations (``rows``: the one at
@@ -232,8 +243,8 @@ def made_by_run(
     The notebook's names are walked first (no traceback frame's locals: see
     :func:`storage_keys`); the garbage collector's tensors (the cell's last value, a
     traceback's locals, cycles) only for rows the names did not account for: listed in C
-    (~0.05 s for 300,000 objects), then looked at within ``budget_s``. The flag says whether
-    every candidate was looked at."""
+    (~0.05 s for 300,000 objects), then at most ``max_tensors`` of them looked at. The flag
+    says whether every candidate was looked at."""
     made: dict[int, Any] = {}
     exact: dict[int, int] = {}
     left = rows.copy()
@@ -263,11 +274,10 @@ def made_by_run(
         claim(storage)
     if left.empty():
         return made, exact, True
-    tensors = tensor_objects()  # in C: bounded by the object count, not budgeted
-    deadline = time.monotonic() + budget_s
+    tensors = tensor_objects()  # in C: bounded by the object count
     try:
-        for tensor in tensors:
-            if time.monotonic() > deadline:
+        for looked, tensor in enumerate(tensors):
+            if looked >= max_tensors:
                 return made, exact, False
             for storage in storages_of(tensor):
                 claim(storage)
@@ -282,18 +292,18 @@ def held(
     namespace: Mapping[str, Any] | None,
     device_type: str,
     made: Mapping[int, Any],
-    budget_s: float = 1.0,
+    max_tensors: int = MAX_TENSORS,
+    max_scans: int = MAX_SCANS_IN_ALL,
 ) -> list[HeldStorage]:
     """The storages of ``made`` (storage id -> weakref, from :func:`made_by_run`) still alive,
     each with everything found holding it. A storage is one of them only if it is the very
     object the run left (the weakref gives it back), never another at the same id.
 
     The notebook's names (and the last error's frames) are walked first; for storages they do
-    not reach, the garbage collector's tensors (listed in C first) are searched within
-    ``budget_s`` seconds, and what holds each one found is walked for at most
-    ``budget_s / 2``; the search and the walks end within ``2 * budget_s``. A storage alive
-    that no Python object reaches is listed as held by something unknown (C++: an autograd
-    graph, a library's cache)."""
+    not reach, at most ``max_tensors`` of the garbage collector's tensors (listed in C first)
+    are searched, and what holds each one found is walked with at most :data:`MAX_SCANS`
+    referrer scans, ``max_scans`` in all. A storage alive that no Python object reaches is
+    listed as held by something unknown (C++: an autograd graph, a library's cache)."""
     found: dict[int, tuple[int, list[Holder]]] = {}
 
     def ours(storage: Any) -> bool:
@@ -313,13 +323,12 @@ def held(
     if not left:
         return [HeldStorage(k, n, tuple(h)) for k, (n, h) in found.items()]
     candidates: list[tuple[Any, int, int]] = []  # unnamed tensors: (tensor, storage id, bytes)
-    tensors = tensor_objects()  # in C: bounded by the object count, not budgeted
-    deadline = time.monotonic() + budget_s
+    tensors = tensor_objects()  # in C: bounded by the object count
     complete = True
-    for tensor in tensors:
+    for looked, tensor in enumerate(tensors):
         if not left:
             break
-        if time.monotonic() > deadline:
+        if looked >= max_tensors:
             complete = False
             break
         for storage in storages_of(tensor):
@@ -335,16 +344,15 @@ def held(
         reason = (
             "something Python cannot see (C++: an autograd graph, a library's cache)"
             if complete
-            else "not found within the time limit"
+            else f"{NOT_FOUND} (the first {max_tensors:,} tensors)"
         )
         found[key] = (int(storage.nbytes()), [Holder("unknown", reason, id(storage))])
     del alive
     ignore = {id(candidates)}
+    scans = [max_scans]  # left for all the walks
     for i, (tensor, key, _) in enumerate(candidates):
         ignore.add(id(candidates[i]))
-        # each walk gets its own bound: the scan may have used the first one up
-        walk_until = min(time.monotonic() + budget_s / 2, deadline + budget_s)
-        found[key][1].append(_unnamed_holder(tensor, walk_until, ignore))
+        found[key][1].append(_unnamed_holder(tensor, ignore, scans))
     del candidates
     return [HeldStorage(k, n, tuple(h)) for k, (n, h) in found.items()]
 
@@ -360,16 +368,21 @@ def _notebook_ids(namespace: Mapping[str, Any] | None) -> set[int]:
     return ids
 
 
-def _unnamed_holder(target: Any, deadline: float, ignore: set[int], limit: int = 2000) -> Holder:
+def _unnamed_holder(target: Any, ignore: set[int], scans: list[int], limit: int = 2000) -> Holder:
     """What holds an object no notebook name reaches: a module global, a running frame, or
-    nothing but itself (a reference cycle, which a garbage collection frees)."""
+    nothing but itself (a reference cycle, which a garbage collection frees). At most
+    :data:`MAX_SCANS` referrer scans, and no more than ``scans[0]`` left for all walks
+    (taken from it), and ``limit`` objects seen."""
     mine = {id(sys._getframe(i)) for i in range(2)}
     globals_of = {id(vars(m)): name for name, m in list(sys.modules.items()) if m is not None}
     seen = {id(target)}
     todo = [target]
+    mine_left = MAX_SCANS
     while todo:
-        if time.monotonic() > deadline or len(seen) > limit:
-            return Holder("unknown", "not found within the time limit", id(target))
+        if mine_left <= 0 or scans[0] <= 0 or len(seen) > limit:
+            return Holder("unknown", NOT_FOUND, id(target))
+        mine_left -= 1
+        scans[0] -= 1
         obj = todo.pop()
         for ref in gc.get_referrers(obj):
             if id(ref) in seen or id(ref) in mine or id(ref) in ignore or ref is todo:

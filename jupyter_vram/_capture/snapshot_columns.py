@@ -31,7 +31,15 @@ import numpy as np
 import numpy.typing as npt
 
 from .._allocator_rules import round_size
-from .._model import PHASE_INDEX, Allocations, Profile, SegmentEvents
+from .._model import (
+    MAX_BYTES,
+    MAX_SEQ,
+    PHASE_INDEX,
+    Allocations,
+    Profile,
+    ProfileFileError,
+    SegmentEvents,
+)
 from .builder import BASELINE_OP, OTHER, TEMPORARY, UNKNOWN, ProfileBuilder
 from .cuda_allocator import _active_blocks, _device_segments, _divisions
 from .cuda_convert import MARKER_PREFIX, SOURCE, _Stacks
@@ -283,6 +291,38 @@ def _round_sizes(requests: IntArray, divisions: Sequence[int]) -> IntArray:
     return size
 
 
+#: The largest time a trace entry may carry, in microseconds: its nanoseconds fit an int64.
+MAX_TIME_US = MAX_SEQ // 1000
+
+
+def check_numbers(addr: IntArray, size: IntArray, time_us: IntArray) -> None:
+    """A ProfileFileError naming the first trace entry with a size that is negative or past
+    a petabyte, a negative address or a time out of range: a size of -512 must not load as a
+    512-byte block."""
+    checks = (
+        ("size", size, (size < 0) | (size > MAX_BYTES), f"0 to {MAX_BYTES:,} bytes"),
+        ("address", addr, addr < 0, "never negative"),
+        ("time_us", time_us, np.abs(time_us) > MAX_TIME_US, f"within {MAX_TIME_US:,}"),
+    )
+    found = [(int(np.argmax(bad)), name, values, rule) for name, values, bad, rule in checks
+             if bad.any()]  # fmt: skip
+    if found:
+        i, name, values, rule = min(found, key=lambda f: f[0])
+        raise ProfileFileError(
+            f"trace entry {i}: {name} {int(values[i]):,} is out of range ({rule})"
+        )
+
+
+def trace_numbers(trace: Sequence[Mapping[str, Any]]) -> tuple[IntArray, IntArray, IntArray]:
+    """(addresses, sizes, times in us) of a trace held as a list of dicts; OverflowError
+    past int64."""
+    n = len(trace)
+    addr = np.fromiter((int(e.get("addr", 0)) for e in trace), np.int64, n)
+    size = np.fromiter((int(e.get("size", 0)) for e in trace), np.int64, n)
+    time_us = np.fromiter((int(e.get("time_us", 0)) for e in trace), np.int64, n)
+    return addr, size, time_us
+
+
 def profile_from_columns(
     cols: TraceColumns, snapshot: Mapping[str, Any], device_index: int
 ) -> Profile:
@@ -294,6 +334,7 @@ def profile_from_columns(
     addr = np.frombuffer(cols.addr, np.int64)
     req = np.frombuffer(cols.size, np.int64)
     time_us = np.frombuffer(cols.time_us, np.int64)
+    check_numbers(addr, req, time_us)
     stack_of = np.frombuffer(cols.stack, np.int32)
     meta_of = np.frombuffer(cols.meta, np.int32)
     n = len(action)  # sequence numbers are trace indices

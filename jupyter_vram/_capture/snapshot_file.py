@@ -48,9 +48,16 @@ from .._model import (
     Profile,
     ProfileFileError,
     SegmentEvents,
+    open_regular_file,
 )
 from .cuda_convert import profile_from_snapshot
-from .snapshot_columns import TraceColumns, columns_from_trace, profile_from_columns
+from .snapshot_columns import (
+    TraceColumns,
+    check_numbers,
+    columns_from_trace,
+    profile_from_columns,
+    trace_numbers,
+)
 from .snapshot_stream import UnsupportedPickle, read_snapshot_stream
 
 __all__ = [
@@ -93,12 +100,28 @@ class SafeUnpickler(pickle.Unpickler):
 
 
 def _open_maybe_gzip(path: Path) -> IO[bytes]:
-    fh: IO[bytes] = path.open("rb")
+    """The file's bytes, through gzip when it is gzip; a regular file only (see
+    :func:`open_regular_file`: a FIFO would block, a device read forever)."""
+    fh = open_regular_file(path)
     if fh.read(2) == b"\x1f\x8b":
-        fh.close()
-        return gzip.GzipFile(path, "rb")  # type: ignore[return-value]
+        fh.seek(0)
+        return _OwnedGzip(fh)  # type: ignore[return-value]
     fh.seek(0)
     return fh
+
+
+class _OwnedGzip(gzip.GzipFile):
+    """A gzip reader that closes the file it reads, as when it opens the file itself."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        super().__init__(fileobj=raw, mode="rb")
+        self._raw = raw
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._raw.close()
 
 
 def load_snapshot(path: str | Path) -> dict[str, Any]:
@@ -218,7 +241,7 @@ def _is_big_pickle(path: Path) -> bool:
             if fh.read(1) != b"\x80":
                 return False
         return path.stat().st_size >= STREAM_MIN_BYTES
-    except OSError:
+    except (OSError, ProfileFileError):  # load_snapshot says what is wrong with the file
         return False
 
 
@@ -236,6 +259,8 @@ def _from_stream(
         raise ProfileFileError(f"{where}: cannot read the file ({exc.strerror or exc})") from exc
     except (EOFError, zlib.error) as exc:  # a gzip file cut short or damaged
         raise ProfileFileError(f"{where}: cannot read the file ({exc})") from exc
+    except OverflowError as exc:  # a number past the int64 columns
+        raise ProfileFileError(f"{where}: {_TOO_LARGE} ({exc})") from exc
     if EXTENSION in rest or isinstance(rest.get("snapshot"), Mapping):
         raise UnsupportedPickle("written by jupyter_vram: read it whole")
     columns = [t if isinstance(t, TraceColumns) else columns_from_trace(t) for t in traces]
@@ -243,7 +268,10 @@ def _from_stream(
     found |= {int(s.get("device", 0)) for s in rest.get("segments") or [] if isinstance(s, Mapping)}
     index = _device_index(device, sorted(found), where)
     cols = columns[index] if index < len(columns) else TraceColumns()
-    return _infer_categories(profile_from_columns(cols, rest, index), False)
+    try:
+        return _infer_categories(profile_from_columns(cols, rest, index), False)
+    except ProfileFileError as exc:
+        raise ProfileFileError(f"{where}: {exc}") from exc
 
 
 def profiles_from_snapshot(source: str | Path | Mapping[str, Any]) -> dict[str, Profile]:
@@ -253,8 +281,15 @@ def profiles_from_snapshot(source: str | Path | Mapping[str, Any]) -> dict[str, 
     return {f"cuda:{i}": _convert(data, i, "the snapshot") for i in snapshot_devices(data)}
 
 
+#: What an entry too large for 64 bits says (Python ints have no limit; the columns do).
+_TOO_LARGE = "a size, address or time in the snapshot is too large"
+
+
 def _convert(data: Mapping[str, Any], index: int, where: str) -> Profile:
     try:
+        inner = data["snapshot"] if isinstance(data.get("snapshot"), Mapping) else data
+        traces = inner.get("device_traces") or []
+        check_numbers(*trace_numbers(traces[index] if index < len(traces) else []))
         if isinstance(data.get("snapshot"), Mapping):  # the recorder's raw form
             return profile_from_snapshot(
                 data["snapshot"],
@@ -269,9 +304,11 @@ def _convert(data: Mapping[str, Any], index: int, where: str) -> Profile:
         if isinstance(ext, Mapping) and ext.get("version") == _EXTENSION_VERSION:
             return _from_written(data, ext, index)
         return _from_foreign(data, index)
+    except ProfileFileError as exc:
+        raise ProfileFileError(f"{where}: {exc}") from exc
+    except OverflowError as exc:
+        raise ProfileFileError(f"{where}: {_TOO_LARGE} ({exc})") from exc
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-        if isinstance(exc, ProfileFileError):
-            raise
         raise ProfileFileError(
             f"{where}: snapshot entries are malformed ({type(exc).__name__}: {str(exc)[:200]})"
         ) from exc

@@ -12,13 +12,14 @@ import ast
 from typing import Any
 
 from .._model import Profile
-from .launcher import launch
+from .launcher import launch, launch_problem
 
 ENTRY = "main"
 
 
 class CellError(ValueError):
-    """The cell defines no ``main`` to run on the ranks."""
+    """The cell defines no ``main`` to run on the ranks, or asks for ranks or a timeout this
+    machine cannot give."""
 
 
 def run_cell_on_ranks(
@@ -33,8 +34,9 @@ def run_cell_on_ranks(
 ) -> list[Profile]:
     """Run the cell in ``namespace``, then its ``main()`` on ``nproc`` ranks (Profiles in rank
     order; :class:`~.launcher.LaunchError` when a rank fails)."""
-    if nproc < 1:
-        raise CellError(f"--nproc must be at least 1, not {nproc}")
+    problem = launch_problem(nproc, timeout, nproc_name="--nproc", timeout_name="--timeout")
+    if problem is not None:  # before the cell runs or any process starts
+        raise CellError(f"{problem}; the cell did not run")
     if ENTRY not in _defined_names(source):
         raise CellError(
             "%%vram --nproc runs the cell's main() on each rank: define `def main(): ...` "

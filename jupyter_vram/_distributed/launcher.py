@@ -71,6 +71,49 @@ class LaunchError(RuntimeError):
         return {r.rank: r.error for r in self.results if r.error is not None}
 
 
+#: The longest ``timeout`` taken (30 days): past it a hung rank is better ended by hand.
+MAX_TIMEOUT_S = 30 * 24 * 3600.0
+
+
+def max_local_ranks() -> int:
+    """How many ranks this machine runs at once: one per CPU this process may use, or one
+    per GPU where there are more GPUs (each rank is a whole Python process)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = os.cpu_count() or 1
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return max(cpus, gpus, 1)
+
+
+def launch_problem(
+    nproc: object, timeout: object, *, nproc_name: str = "nproc", timeout_name: str = "timeout"
+) -> str | None:
+    """What is wrong with a launch's rank count or timeout (None: nothing), in one line,
+    before any process starts: a count past :func:`max_local_ranks` would start processes
+    until the machine stalls."""
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        return f"{nproc_name} must be a whole number of ranks, at least 1, not {nproc!r:.40}"
+    most = max_local_ranks()
+    if nproc > most:
+        digits = str(nproc)
+        shown = digits if len(digits) <= 24 else f"{digits[:12]}... ({len(digits)} digits)"
+        return (
+            f"{nproc_name} {shown} is more ranks than this machine can run at once: at most "
+            f"{most} (one per CPU, or per GPU)"
+        )
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        return f"{timeout_name} must be a number of seconds, not {timeout!r:.40}"
+    if not 0 < timeout <= MAX_TIMEOUT_S:  # NaN fails this too
+        return (
+            f"{timeout_name} must be more than 0 seconds and at most {MAX_TIMEOUT_S:,.0f} "
+            f"(30 days), not {timeout!r:.40}"
+        )
+    return None
+
+
 def default_backend(nproc: int) -> str:
     """NCCL when there is a GPU for every rank, gloo otherwise."""
     import torch
@@ -110,10 +153,9 @@ def launch(
     """
     import cloudpickle
 
-    if not isinstance(nproc, int) or nproc < 1:
-        raise ValueError(f"nproc must be a positive integer, not {nproc!r}")
-    if not timeout > 0:
-        raise ValueError(f"timeout must be positive seconds, not {timeout!r}")
+    problem = launch_problem(nproc, timeout)
+    if problem is not None:
+        raise ValueError(f"jv.launch: {problem}")
     backend = backend or default_backend(nproc)
     try:
         payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))

@@ -90,6 +90,12 @@ def run_local(
 
     from .._render.text import format_bytes
     from .files import load_ranks
+    from .launcher import launch_problem
+
+    problem = launch_problem(nproc, 1.0, nproc_name="--nproc-per-node")
+    if problem is not None:  # before torchrun starts any process
+        print(f"jupyter-vram run: {problem}", file=sys.stderr)
+        return 2
 
     command = [
         sys.executable,

@@ -91,7 +91,7 @@ class Simulator:
     def run(self, settings: StepSettings, batch_size: int | None) -> Profile:
         """Record one steady-state step (after a warm-up step) on fake tensors."""
         from .._capture.fake import fake_mode
-        from .._recording import record
+        from .._recording import FakeRunRecording
         from .._transforms.checkpointing import enable_checkpointing
 
         batch = self.batch.with_batch_size(batch_size) if batch_size else self.batch
@@ -138,7 +138,7 @@ class Simulator:
                         # optimizer state (and any lazy state) exist, as in a second step
                         self._warm_up(optimizer, args, kwargs, settings)
                 before = self._steady_state(optimizer)
-                with record(device="meta", stacks=settings.stacks) as rec:
+                with FakeRunRecording(device="meta", stacks=settings.stacks) as rec:
                     recorder = cast_recorder(rec.recorder)
                     first = rows_of(recorder, _held_tensors(self.slots, optimizer, args, kwargs))
                     watch = AccumulationWatch(recorder)

@@ -15,6 +15,7 @@ from bokeh.plotting import figure
 
 from .._analysis.flame import FlameNode
 from .._model import CATEGORIES
+from .._units import format_change
 from .figures import (
     CATEGORY_COLORS,
     CRUMB_SEP,
@@ -80,7 +81,8 @@ def change_color(baseline: int, variant: int) -> str:
 
 
 def change_text(baseline: int, variant: int) -> str:
-    """'+12.0 MiB (+35.2%)', 'new in the variant', 'gone in the variant', 'unchanged'."""
+    """'+12.0 MiB (+35.2%)', '+1.2 MiB (63,616x)', 'new in the variant', 'gone in the
+    variant', 'unchanged'."""
     if baseline == variant:
         return "unchanged"
     if not baseline:
@@ -89,7 +91,7 @@ def change_text(baseline: int, variant: int) -> str:
         return f"-{format_bytes(baseline)} (gone in the variant)"
     diff = variant - baseline
     sign = "+" if diff > 0 else ""
-    return f"{sign}{format_bytes(diff)} ({sign}{100 * diff / baseline:.1f}%)"
+    return f"{sign}{format_bytes(diff)} ({format_change(baseline, variant, space='')})"
 
 
 DIFF_COLUMNS = ("left", "right", "top", "bottom", "name", "path", "full", "baseline_h",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from .._units import format_change, format_column
 from .text import format_bytes
 
 if TYPE_CHECKING:
@@ -202,15 +203,18 @@ def gpu_table_text(table: pd.DataFrame) -> str:
 
 def what_if_text(table: pd.DataFrame) -> str:
     """The what-if table as aligned text."""
-    lines = [f"{'what if':<46}{'peak':>12}{'device used':>14}{'change':>9}"]
-    for _, row in table.iterrows():
+    lines = [f"{'what if':<46}{'peak':>14}{'device used':>16}{'change':>10}"]
+    rows = [row for _, row in table.iterrows()]
+    ran = [i for i, row in enumerate(rows) if not row.get("note")]
+    peaks = dict(zip(ran, format_column([int(rows[i]["peak_bytes"]) for i in ran]), strict=True))
+    used = [int(rows[i]["predicted_device_bytes"]) for i in ran]
+    useds = dict(zip(ran, format_column(used), strict=True))
+    for i, row in enumerate(rows):
         if row.get("note"):
             lines.append(f"{row['what_if']:<46}  n/a: {row['note']}")
             continue
-        lines.append(
-            f"{row['what_if']:<46}{format_bytes(row['peak_bytes']):>12}"
-            f"{format_bytes(row['predicted_device_bytes']):>14}{100 * row['change']:>+8.1f}%"
-        )
+        change = format_change(1.0, 1.0 + float(row["change"]), space="")
+        lines.append(f"{row['what_if']:<46}{peaks[i]:>14}{useds[i]:>16}{change:>10}")
     return "\n".join(lines)
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from .._analysis.allocator import has_segments, reserved_peak
 from .._analysis.groups import Group
 from .._model import CATEGORIES
-from .text import SOURCE_NAMES, format_bytes
+from .text import SOURCE_NAMES, format_bytes, run_word
 
 if TYPE_CHECKING:
     from .._model import Profile
@@ -21,10 +21,11 @@ def header_facts(profile: Profile) -> list[tuple[str, str]]:
     """(label, value) pairs for the summary line; every number comes from the profile."""
     t = profile.timeline
     info = profile.device_info
+    run = run_word(profile)
     facts = [
         ("peak allocated", format_bytes(profile.peak_bytes)),
-        ("before the cell", before_the_cell(profile)),
-        ("added by the cell", format_bytes(max(profile.peak_bytes - t.baseline_bytes, 0))),
+        (f"before the {run}", before_the_cell(profile)),
+        (f"added by the {run}", format_bytes(max(profile.peak_bytes - t.baseline_bytes, 0))),
     ]
     if t.peak_index >= 0:
         facts.append(("peak in", t.peak_phase))

@@ -116,7 +116,8 @@ def _header(payload: Mapping[str, Any]) -> str:
         else ""
     )
     error = (
-        f"<div class='jvs-error'>The cell raised {html.escape(str(payload['error']))}; the "
+        f"<div class='jvs-error'>The {'step' if payload['kind'] == 'estimate' else 'cell'} "
+        f"raised {html.escape(str(payload['error']))}; the "
         "profile covers the run up to the error.</div>"
         if payload.get("error")
         else ""

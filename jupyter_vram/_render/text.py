@@ -21,6 +21,12 @@ SOURCE_NAMES = {
 }
 
 
+def run_word(profile: Profile) -> str:
+    """What the profile recorded, in a header's words: an estimate's fake run is a step,
+    not a cell of the notebook."""
+    return "step" if profile.source == "estimate" else "cell"
+
+
 def format_moment(time_ns: float, index: int, *, timed: bool = True) -> str:
     """When timeline event ``index`` happened: '12.345 ms, event 7' (just 'event 7' when the
     run's clock means nothing, as in a fake-tensor run); index -1 is before the first event."""
@@ -47,8 +53,9 @@ def summary(profile: Profile, *, top: int = 5) -> str:
         f"jupyter_vram · {profile.device} ({source}) · {profile.wall_ns / 1e9:.3f} s · "
         f"{profile.event_count:,} events",
     ]
+    run = run_word(profile)
     if profile.error:
-        lines.append(f"the cell raised {profile.error}; the profile covers the run up to it")
+        lines.append(f"the {run} raised {profile.error}; the profile covers the run up to it")
     oom = profile.oom
     if oom is not None:
         lines.extend(oom_lines(oom))
@@ -61,7 +68,7 @@ def summary(profile: Profile, *, top: int = 5) -> str:
         )
     when = f"{t.time_ns[t.peak_index] / 1e6:.1f} ms in" if t.peak_index >= 0 else "before the run"
     lines.append(
-        f"peak {format_bytes(peak)} ({when}, {t.peak_phase} phase); before the cell "
+        f"peak {format_bytes(peak)} ({when}, {t.peak_phase} phase); before the {run} "
         f"{format_bytes(t.baseline_bytes)}, after {format_bytes(t.total_at(len(t) - 1))}"
     )
     lines.append("at the peak:")

@@ -45,7 +45,7 @@ class Blocks(nn.Module):
 torch.manual_seed(0)
 model = Blocks()
 x = torch.randn(512, 64)
-pause = 0.0  # seconds the cell keeps busy after its step (a long rerun, to cancel)
+pause = 0.0  # seconds the cell keeps busy after its step (for ever: a rerun to cancel)
 """
 
 # Recorded with Python stacks (the default): reruns record without them, so the Cancel below
@@ -144,17 +144,17 @@ def test_checkpointing_rerun_in_jupyterlab(lab: Lab, page: Page, page_log: PageL
         page.wait_for_timeout(500)
         app.screenshot(path=str(DOCS / "app-compare.png"))
 
-    # a long rerun (the cell now keeps busy for 60 s) is cancelled from its Cancel button: the
-    # page asks the server to interrupt the kernel, the rerun restores state and says so
-    kernel_print(page, name, "pause = 60.0")
-    started = page.evaluate("() => performance.now()")
+    # a rerun that never ends by itself (the cell now keeps busy for ever) is cancelled from its
+    # Cancel button: the page asks the server to interrupt the kernel, the rerun restores state
+    # and says so. Only the interrupt can end it, so 'cancelled' proves the Cancel worked, on a
+    # machine of any speed (the waits below are limits on a hang, not on speed)
+    kernel_print(page, name, "pause = float('inf')")
     rerun.click()
     cancel = app.locator(".jv-cancel-btn")
-    expect(cancel).to_be_visible(timeout=10_000)
-    expect(app.locator(".jv-rerun-status")).to_contain_text("running (", timeout=10_000)
+    expect(cancel).to_be_visible(timeout=120_000)
+    expect(app.locator(".jv-rerun-status")).to_contain_text("running (", timeout=120_000)
     cancel.click()
-    expect(app.locator(".jv-rerun-status")).to_contain_text("cancelled", timeout=20_000)
-    assert page.evaluate("() => performance.now()") - started < 30_000  # not the 60 s
+    expect(app.locator(".jv-rerun-status")).to_contain_text("cancelled", timeout=300_000)
     expect(cancel).to_be_hidden()
     assert kernel_print(page, name, STATE) == before
     expect(app.locator(".jv-verdict")).to_have_count(1)  # no second column from it
