@@ -206,8 +206,16 @@ def comparison_html(comparison: Comparison) -> str:
         f'<div class="jv-comparison">Estimated <b>{format_bytes(comparison.estimated_bytes)}</b>'
         f" vs measured <b>{format_bytes(comparison.measured_bytes)}</b>: difference "
         f"<b>{100 * error:+.1f}%</b> ({verdict}){_unrelated_note(comparison)}"
-        f"{_device_note(comparison)}</div>{table}"
+        f"{_kept_note(comparison)}{_device_note(comparison)}</div>{table}"
     )
+
+
+def _kept_note(comparison: Comparison) -> str:
+    if not comparison.kept_output:
+        return ""
+    from .._render.estimate_text import kept_output_note
+
+    return f"<br><i>{html.escape(kept_output_note(comparison.kept_output).strip('()'))}.</i>"
 
 
 def _unrelated_note(comparison: Comparison) -> str:
