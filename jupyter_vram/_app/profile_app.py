@@ -28,6 +28,7 @@ from .._render.html import (
 )
 from .._render.text import format_bytes, summary
 from .._render.theme import apply_theme
+from .comms import opens_outside_the_cell
 from .flame_view import FlameView
 from .holder import GONE, ProfileHandle
 from .rerun_view import rerun_bar
@@ -111,6 +112,7 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
     tab opens and kept; a tab opened after the profile is gone says so.
     """
 
+    @opens_outside_the_cell
     def __init__(
         self,
         profile: Profile,
