@@ -25,6 +25,7 @@ from .._model import CATEGORIES, Profile
 from .._render.estimate_text import MODELLED, NOT_MODELLED, format_count, settings_text
 from .._render.html import facts_html
 from .._render.text import format_bytes
+from .export import CsvLink
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -482,6 +483,7 @@ class EstimateView(w.VBox):  # type: ignore[misc]
         self.what_if_progress = RunProgress("jv-whatif")
         self.what_if_table = w.HTML()
         self.what_if_table.add_class("jv-whatif-table")
+        self.what_if_export = CsvLink("what_ifs.csv")
         self.what_if_button.on_click(lambda _: self.compute_what_ifs())
         self.gpu_choice.observe(lambda _: self._show_what_ifs(), "value")
         self.data_parallel.observe(self._on_data_parallel, "value")
@@ -496,6 +498,7 @@ class EstimateView(w.VBox):  # type: ignore[misc]
                 w.HBox([self.data_parallel, self.gpu_choice, self.what_if_button]),
                 self.what_if_progress,
                 self.what_if_table,
+                self.what_if_export,
             ]
         )
         self.add_class("jv-estimate-view")
@@ -601,6 +604,10 @@ class EstimateView(w.VBox):  # type: ignore[misc]
             progress.status.value = html.escape(f"fits on {gpu.name} checked")
         self.what_if_fits = fits
         self.what_if_table.value = what_if_html(frame, gpu, self._what_if_gpus, fits)
+        export = frame.copy()
+        if gpu is not None and fits is not None:
+            export[f"fits on {gpu.name}"] = fits
+        self.what_if_export.show(export)
         return True
 
     def _on_data_parallel(self, change: dict[str, Any]) -> None:

@@ -29,6 +29,7 @@ from .._render.html import (
 from .._render.text import format_bytes, summary
 from .._render.theme import apply_theme
 from .comms import opens_outside_the_cell
+from .export import CsvLink
 from .flame_view import FlameView
 from .holder import GONE, ProfileHandle
 from .rerun_view import rerun_bar
@@ -307,6 +308,8 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         sort.add_class("jv-sites-sort")
         table = w.HTML(sites_html(frames["peak"], peak))
         table.add_class("jv-sites")
+        export = CsvLink("top_sites.csv")
+        export.show(frames["peak"])
         help_line = w.HTML(
             "<div class='jv-label jv-note'>Allocation sites: the innermost line of your code "
             "and the op that allocated. live at peak: bytes still held at the peak; of peak: "
@@ -326,9 +329,10 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
                     column, ascending=column in ("site", "op", "category"), kind="stable"
                 )
             table.value = sites_html(frame, peak)
+            export.show(frame)
 
         sort.observe(resort, "value")
-        box = w.VBox([sort, help_line, table])
+        box = w.VBox([w.HBox([sort, export]), help_line, table])
         box.add_class("jv-sites-view")
         return box
 
