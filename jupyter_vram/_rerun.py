@@ -605,7 +605,9 @@ def run_changed(
             if not blocks:
                 raise RerunError(
                     "no repeated blocks (a ModuleList / Sequential of same-typed modules) in "
-                    "the notebook's modules: nothing to checkpoint"
+                    "the notebook's modules: nothing to checkpoint (a model the cell builds "
+                    "exists only once it ran: run the cell, then --compare checkpoint or "
+                    "jv.rerun(_vram, checkpoint='auto'))"
                 )
         else:
             roots = _roots(namespace)

@@ -138,6 +138,11 @@ def shell() -> Any:
 
 def test_magic_compare_and_checkpoint_flag_on_a_cell_that_builds_its_model(shell: Any) -> None:
     shell.user_ns.update(torch=torch, nn=nn)
+    # before the cell ever ran there is no model to choose blocks from: said, not guessed
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        shell.run_cell("%%vram --checkpoint auto -q\n" + BUILDS)
+    assert "a model the cell builds exists only once it ran" in err.getvalue()
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         result = shell.run_cell("%%vram --compare checkpoint --text\n" + BUILDS)
