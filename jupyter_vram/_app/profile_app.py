@@ -92,6 +92,8 @@ border-left:4px solid var(--jp-success-color1,#2a7a2a)}
 .jv-whatifs td.jv-whatif-note{white-space:normal;max-width:480px;
 color:var(--jp-warn-color1,#8a5a00);font-style:italic}
 .jv-note{font-size:12px;line-height:1.5;max-width:900px}
+.jv-csv{font-size:12px;margin:0 10px;color:var(--jp-content-link-color,#1976d2);
+text-decoration:underline;line-height:28px}
 .jv-allocator{font-size:13px;line-height:1.6;max-width:980px}
 .jv-allocator h4{margin:8px 0 2px;font-size:13px}
 </style>"""
