@@ -17,8 +17,9 @@ saved); where it gave none, a storage is matched by size alone, and its row says
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -235,6 +236,53 @@ def _which(values: list[str]) -> str:
     return unique[0] if len(unique) == 1 else "one of: " + " | ".join(unique)
 
 
+GROUP_COLUMNS = [
+    "bytes", "storages", "holder_kind", "holders", "releasable", "op", "module", "category",
+    "site",
+]  # fmt: skip
+
+
+def group_leaks(leaks: pd.DataFrame) -> pd.DataFrame:
+    """The leaks of :func:`find_leaks` one row per holder (the same ``holders``): their bytes
+    and storage count; op, module, category and site where the group shares one, else the
+    few it has (``a | b``) or how many. Largest first. A list of 100 tensors is one row."""
+    import pandas as pd
+
+    rows = []
+    for holders, group in leaks.groupby("holders", sort=False):
+        rows.append(
+            [
+                int(group["bytes"].sum()),
+                len(group),
+                str(group["holder_kind"].iloc[0]),
+                str(holders),
+                bool(group["releasable"].all()),
+                *(_in_short(group[c]) for c in ("op", "module", "category", "site")),
+            ]
+        )
+    frame = pd.DataFrame(rows, columns=GROUP_COLUMNS)
+    frame = frame.sort_values("bytes", ascending=False, kind="stable").reset_index(drop=True)
+    frame.attrs.update(leaks.attrs)
+    return frame
+
+
+def _in_short(values: pd.Series[Any]) -> str:
+    unique = list(dict.fromkeys(str(v) for v in values))
+    if len(unique) <= 3:
+        return " | ".join(unique)
+    return f"{len(unique)} different"
+
+
+#: Called after every release (the app's leak tables refresh themselves).
+_after_release: list[Callable[[], None]] = []
+
+
+def after_release(callback: Callable[[], None]) -> None:
+    """Call ``callback`` after each :func:`release_leaks`, wherever it was asked from."""
+    if callback not in _after_release:
+        _after_release.append(callback)
+
+
 def release_leaks(profile: Profile, leaks: pd.DataFrame | None = None) -> list[str]:
     """Drop what holds the run's leaked memory (all of it, or the rows of ``leaks``, a frame
     from ``profile.leaks()``), and return what was done. Only names still bound to the same
@@ -255,4 +303,8 @@ def release_leaks(profile: Profile, leaks: pd.DataFrame | None = None) -> list[s
     del storages
     state = _runs[profile]
     namespace = state.namespace if isinstance(state.namespace, MutableMapping) else None
-    return release(namespace, holders)
+    done = release(namespace, holders)
+    for callback in list(_after_release):
+        with contextlib.suppress(Exception):  # a display that fails must not undo the release
+            callback()
+    return done

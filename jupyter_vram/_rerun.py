@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from ._session import Cell
+    from ._transforms.checkpointing import Checkpointing
     from ._transforms.state import StateCopy
 
 AmpName = Literal["bf16", "fp16"]
@@ -420,7 +421,6 @@ def rerun(
     from ._capture.cpu_recorder import discarded_on_error
     from ._session import run_code
     from ._transforms import state as state_module
-    from ._transforms.checkpointing import checkpoint_blocks
 
     __tracebackhide__ = True
     plan = _plan(profile, amp, checkpoint, offload)
@@ -441,14 +441,14 @@ def rerun(
     )
     namespace = dict(cell.namespace)  # copy on write: rebinding a name stays in the copy
     result: Profile | None = None
-    undo: Callable[[], None] | None = None
+    switch = _checkpointing(plan.blocks, cell.namespace)
     start = time.perf_counter()
     try:
         if cell.start is not None:  # start where the first run did (its random draws too)
             dropped = cell.start.put(namespace, plan.facts.bound)
             if dropped:
                 notes.append("started where the first run did: " + "; ".join(dropped))
-        undo = checkpoint_blocks([b for _, b in plan.blocks], _roots(cell.namespace).values())
+        switch.start()
         say("running")
         with discarded_on_error():  # a raising rerun (Cancel) returns no profile: none is read
             run = run_code(
@@ -468,8 +468,7 @@ def rerun(
         finally:
             with interrupts_deferred():
                 try:
-                    if undo is not None:
-                        undo()
+                    switch.stop()
                 finally:
                     _restore(saved)
         restore_seconds = time.perf_counter() - restore_start
@@ -477,9 +476,12 @@ def rerun(
     if result is None:  # a recording started meanwhile (another thread): ran unrecorded
         raise RerunError("a rerun cannot run inside another recording (%%vram / jv.record)")
     notes.append(f"restore: {restore_seconds:.2f} s; cell: {time.perf_counter() - start:.2f} s")
+    checkpointed = _claimed(plan.blocks, switch, notes)
+    if plan.blocks and not checkpointed:
+        raise RerunError(_NOT_CHECKPOINTED)
     variant = Variant(
         amp=plan.amp,
-        checkpointed=tuple(p for p, _ in plan.blocks),
+        checkpointed=checkpointed,
         offload=plan.offload,
         notes=tuple(notes),
         baseline_cell=cell.label or cell.filename,
@@ -492,6 +494,60 @@ def rerun(
         "restore_seconds": round(restore_seconds, 6),
     }
     return result.replace(meta=meta)
+
+
+_NOT_CHECKPOINTED = (
+    "checkpointing did not apply: none of the chosen blocks ran in training mode with "
+    "gradients on during the rerun (the cell ran other modules than the ones chosen, in eval "
+    "mode or without gradients)"
+)
+
+
+def _checkpointing(
+    blocks: Sequence[tuple[str, nn.Module]], namespace: Mapping[str, Any]
+) -> Checkpointing:
+    """The switch for these blocks: each named by its top-level module's class and its path
+    inside it, so the same blocks of a model the cell builds again are checkpointed too."""
+    from ._transforms.checkpointing import BlockSpec, Checkpointing, class_key
+
+    roots = _roots(namespace)
+    planned: list[tuple[BlockSpec, nn.Module]] = []
+    for label, block in blocks:
+        head, _, rest = label.partition(".")
+        root_class = ""
+        for root in roots.values():
+            if type(root).__name__ != head:
+                continue
+            with contextlib.suppress(AttributeError):
+                if root.get_submodule(rest) is block:
+                    root_class = class_key(root)
+                    break
+        planned.append((BlockSpec(label, root_class, rest, class_key(block)), block))
+    return Checkpointing(planned, roots.values())
+
+
+def _claimed(
+    blocks: Sequence[tuple[str, nn.Module]], switch: Checkpointing, notes: list[str]
+) -> tuple[str, ...]:
+    """The blocks that really ran checkpointed; a note for the model the cell built and for
+    the chosen blocks that never did."""
+    ran = tuple(p for p, _ in blocks if p in switch.ran)
+    skipped = [p for p, _ in blocks if p not in switch.ran]
+    built = sorted(switch.built & set(ran))
+    if built:
+        notes.append(
+            f"the cell builds its model: checkpointed the blocks it built ({_span(built)})"
+        )
+    if ran and skipped:
+        notes.append(
+            f"not checkpointed: {_span(skipped)} did not run in training mode with gradients on"
+        )
+    return ran
+
+
+def _span(labels: Sequence[str]) -> str:
+    """``a, b`` or ``a ... z`` for a long list."""
+    return ", ".join(labels) if len(labels) <= 3 else f"{labels[0]} ... {labels[-1]}"
 
 
 def _restore(saved: StateCopy) -> None:
@@ -545,7 +601,6 @@ def run_changed(
     the session's CellRun; its profile's ``variant`` says what was applied."""
     from ._capture import parse_device
     from ._session import run_code
-    from ._transforms.checkpointing import checkpoint_blocks
     from ._transforms.offload import offload_unavailable
 
     name = parse_device(device)
@@ -560,20 +615,28 @@ def run_changed(
             if not blocks:
                 raise RerunError(
                     "no repeated blocks (a ModuleList / Sequential of same-typed modules) in "
-                    "the notebook's modules: nothing to checkpoint"
+                    "the notebook's modules: nothing to checkpoint (a model the cell builds "
+                    "exists only once it ran: run the cell, then --compare checkpoint or "
+                    "jv.rerun(_vram, checkpoint='auto'))"
                 )
         else:
             roots = _roots(namespace)
             blocks = [_resolve(roots, p) for p in _paths(checkpoint)]
     changes = _Changes(amp_name, offload)
-    variant = Variant(amp_name, tuple(p for p, _ in blocks), offload, (), None)
+    switch = _checkpointing(blocks, namespace)
 
     def tag(profile: Profile) -> None:
-        profile.meta["variant"] = variant.to_dict()
+        notes: list[str] = []
+        checkpointed = _claimed(blocks, switch, notes)
+        if blocks and not checkpointed:
+            notes.append(_NOT_CHECKPOINTED.replace("during the rerun", "in this run"))
+        profile.meta["variant"] = Variant(
+            amp_name, checkpointed, offload, tuple(notes), None
+        ).to_dict()
         if on_profile is not None:
             on_profile(profile)
 
-    undo = checkpoint_blocks([b for _, b in blocks], _roots(namespace).values())
+    switch.start()
     try:
         return run_code(
             source,
@@ -587,7 +650,7 @@ def run_changed(
             around=lambda: _transforms(changes, name),
         )
     finally:
-        undo()
+        switch.stop()
 
 
 TECHNIQUES = ("amp", "checkpoint", "offload")

@@ -211,3 +211,31 @@ def test_module_classes_are_kept_for_display() -> None:
     types = rec.profile.meta["module_types"]
     assert types["Sequential"] == "Sequential"
     assert types["Sequential.0"] == "Conv2d" and types["Sequential.3"] == "Linear"
+
+
+def test_top_site_category_is_that_of_its_bytes_at_the_peak() -> None:
+    """Line 2 makes three 4 MB temporaries (each freed when ``t`` is rebound) and then a
+    4000 B tensor that becomes ``lin.weight.grad``; the peak is line 5's 8 MB block beside
+    it, so line 2's row holds 4000 B of gradient then, and says gradient."""
+    from jupyter_vram._session import run_code
+
+    source = (
+        "for n in [1_000_000, 1_000_000, 1_000_000, 1_000]:\n"
+        "    t = torch.zeros(n)\n"
+        "lin.weight.grad = t.view(1, 1_000)\n"
+        "del t\n"
+        "big = torch.ones(2_000_000)\n"
+        "del big\n"
+    )
+    ns = {"torch": torch, "lin": nn.Linear(1000, 1, bias=False)}
+    prof = run_code(source, ns).profile
+    assert prof is not None
+    assert prof.peak_bytes == 4000 + 4000 + 8_000_000  # weight, its new grad, big
+    rows = {
+        r["site"]: (r["op"], r["live_at_peak_bytes"], r["allocated_bytes"], r["category"])
+        for r in prof.top_sites(5).to_dict("records")
+    }
+    assert rows == {
+        "<module> (<vram-cell>:5)": ("ones", 8_000_000, 8_000_000, "temporary"),
+        "<module> (<vram-cell>:2)": ("zeros", 4000, 3 * 4_000_000 + 4000, "gradient"),
+    }

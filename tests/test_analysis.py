@@ -111,6 +111,39 @@ def test_top_sites(profile: Profile) -> None:
     )
 
 
+def test_a_site_is_named_by_the_category_of_its_bytes_at_the_peak() -> None:
+    """One site (same stack and op) makes two 4000 B temporaries, then a 100 B tensor that
+    becomes a gradient; the peak (seq 5: 100 + 5000) holds only the gradient of it: its row
+    says gradient, although temporaries are 8,000 of its 8,100 allocated bytes. A site with
+    nothing live at the peak keeps the category of most of its allocated bytes."""
+    b = ProfileBuilder()
+    fc = b.modules("net.fc")
+    zeros, ones = b.ops("zeros"), b.ops("ones")
+    here = b.intern_stack((Frame("/u/train.py", 3, "<module>"),))
+    there = b.intern_stack((Frame("/u/train.py", 7, "<module>"),))
+    dev = b.devices("cpu")
+    for seq in (0, 2):
+        row = b.add(4000, seq, seq, dev, zeros, fc, here, FWD, T)
+        b.free(row, seq + 1, seq + 1)
+    b.add(100, 4, 4, dev, zeros, fc, here, BWD, G)
+    late = b.add(5000, 5, 5, dev, ones, fc, there, BWD, T)
+    b.free(late, 6, 6)
+    act = b.add(300, 7, 7, dev, ones, fc, here, FWD, A)
+    b.free(act, 8, 8)
+    prof = b.build(device="cpu", source="test", wall_ns=10)
+    assert prof.peak_bytes == 5100
+    for by in ("peak", "allocated"):
+        rows = {
+            (r["site"], r["op"]): (r["live_at_peak_bytes"], r["allocated_bytes"], r["category"])
+            for r in top_sites(prof, by=by).to_dict("records")
+        }
+        assert rows == {
+            ("<module> (train.py:3)", "zeros"): (100, 8100, "gradient"),
+            ("<module> (train.py:7)", "ones"): (5000, 5000, "temporary"),
+            ("<module> (train.py:3)", "ones"): (0, 300, "activation"),
+        }
+
+
 def test_dataframe(profile: Profile) -> None:
     df = profile.to_dataframe()
     assert len(df) == len(profile.allocations)

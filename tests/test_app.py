@@ -195,7 +195,8 @@ def _cells(table_html: str, column: int) -> list[str]:
 def test_top_sites_in_binary_units_with_a_share_and_sorting(profile: jv.Profile) -> None:
     app = ProfileApp(profile)
     view = app.open_tab(3)
-    sort, _, table = view.children
+    row, _, table = view.children
+    sort = row.children[0]
     # expected, from the allocation columns alone: bytes live at the peak per (stack, op)
     a = profile.allocations
     t = profile.timeline

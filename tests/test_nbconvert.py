@@ -41,15 +41,18 @@ CELLS = [
 ]
 
 
-def executed_html(folder: Path) -> Path:
-    """Run the notebook in a kernel, save it without widget state, convert it with the
-    ``jupyter nbconvert --to html`` command; the HTML's path."""
+def executed_html(
+    folder: Path, *, store_widget_state: bool = False, cells: list[str] = CELLS
+) -> Path:
+    """Run the notebook in a kernel, save it (without widget state unless asked: nbclient's
+    default stores it), convert it with the ``jupyter nbconvert --to html`` command; the
+    HTML's path."""
     import nbformat
     from nbclient import NotebookClient
 
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     NotebookClient(
-        nb, timeout=300, kernel_name="python3", store_widget_state=False,
+        nb, timeout=300, kernel_name="python3", store_widget_state=store_widget_state,
         resources={"metadata": {"path": str(folder)}},
     ).execute()  # fmt: skip
     errors = [o for c in nb.cells for o in c.outputs if o.output_type == "error"]
@@ -162,3 +165,57 @@ def test_nbconvert_html_shows_the_breakdown(page: str) -> None:
     report = page[page.index("data-jupyter-vram-report") :]
     report = report[: report.index("Static view, saved with the notebook")]
     assert "<script" not in report
+
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+@pytest.mark.slow
+def test_nbclient_with_widget_state_stored_then_nbconvert_shows_the_report(
+    tmp_path: Path,
+) -> None:
+    """nbclient's default (papermill's too) saves widget state, and nbconvert draws the widget
+    view of any output whose model is in it: for the app, a page that needs widget JavaScript
+    from the internet. The app's model is not in the saved state, so the page holds the static
+    report (the flame graph's SVG naming the model's modules), and a widget of the user's is
+    still saved and drawn as a widget."""
+    import json
+
+    import nbformat
+
+    cells = [*CELLS, "import ipywidgets\nipywidgets.IntSlider(value=3)"]
+    html_path = executed_html(tmp_path, store_widget_state=True, cells=cells)
+    nb = nbformat.read(html_path.with_suffix(".ipynb"), as_version=4)
+    state = nb.metadata["widgets"][WIDGET_STATE]["state"]
+    (app_output,) = [o for o in nb.cells[2].outputs if WIDGET_VIEW in o.get("data", {})]
+    app_model = app_output["data"][WIDGET_VIEW]["model_id"]
+    (slider_output,) = [o for o in nb.cells[3].outputs if WIDGET_VIEW in o.get("data", {})]
+    slider_model = slider_output["data"][WIDGET_VIEW]["model_id"]
+    assert state[slider_model]["model_name"] == "IntSliderModel"
+    assert app_model not in state
+    page = html_path.read_text(encoding="utf-8")
+    blocks = svg_parts(page, "jvs-block")
+    paths = {tuple(b["title"].split("\n")[0].split(CRUMB_SEP)) for b in blocks}
+    for child in ("0: Linear", "1: ReLU", "2: Linear"):
+        assert ("all", "Sequential", child) in paths
+    root = next(b for b in blocks if b["title"].split("\n")[0] == "all")
+    assert f"({PEAK:,} B)" in root["title"]
+    # the page draws the slider as a widget, and nothing of the app needs JavaScript
+    views = [json.loads(v) for v in _script_bodies(page, WIDGET_VIEW)]
+    assert [v["model_id"] for v in views] == [slider_model]
+    report = page[page.index("data-jupyter-vram-report") :]
+    report = report[: report.index("Static view, saved with the notebook")]
+    assert "<script" not in report
+
+
+def _script_bodies(page: str, kind: str) -> list[str]:
+    """The text of every ``<script type=kind>`` in a page."""
+    bodies = []
+    start = 0
+    opening = f'<script type="{kind}">'
+    while (at := page.find(opening, start)) >= 0:
+        end = page.index("</script>", at)
+        bodies.append(page[at + len(opening) : end].strip())
+        start = end
+    return bodies

@@ -66,7 +66,8 @@ def top_sites(profile: Profile, limit: int = 20, *, by: str = "peak") -> pd.Data
 
     Only allocations made during the run count: the baseline has no site. Columns: site
     (innermost user frame), op, live_at_peak_bytes, allocated_bytes, allocations,
-    largest_bytes, category (the one holding most of the site's bytes), stack (full).
+    largest_bytes, category (the one holding most of the site's bytes live at the peak, or of
+    its allocated bytes when none are live then), stack (full).
     """
     a = profile.allocations
     t = profile.timeline
@@ -84,9 +85,7 @@ def top_sites(profile: Profile, limit: int = 20, *, by: str = "peak") -> pd.Data
     counts = np.bincount(inverse, minlength=n)
     largest = np.zeros(n)
     np.maximum.at(largest, inverse, sizes)
-    n_cat = len(CATEGORIES)
-    per_cat = np.bincount(inverse * n_cat + a.category[rows], weights=sizes, minlength=n * n_cat)
-    main_cat = per_cat.reshape(n, n_cat).argmax(axis=1)
+    main_cat = _main_category(inverse * len(CATEGORIES) + a.category[rows], sizes, live, n)
     primary, secondary = (peak_bytes, allocated) if by == "peak" else (allocated, peak_bytes)
     top = np.lexsort((-secondary, -primary))[:limit]
     stacks = uniq[top] // n_ops - 1
@@ -103,3 +102,21 @@ def top_sites(profile: Profile, limit: int = 20, *, by: str = "peak") -> pd.Data
         },
         columns=SITE_COLUMNS,
     )
+
+
+def _main_category(
+    site_cat: npt.NDArray[np.int64],
+    sizes: npt.NDArray[np.float64],
+    live: npt.NDArray[np.bool_],
+    n: int,
+) -> npt.NDArray[np.int64]:
+    """Per site, the category of most of its bytes live at the peak (what the row's peak
+    figure is made of: a site that mostly makes temporaries may hold a gradient then), else
+    of most of its allocated bytes."""
+    n_cat = len(CATEGORIES)
+    allocated = np.bincount(site_cat, weights=sizes, minlength=n * n_cat).reshape(n, n_cat)
+    at_peak = np.bincount(site_cat, weights=np.where(live, sizes, 0), minlength=n * n_cat)
+    at_peak = at_peak.reshape(n, n_cat)
+    held = at_peak.sum(axis=1) > 0
+    main: npt.NDArray[np.int64] = np.where(held, at_peak.argmax(axis=1), allocated.argmax(axis=1))
+    return main.astype(np.int64)

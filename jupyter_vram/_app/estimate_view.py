@@ -26,6 +26,7 @@ from .._render.estimate_text import MODELLED, NOT_MODELLED, format_count, settin
 from .._render.html import facts_html
 from .._render.text import format_bytes
 from .._units import format_change, format_column
+from .export import CsvLink
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -206,8 +207,16 @@ def comparison_html(comparison: Comparison) -> str:
         f'<div class="jv-comparison">Estimated <b>{format_bytes(comparison.estimated_bytes)}</b>'
         f" vs measured <b>{format_bytes(comparison.measured_bytes)}</b>: difference "
         f"<b>{100 * error:+.1f}%</b> ({verdict}){_unrelated_note(comparison)}"
-        f"{_device_note(comparison)}</div>{table}"
+        f"{_kept_note(comparison)}{_device_note(comparison)}</div>{table}"
     )
+
+
+def _kept_note(comparison: Comparison) -> str:
+    if not comparison.kept_output:
+        return ""
+    from .._render.estimate_text import kept_output_note
+
+    return f"<br><i>{html.escape(kept_output_note(comparison.kept_output).strip('()'))}.</i>"
 
 
 def _unrelated_note(comparison: Comparison) -> str:
@@ -489,6 +498,7 @@ class EstimateView(w.VBox):  # type: ignore[misc]
         self.what_if_progress = RunProgress("jv-whatif")
         self.what_if_table = w.HTML()
         self.what_if_table.add_class("jv-whatif-table")
+        self.what_if_export = CsvLink("what_ifs.csv")
         self.what_if_button.on_click(lambda _: self.compute_what_ifs())
         self.gpu_choice.observe(lambda _: self._show_what_ifs(), "value")
         self.data_parallel.observe(self._on_data_parallel, "value")
@@ -503,6 +513,7 @@ class EstimateView(w.VBox):  # type: ignore[misc]
                 w.HBox([self.data_parallel, self.gpu_choice, self.what_if_button]),
                 self.what_if_progress,
                 self.what_if_table,
+                self.what_if_export,
             ]
         )
         self.add_class("jv-estimate-view")
@@ -608,6 +619,10 @@ class EstimateView(w.VBox):  # type: ignore[misc]
             progress.status.value = html.escape(f"fits on {gpu.name} checked")
         self.what_if_fits = fits
         self.what_if_table.value = what_if_html(frame, gpu, self._what_if_gpus, fits)
+        export = frame.copy()
+        if gpu is not None and fits is not None:
+            export[f"fits on {gpu.name}"] = fits
+        self.what_if_export.show(export)
         return True
 
     def _on_data_parallel(self, change: dict[str, Any]) -> None:

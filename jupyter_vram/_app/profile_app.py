@@ -33,6 +33,8 @@ from .._render.html import (
 )
 from .._render.text import format_bytes, run_word, summary
 from .._render.theme import apply_theme
+from .comms import opens_outside_the_cell
+from .export import CsvLink
 from .flame_view import FlameView
 from .holder import GONE, ProfileHandle
 from .rerun_view import rerun_bar
@@ -100,6 +102,8 @@ border-left:4px solid var(--jp-success-color1,#2a7a2a)}
 .jv-whatifs td.jv-whatif-note{white-space:normal;max-width:480px;
 color:var(--jp-warn-color1,#8a5a00);font-style:italic}
 .jv-note{font-size:12px;line-height:1.5;max-width:900px}
+.jv-csv{font-size:12px;margin:0 10px;color:var(--jp-content-link-color,#1976d2);
+text-decoration:underline;line-height:28px}
 .jv-allocator{font-size:13px;line-height:1.6;max-width:980px}
 .jv-allocator h4{margin:8px 0 2px;font-size:13px}
 </style>"""
@@ -121,6 +125,7 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
     tab opens and kept; a tab opened after the profile is gone says so.
     """
 
+    @opens_outside_the_cell
     def __init__(
         self,
         profile: Profile,
@@ -315,6 +320,8 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         sort.add_class("jv-sites-sort")
         table = w.HTML(sites_html(frames["peak"], peak))
         table.add_class("jv-sites")
+        export = CsvLink("top_sites.csv")
+        export.show(frames["peak"])
         help_line = w.HTML(
             "<div class='jv-label jv-note'>Allocation sites: the innermost line of your code "
             "and the op that allocated. live at peak: bytes still held at the peak; of peak: "
@@ -334,9 +341,10 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
                     column, ascending=column in ("site", "op", "category"), kind="stable"
                 )
             table.value = sites_html(frame, peak)
+            export.show(frame)
 
         sort.observe(resort, "value")
-        box = w.VBox([sort, help_line, table])
+        box = w.VBox([w.HBox([sort, export]), help_line, table])
         box.add_class("jv-sites-view")
         return box
 

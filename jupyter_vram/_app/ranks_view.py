@@ -13,6 +13,7 @@ import ipywidgets as w
 from .._distributed.summary import imbalance, rank_difference, rank_peaks, ranks_text
 from .._model import Profile
 from .._render.text import format_bytes
+from .comms import opens_outside_the_cell
 from .profile_app import STYLE, ProfileApp
 
 RANKS_STYLE = """<style>
@@ -71,6 +72,7 @@ def difference_html(profiles: Sequence[Profile], a: int, b: int) -> str:
 class RanksApp(w.VBox):  # type: ignore[misc]
     """Every rank of a distributed run (``jv.show(profiles)``, ``%%vram --nproc N``)."""
 
+    @opens_outside_the_cell
     def __init__(self, profiles: Sequence[Profile]) -> None:
         if not profiles:
             raise ValueError("RanksApp needs at least one rank's profile")

@@ -201,6 +201,8 @@ def roots(
             code = frame.f_code
             if code.co_name == "<module>":
                 continue  # a cell's top level: its names are the notebook's variables
+            if _machinery(frame):
+                continue  # IPython's, the kernel's, ours: their locals are the notebook itself
             where = cell_name(code.co_filename) if keep(code.co_filename) else code.co_filename
             try:
                 local_items = list(frame.f_locals.items())
@@ -208,6 +210,16 @@ def roots(
                 continue
             for var, value in local_items:
                 yield "traceback", f"{code.co_name} ({where}) local {var!r}", value
+
+
+#: Modules whose frames run the notebook (IPython's run_code, the kernel, our magics): a
+#: traceback through them holds the shell and the namespace, never a tensor of the user's own.
+_MACHINERY = ("IPython.", "ipykernel.", "jupyter_vram.", "traitlets.", "comm.", "tornado.")
+
+
+def _machinery(frame: types.FrameType) -> bool:
+    name = frame.f_globals.get("__name__")
+    return isinstance(name, str) and name.startswith(_MACHINERY)
 
 
 def tensor_objects() -> list[torch.Tensor]:
@@ -305,6 +317,8 @@ def held(
     referrer scans, ``max_scans`` in all. A storage alive that no Python object reaches is
     listed as held by something unknown (C++: an autograd graph, a library's cache)."""
     found: dict[int, tuple[int, list[Holder]]] = {}
+    state = kept_state(namespace, device_type)
+    made = {key: ref for key, ref in made.items() if key not in state}
 
     def ours(storage: Any) -> bool:
         ref = made.get(storage._cdata)
@@ -358,14 +372,30 @@ def held(
 
 
 def _notebook_ids(namespace: Mapping[str, Any] | None) -> set[int]:
-    """Ids of the notebook's own tables: its namespace and its ``Out`` history."""
+    """Ids of the notebook's own tables: its namespace, its ``Out`` history and the shell
+    (which holds both, and the ``_`` aliases: what it reaches is named by them already)."""
     if namespace is None:
         return set()
     ids = {id(namespace)}
     outputs = namespace.get("Out")
     if isinstance(outputs, dict):
         ids.add(id(outputs))
+    shell = _shell()
+    if shell is not None:
+        ids.add(id(shell))
+        for name in ("user_ns_hidden", "displayhook", "history_manager"):
+            part = getattr(shell, name, None)
+            if part is not None:
+                ids.add(id(part))
     return ids
+
+
+def kept_state(namespace: Mapping[str, Any] | None, device_type: str) -> set[int]:
+    """Storage ids of the state of the modules and optimizers the notebook keeps: their
+    parameters, buffers, gradients and optimizer state. A run that makes them (a first
+    optimizer step, a model built in the cell) leaves them to the notebook on purpose: they
+    are not leaks, and releasing them would delete the user's model or optimizer."""
+    return {storage._cdata for storage in held_storages(namespace, device_type, limit=0)}
 
 
 def _unnamed_holder(target: Any, ignore: set[int], scans: list[int], limit: int = 2000) -> Holder:
@@ -391,10 +421,25 @@ def _unnamed_holder(target: Any, ignore: set[int], scans: list[int], limit: int 
             if id(ref) in globals_of:
                 return Holder("global", f"global of module {globals_of[id(ref)]}", id(target))
             if isinstance(ref, types.FrameType):
-                name = ref.f_code.co_name
-                return Holder("unknown", f"a running function's locals ({name})", id(target))
+                return _frame_holder(ref, id(target))
             todo.append(ref)
     return Holder("cycle", "a reference cycle (only garbage holds it)", id(target))
+
+
+def _frame_holder(frame: types.FrameType, object_id: int) -> Holder:
+    """A frame holding an object: the last error's traceback (named by its function, unless
+    it is the notebook's machinery), or a function still running."""
+    in_traceback = set()
+    for tb in _tracebacks():
+        walk: types.TracebackType | None = tb
+        while walk is not None:
+            in_traceback.add(id(walk.tb_frame))
+            walk = walk.tb_next
+    name = frame.f_code.co_name
+    if id(frame) in in_traceback:
+        where = "" if _machinery(frame) else f" ({name})"
+        return Holder("traceback", f"the last error's traceback{where}", object_id)
+    return Holder("unknown", f"a running function's locals ({name})", object_id)
 
 
 def release(namespace: MutableMapping[str, Any] | None, holders: list[Holder]) -> list[str]:

@@ -19,7 +19,7 @@ import numpy.typing as npt
 from torch import nn
 
 from .. import _display
-from .._model import CATEGORIES, CATEGORY_INDEX, Allocations, Profile
+from .._model import CATEGORIES, CATEGORY_INDEX, PHASES, Allocations, Profile
 from .._units import format_bytes
 from .gpus import GPUS, RUNTIME_HIDDEN_BYTES, Gpu, find_gpu
 from .inputs import make_batch_spec
@@ -367,6 +367,17 @@ class Comparison:
     estimated_device: str = ""
     measured_device: str = ""
     left_out_bytes: int = 0
+    kept_output_bytes: int = 0
+
+    @property
+    def kept_output(self) -> int:
+        """Bytes the measured cell kept from the model's forward through backward that the
+        estimate's step had dropped: the model's output held by a variable (``out =
+        model(...)`` and then ``out.loss.backward()`` keeps the logits alive at the peak; the
+        estimate takes the loss and drops the output first, as the transformers Trainer
+        does). Part of :attr:`measured_bytes`, and the usual reason a language model's
+        estimate is one logits-sized buffer short."""
+        return self.kept_output_bytes
 
     @property
     def unrelated_bytes(self) -> int:
@@ -411,9 +422,34 @@ class Comparison:
         workspaces = estimate.cublas_workspace_total
         estimated = estimate.peak_breakdown()
         estimated["other"] = max(estimated.get("other", 0) - workspaces, 0)
+        name = estimate.model_name
+        kept = _forward_outputs_at_peak(step, name) - _forward_outputs_at_peak(
+            estimate.profile, name
+        )
         return cls(estimate.peak_bytes - workspaces, step.peak_bytes, estimated,
                    step.peak_breakdown(), estimate.settings.device, measured.device,
-                   left_out)  # fmt: skip
+                   left_out, max(kept, 0))  # fmt: skip
+
+
+def _forward_outputs_at_peak(profile: Profile, model_name: str) -> int:
+    """Bytes the model's layers made in the forward pass, saved by nobody (temporaries), and
+    still alive at a peak that came after the forward: what the program itself held of the
+    forward, e.g. the model's output kept by a variable through backward."""
+    t = profile.timeline
+    if not model_name or t.peak_phase not in ("backward", "optimizer"):
+        return 0
+    a = profile.allocations
+    inside = np.array([m.startswith(model_name + ".") for m in profile.modules], dtype=bool)
+    if not len(inside):
+        return 0
+    rows = (
+        t.live_mask(t.peak_index)
+        & (a.alloc_seq >= 0)
+        & (a.phase == PHASES.index("forward"))
+        & (a.category == CATEGORY_INDEX["temporary"])
+        & inside[a.module]
+    )
+    return int(a.size[rows].sum())
 
 
 #: Bytes per parameter -> the weights' dtype, for a model estimated in its own dtype.

@@ -97,6 +97,8 @@ class ComparisonData(Protocol):
     @property
     def unrelated_bytes(self) -> int: ...
     @property
+    def kept_output(self) -> int: ...
+    @property
     def same_device(self) -> bool: ...
     @property
     def relative_difference(self) -> float: ...
@@ -230,6 +232,8 @@ def comparison_text(comparison: ComparisonData) -> str:
             f"(left out of the measurement: {format_bytes(comparison.unrelated_bytes)} of "
             "tensors that existed before the cell and are not the model's or its inputs)"
         )
+    if comparison.kept_output:
+        lines.append(kept_output_note(comparison.kept_output))
     if not comparison.same_device:
         lines.append(
             f"(estimate for {comparison.estimated_device}, measured on "
@@ -242,3 +246,13 @@ def comparison_text(comparison: ComparisonData) -> str:
                 f"  {name:<16}{format_bytes(estimated):>12} est {format_bytes(measured):>12} meas"
             )
     return "\n".join(lines)
+
+
+def kept_output_note(nbytes: int) -> str:
+    """Why a measurement holds more than the estimate when its cell kept the model's output."""
+    return (
+        f"(the measured cell kept {format_bytes(nbytes)} of the forward's output alive through "
+        "backward, e.g. out = model(...) then out.loss.backward(): the estimate drops the output "
+        "once the loss is taken, as the transformers Trainer does; take loss = model(...).loss "
+        "or del out before backward to measure the same step)"
+    )

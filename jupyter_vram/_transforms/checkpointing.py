@@ -9,12 +9,15 @@ stacks and ResNet stages are built. Checkpointing uses the non-reentrant impleme
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+from torch.utils.hooks import RemovableHandle
 
 Undo = Callable[[], None]
 
@@ -58,13 +61,15 @@ def enable_checkpointing(model: nn.Module) -> Undo:
     return undo
 
 
-def _wrap(block: nn.Module) -> None:
+def _wrap(block: nn.Module, on_run: Callable[[nn.Module], None] | None = None) -> None:
     original = block.forward
 
     @functools.wraps(original)
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
         if not block.training or not torch.is_grad_enabled():
             return original(*args, **kwargs)
+        if on_run is not None:
+            on_run(block)
         return checkpoint(original, *args, use_reentrant=False, **kwargs)
 
     block.forward = checkpointed
@@ -103,10 +108,15 @@ SWITCH_ATTRS = ("forward", "gradient_checkpointing", "_gradient_checkpointing_fu
 _MISSING = object()
 
 
-def checkpoint_blocks(blocks: list[nn.Module], within: Iterable[nn.Module] = ()) -> Undo:
+def checkpoint_blocks(
+    blocks: list[nn.Module],
+    within: Iterable[nn.Module] = (),
+    on_run: Callable[[nn.Module], None] | None = None,
+) -> Undo:
     """Checkpoint each block (non-reentrant) from its next call on, through transformers' own
     per-layer switch where the block has one, else by wrapping its ``forward`` on the
-    instance. The returned function puts the instance attributes back exactly.
+    instance. The returned function puts the instance attributes back exactly. ``on_run``
+    is called with the block each time it runs checkpointed (what a rerun may claim).
 
     transformers models also read a ``gradient_checkpointing`` flag on the modules that hold
     the layers (``GPT2Model`` passes no KV cache to its layers when it is on: a recomputed
@@ -132,11 +142,9 @@ def checkpoint_blocks(blocks: list[nn.Module], within: Iterable[nn.Module] = ())
     for block in blocks:
         if uses_own_switch(block):
             block.__dict__["gradient_checkpointing"] = True
-            block.__dict__["_gradient_checkpointing_func"] = functools.partial(
-                checkpoint, use_reentrant=False
-            )
+            block.__dict__["_gradient_checkpointing_func"] = _counted(block, on_run)
         else:
-            _wrap(block)
+            _wrap(block, on_run)
 
     def undo() -> None:
         for block, attrs in saved:
@@ -147,3 +155,105 @@ def checkpoint_blocks(blocks: list[nn.Module], within: Iterable[nn.Module] = ())
                     block.__dict__[attr] = value
 
     return undo
+
+
+def _counted(block: nn.Module, on_run: Callable[[nn.Module], None] | None) -> Callable[..., Any]:
+    """transformers' checkpoint function for one layer, telling ``on_run`` when it runs."""
+    run = functools.partial(checkpoint, use_reentrant=False)
+    if on_run is None:
+        return run
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        on_run(block)
+        return run(*args, **kwargs)
+
+    return counted
+
+
+# -- blocks of modules the cell builds ------------------------------------------------------
+
+
+def class_key(obj: object) -> str:
+    """``module.QualName`` of an object's class: the same for a class the cell defines again."""
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """One block to checkpoint, by where it sits rather than which instance it is."""
+
+    label: str  # the path as the profile names it: "Sequential.0"
+    root_class: str  # class_key of the top-level module
+    path: str  # the block's path inside it: "0", "transformer.h.0"
+    block_class: str  # class_key of the block
+
+
+class Checkpointing:
+    """Checkpoint planned blocks for one run: on the notebook's instances from the start, and
+    on the blocks of any other top-level module of the same class (by module and qualified
+    name) that the run calls, at the same paths with the same classes: a cell that builds its
+    model runs new instances, which wrapping the old ones would leave untouched.
+
+    ``ran``: the labels of the blocks that ran checkpointed, so a rerun claims only those.
+    """
+
+    def __init__(self, planned: Sequence[tuple[BlockSpec, nn.Module]], roots: Iterable[nn.Module]):
+        self._planned = list(planned)
+        self._roots = list(roots)
+        self._by_root: dict[str, list[BlockSpec]] = {}
+        for spec, _ in self._planned:
+            self._by_root.setdefault(spec.root_class, []).append(spec)
+        self._labels: dict[int, str] = {id(b): s.label for s, b in self._planned}
+        self._seen: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+        self._undo: list[Undo] = []
+        self._handle: RemovableHandle | None = None
+        self.ran: set[str] = set()
+        self.built: set[str] = set()  # labels matched on modules the run built
+
+    def start(self) -> None:
+        blocks = [b for _, b in self._planned]
+        for root in self._roots:
+            self._seen.update(root.modules())
+        self._undo.append(checkpoint_blocks(blocks, self._roots, self._ran))
+        if self._planned:
+            self._handle = nn.modules.module.register_module_forward_pre_hook(self._pre_forward)
+
+    def stop(self) -> None:
+        """Remove the hook and every switch; safe to call twice."""
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        undo, self._undo = self._undo, []
+        for step in reversed(undo):
+            step()
+
+    def _ran(self, block: nn.Module) -> None:
+        label = self._labels.get(id(block))
+        if label is not None:
+            self.ran.add(label)
+
+    def _pre_forward(self, module: nn.Module, _args: Any) -> None:
+        try:
+            if module in self._seen:
+                return
+            self._seen.update(module.modules())
+            specs = self._by_root.get(class_key(module))
+            if specs:
+                self._adopt(module, specs)
+        except Exception:  # noqa: BLE001 - never break the user's forward
+            pass
+
+    def _adopt(self, root: nn.Module, specs: list[BlockSpec]) -> None:
+        found: list[nn.Module] = []
+        for spec in specs:
+            try:
+                block = root.get_submodule(spec.path)
+            except AttributeError:
+                continue
+            if class_key(block) == spec.block_class:
+                found.append(block)
+                self._labels[id(block)] = spec.label
+                self.built.add(spec.label)
+        if found:
+            self._undo.append(checkpoint_blocks(found, [root], self._ran))

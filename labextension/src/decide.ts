@@ -35,6 +35,23 @@ export function chooseView(f: IViewFacts): 'widget' | 'saved' | 'ask-kernel' {
   return f.modelInKernel ? 'widget' : 'saved';
 }
 
+/** What a live app says when its kernel goes: the app's buttons would do nothing. */
+export const KERNEL_GONE =
+  'Kernel gone \u2014 showing the saved profile (the buttons of the live app need its kernel; run the cell again for it).';
+
+/**
+ * Whether a kernel status means the live app's kernel is gone: it died, was shut down, or is
+ * restarting (a restarted kernel holds none of the app's widgets).
+ */
+export function kernelGone(status: string): boolean {
+  return (
+    status === 'dead' ||
+    status === 'terminating' ||
+    status === 'restarting' ||
+    status === 'autorestarting'
+  );
+}
+
 /** The code that profiles `source`: `%%vram` + the cell, unless it already starts so. */
 export function vramCellCode(source: string): string {
   const first = source.replace(/^\s*\n/, '').split('\n', 1)[0].trim();

@@ -12,7 +12,7 @@ import type { Kernel, KernelMessage } from '@jupyterlab/services';
 import { Panel, Widget } from '@lumino/widgets';
 
 import { loadBokehJS } from './bokeh';
-import { chooseView } from './decide';
+import { chooseView, KERNEL_GONE, kernelGone } from './decide';
 import { checkPayload, PROFILE_MIME, WIDGET_MIME } from './payload';
 import { renderProfile } from './view';
 
@@ -152,6 +152,7 @@ export class ProfileRenderer extends Panel implements IRenderMime.IRenderer {
     if (generation !== this._generation || this.isDisposed) {
       return;
     }
+    this._watchKernel(host, check, generation);
     const outcome = widgetOutcome(inner);
     if (outcome === 'shown') {
       this._adopt(inner, conflict);
@@ -204,6 +205,53 @@ export class ProfileRenderer extends Panel implements IRenderMime.IRenderer {
     }, PENDING_MS);
   }
 
+  /**
+   * Once the app's kernel dies, shuts down, restarts or is replaced, the app's buttons do
+   * nothing: swap it for the saved profile, saying why.
+   */
+  private _watchKernel(
+    host: IOutputHost,
+    check: ReturnType<typeof checkPayload>,
+    generation: number
+  ): void {
+    this._unwatch();
+    const ctx = host.sessionContext;
+    const kernel = ctx.session?.kernel ?? null;
+    const gone = (): void => {
+      this._unwatch();
+      if (generation !== this._generation || this.isDisposed) {
+        return;
+      }
+      for (const w of [...this.widgets]) {
+        w.dispose();
+      }
+      this._saved = null;
+      this._showSaved(check, KERNEL_GONE);
+    };
+    const onStatus = (_: unknown, status: string): void => {
+      if (kernelGone(status)) {
+        gone();
+      }
+    };
+    const onKernel = (): void => {
+      if ((ctx.session?.kernel ?? null) !== kernel) {
+        gone();
+      }
+    };
+    ctx.statusChanged.connect(onStatus);
+    ctx.kernelChanged.connect(onKernel);
+    this._unwatch = () => {
+      ctx.statusChanged.disconnect(onStatus);
+      ctx.kernelChanged.disconnect(onKernel);
+      this._unwatch = () => undefined;
+    };
+  }
+
+  dispose(): void {
+    this._unwatch();
+    super.dispose();
+  }
+
   private _showSaved(check: ReturnType<typeof checkPayload>, why: string | null): void {
     this._removeSaved();
     const body = check.ok
@@ -225,6 +273,7 @@ export class ProfileRenderer extends Panel implements IRenderMime.IRenderer {
   }
 
   private _clear(): void {
+    this._unwatch();
     for (const w of [...this.widgets]) {
       w.dispose();
     }
@@ -233,6 +282,7 @@ export class ProfileRenderer extends Panel implements IRenderMime.IRenderer {
   }
 
   private _generation = 0;
+  private _unwatch: () => void = () => undefined;
   private _saved: Widget | null = null;
   private _view = '';
 }

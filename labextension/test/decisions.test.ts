@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 
 import { decideBokehJS, majorMinor, scriptUrls } from '../src/bokeh';
 import { vramCellCode } from '../src/decide';
-import { chooseView } from '../src/decide';
+import { chooseView, KERNEL_GONE, kernelGone } from '../src/decide';
 import { checkPayload } from '../src/payload';
 import { formatMemory, parseMemory, pickLiveDevice, statusText } from '../src/memory';
 
@@ -137,5 +137,17 @@ describe('status bar while the kernel is busy', () => {
     );
     expect(statusText(null, false, live[0])).toBe('');
     expect(statusText(null, false, null)).toBe('');
+  });
+});
+
+describe('a live app whose kernel goes', () => {
+  it('is gone when the kernel dies, shuts down or restarts, not while it works', () => {
+    for (const status of ['dead', 'terminating', 'restarting', 'autorestarting']) {
+      expect(kernelGone(status)).toBe(true);
+    }
+    for (const status of ['idle', 'busy', 'starting', 'unknown']) {
+      expect(kernelGone(status)).toBe(false);
+    }
+    expect(KERNEL_GONE.startsWith('Kernel gone \u2014 showing the saved profile')).toBe(true);
   });
 });

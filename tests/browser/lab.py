@@ -132,6 +132,10 @@ def running_lab(tmp: Path, startup_timeout: float = 60.0) -> Iterator[Lab]:
     (notification / "notification.jupyterlab-settings").write_text(
         json.dumps({"fetchNews": "false", "checkForUpdates": False})
     )
+    if _serve_this_build(tmp / "path"):
+        env["JUPYTER_PATH"] = os.pathsep.join(
+            [str(tmp / "path"), *filter(None, os.environ.get("JUPYTER_PATH", "").split(os.pathsep))]
+        )
     log_path = tmp / "jupyter-lab.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root)
@@ -146,6 +150,25 @@ def running_lab(tmp: Path, startup_timeout: float = 60.0) -> Iterator[Lab]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+#: The lab extension as this checkout built it (labextension/ -> `jlpm build`).
+BUILT_EXTENSION = Path(__file__).resolve().parents[2] / "jupyter_vram" / "labextension"
+
+
+def _serve_this_build(data_dir: Path) -> bool:
+    """Put the checkout's own build of the lab extension, when there is one, in ``data_dir``
+    (to go first on ``JUPYTER_PATH``): JupyterLab takes an extension from the first data
+    directory that has it, and ``JUPYTER_PATH`` comes before the environment's, where ``pip
+    install`` put a copy that may be of another checkout, or older than the last
+    ``jlpm build``. False: not built here, the installed copy serves."""
+    if not (BUILT_EXTENSION / "package.json").is_file():
+        return False
+    target = data_dir / "labextensions" / "jupyter-vram"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.exists():
+        target.symlink_to(BUILT_EXTENSION, target_is_directory=True)
+    return True
 
 
 def _wait_until_up(lab: Lab, timeout: float) -> None:

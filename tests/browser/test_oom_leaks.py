@@ -41,13 +41,14 @@ def test_oom_and_leaks_in_jupyterlab(lab: Lab, page: Page, page_log: PageLog) ->
     # the leak: listed, kept until Release is clicked, then gone from the kernel
     leak_app.locator(".jv-tabs .lm-TabBar-tab", has_text="Leaks").click()
     table = leak_app.locator(".jv-leaks-table")
-    # columns: bytes, held by, names, release, op, module, site
+    # columns: bytes, storages, held by, names, release, op, module, site
     for variable, op in (("kept", "ones"), ("also", "zeros")):
-        row = table.locator("tr", has=page.locator("td:nth-child(3)", has_text=variable))
+        row = table.locator("tr", has=page.locator("td:nth-child(4)", has_text=variable))
         expect(row).to_have_count(1)
         expect(row.locator("td").nth(0)).to_have_text("1.0 MiB")
-        expect(row.locator("td").nth(2)).to_have_text(variable)
-        expect(row.locator("td").nth(4)).to_have_text(op)
+        expect(row.locator("td").nth(1)).to_have_text("1")
+        expect(row.locator("td").nth(3)).to_have_text(variable)
+        expect(row.locator("td").nth(5)).to_have_text(op)
     assert kernel_print(page, name, "print('kept' in globals() and 'also' in globals())") == "True"
     leak_app.locator(".jv-leaks-release").click()
     status = leak_app.locator(".jv-leaks-status")
