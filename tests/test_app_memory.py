@@ -37,7 +37,8 @@ def _use_every_view(app: ProfileApp) -> None:
     assert isinstance(timeline, TimelineView)
     timeline.pick(len(timeline.source.data["x"]) // 2)
     sites = app.tabs.children[3]
-    sort = sites.children[0]
+    bar = sites.children[0]  # the sort dropdown beside the CSV export link
+    sort = bar.children[0] if isinstance(bar, w.HBox) else bar
     assert isinstance(sort, w.Dropdown)
     sort.value = "allocations"
 

@@ -372,3 +372,34 @@ def test_no_chunk_is_read_while_torch_compiles_or_runs_compiled_code(
     gc.collect()
     assert any(calls) and not all(calls)  # fx graphs compile ran and ran; and the Linear
     assert where and not any(where)  # chunks were read, none inside the machinery
+
+
+def test_a_ctrl_c_while_a_chunk_is_read_waits_until_it_is_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An interrupt that arrives while a chunk's reports are being appended is raised once
+    they all are: the columns stay the same length, and the profile up to it is whole."""
+    import signal
+
+    from jupyter_vram._capture import profiler_read
+
+    chunks(monkeypatch, every=True)
+    real_sweep = profiler_read._sweep
+    interrupted: list[bool] = []
+
+    def sweep(*args: object, **kwargs: object) -> None:
+        real_sweep(*args, **kwargs)  # type: ignore[arg-type]
+        if not interrupted:  # Ctrl-C just before this chunk's columns are extended
+            interrupted.append(True)
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(profiler_read, "_sweep", sweep)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
+    kept = []
+    with pytest.raises(KeyboardInterrupt), jv.record("cpu") as rec:
+        for _ in range(50):
+            kept.append(model(torch.randn(8, 64)))
+    assert interrupted
+    profile = rec.profile
+    assert profile.error == "KeyboardInterrupt: "
+    assert len(profile.to_dataframe()) > 0

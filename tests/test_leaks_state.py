@@ -45,7 +45,8 @@ def shell() -> Iterator[Any]:
 
 
 def run(shell: Any, cell: str) -> Any:
-    result = shell.run_cell("%%vram --quiet\n" + cell, store_history=True)
+    # exact (traced) stacks: these tests read each leak's line
+    result = shell.run_cell("%%vram --quiet --stacks full\n" + cell, store_history=True)
     assert recording_state() == CLEAN
     return result
 

@@ -9,6 +9,7 @@ refuses its gelu output (B x 4d floats): that request is the failure.
 
 from __future__ import annotations
 
+import gc
 import inspect
 from pathlib import Path
 from typing import Any
@@ -275,6 +276,8 @@ def test_capacity_counts_frees() -> None:
 def test_magic_capacity_reraises_and_keeps_the_profile() -> None:
     shell = ipython_shell()
     shell.run_line_magic("load_ext", "jupyter_vram")
+    shell.run_line_magic("reset", "-f")  # tensors earlier tests left count as memory in use
+    gc.collect()
     ns = setup()
     shell.user_ns.update(ns)
     shell.user_ns["cap"] = capacity_for(ns)

@@ -461,7 +461,11 @@ class ProfilerRecorder:
     # -- the profiler, in chunks -------------------------------------------------------------
 
     def _read(self, events: Sequence[Any], lean: bool = False) -> None:
-        with gc_paused():
+        """Read a chunk into the reports whole: a Ctrl-C meanwhile waits until it is in
+        (columns half extended would not line up)."""
+        from ._common import interrupts_deferred
+
+        with interrupts_deferred(), gc_paused():
             self._read_chunk(events, lean)
 
     def _read_chunk(self, events: Sequence[Any], lean: bool) -> None:
