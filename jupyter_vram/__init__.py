@@ -98,6 +98,19 @@ def load_ipython_extension(ipython: InteractiveShell) -> None:
 
     ipython.register_magics(VramMagics)
     install(ipython)
+    if _pre_run_cell not in ipython.events.callbacks["pre_run_cell"]:
+        ipython.events.register("pre_run_cell", _pre_run_cell)
+
+
+def _pre_run_cell(info: Any) -> None:
+    """A re-run cell closes the app its previous run showed (the frontend replaces that
+    output): a long session does not keep every app ever displayed."""
+    from ._app.holder import cell_started
+
+    try:  # noqa: SIM105 - no contextlib in the public module's namespace
+        cell_started(getattr(info, "cell_id", None))
+    except Exception:  # noqa: BLE001 - a cell must run whatever happens to old apps
+        pass
 
 
 def _jupyter_labextension_paths() -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .._model import Profile
@@ -72,3 +72,55 @@ def handle_of(profile: Profile | ProfileHandle) -> ProfileHandle:
 def forget_latest() -> None:
     """Drop the strong reference to the latest app's profile (tests, memory-minded users)."""
     _latest.clear()
+
+
+# -- one app per cell: a re-run cell's old app is closed ------------------------------------
+
+#: the cell running now, as the frontend named it (None: a frontend that sends no ids)
+_cell: list[str | None] = [None]
+#: cell id -> the apps displayed while it ran (weakly: ipywidgets keeps them, not us)
+_apps_of_cell: dict[str, list[weakref.ref[Any]]] = {}
+
+
+def cell_started(cell_id: str | None) -> None:
+    """A cell is about to run: the apps its previous run displayed are closed (the frontend
+    replaces that output) and their profiles no longer held; later apps belong to it."""
+    _cell[0] = cell_id
+    if cell_id is None:
+        return
+    for ref in _apps_of_cell.pop(cell_id, []):
+        app = ref()
+        if app is not None:
+            close_tree(app)
+            profile = getattr(app, "_handle", None)
+            if isinstance(profile, ProfileHandle):
+                _latest[:] = [e for e in _latest if e[0] is not profile.get()]
+
+
+def displayed_in_this_cell(app: Any) -> None:
+    """Note that ``app`` belongs to the running cell (closed when that cell runs again)."""
+    cell_id = _cell[0]
+    if cell_id is not None:
+        _apps_of_cell.setdefault(cell_id, []).append(weakref.ref(app))
+
+
+def close_tree(root: Any) -> None:
+    """Close a widget and every widget it holds (children, layouts, styles, tabs made later):
+    ipywidgets keeps each one in the kernel until it is closed, and ``close`` is not
+    recursive."""
+    import ipywidgets as w
+
+    todo = [root]
+    seen: set[int] = set()
+    while todo:
+        widget = todo.pop()
+        if id(widget) in seen or not isinstance(widget, w.Widget):
+            continue
+        seen.add(id(widget))
+        for name in widget.keys:
+            value = widget._trait_values.get(name)
+            if isinstance(value, w.Widget):
+                todo.append(value)
+            elif isinstance(value, (list, tuple)):
+                todo.extend(v for v in value if isinstance(v, w.Widget))
+        widget.close()

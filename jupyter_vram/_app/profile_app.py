@@ -36,7 +36,7 @@ from .._render.theme import apply_theme
 from .comms import opens_outside_the_cell
 from .export import CsvLink
 from .flame_view import FlameView
-from .holder import GONE, ProfileHandle
+from .holder import GONE, ProfileHandle, close_tree, displayed_in_this_cell
 from .rerun_view import rerun_bar
 from .timeline_view import AXES, TimelineView
 
@@ -180,6 +180,7 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         bar = [self.reruns] if self.reruns is not None else []
         super().__init__([self.header, *bar, self.tabs])
         self.add_class("jv-app")
+        displayed_in_this_cell(self)
         self.open_tab(0 if oom_tab is None else oom_tab)
 
     def _add_oom_and_leaks(self, profile: Profile, titles: list[str], leaks: bool) -> int | None:
@@ -219,12 +220,14 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         builder = self._builders.get(index)
         if builder is not None:
             profile = self._handle.get()
+            placeholder = children[index]
             if profile is not None:
                 del self._builders[index]
                 children[index] = builder(profile)
             else:
                 children[index] = w.HTML(f"<p class='jv-gone'>{GONE}</p>")
             self.tabs.children = children
+            close_tree(placeholder)  # ipywidgets would keep it for the kernel's life
         if self.tabs.selected_index != index:
             self.tabs.selected_index = index
         return self.tabs.children[index]

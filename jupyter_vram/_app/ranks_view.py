@@ -14,6 +14,7 @@ from .._distributed.summary import imbalance, rank_difference, rank_peaks, ranks
 from .._model import Profile
 from .._render.text import format_bytes
 from .comms import opens_outside_the_cell
+from .holder import displayed_in_this_cell
 from .profile_app import STYLE, ProfileApp
 
 RANKS_STYLE = """<style>
@@ -112,6 +113,7 @@ class RanksApp(w.VBox):  # type: ignore[misc]
             ]
         )
         self.add_class("jv-ranks-app")
+        displayed_in_this_cell(self)
 
     def _show_rank(self, change: dict[str, Any]) -> None:
         index = int(change["new"])

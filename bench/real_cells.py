@@ -1,0 +1,265 @@
+"""What `%%vram` costs on the cells users really run, in a real kernel, with default flags.
+
+Usage: python bench/real_cells.py [--repeats N] [--only NAME ...] [--readme]
+
+Each cell runs in one IPython kernel (started with jupyter_client, as a notebook's is),
+plain and under ``%%vram`` (no flags), interleaved (plain/recorded, then recorded/plain) so
+drift and load hit both alike; the figure is the median of the round trips from the
+execute request to its reply, as the user waits for it (the app's display included). Peak
+RSS: the kernel's high-water mark during the cell (``/proc/<pid>/clear_refs`` resets it)
+minus its resident size before; "extra" is the recorded run's minus the plain run's. The
+machine's load average is printed with the results, since a loaded machine inflates both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import queue
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jupyter_client
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from readme_section import write_section
+
+
+@dataclass(frozen=True)
+class Cell:
+    name: str
+    setup: str  # run once before the timed runs
+    body: str
+    after: str  # run (untimed) after each run: drop what the cell kept
+    target: float  # the issue's bound on recorded / plain
+    rss_target_mib: float | None = None
+
+
+GPT2 = """
+import torch, transformers
+transformers.logging.set_verbosity_error()
+_cfg = transformers.GPT2Config(attn_implementation="eager")  # 12 layers, 768 wide, 124M
+model = transformers.GPT2LMHeadModel(_cfg)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+ids = torch.randint(0, _cfg.vocab_size, (1, 128))
+model(input_ids=ids, labels=ids).loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+"""
+GPT2_STEP = """loss = model(input_ids=ids, labels=ids).loss
+loss.backward()
+opt.step()
+opt.zero_grad(set_to_none=True)
+"""
+LOOP_SETUP = """
+import torch
+from torch import nn
+model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                      nn.Linear(256, 10))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+"""
+LOOP = """for step in range(200):
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+"""
+PYTHON_HEAVY = """def bump(v):
+    return v + 1
+total = 0
+for i in range(2_000_000):
+    total = bump(total)
+out = torch.ones(1000).sum()
+"""
+CELLS = (
+    Cell("python-heavy (2M Python calls, one op)", "import torch", PYTHON_HEAVY, "", 2.0),
+    Cell(
+        "1M tiny tensors", "import torch",
+        "for i in range(1_000_000):\n    t = torch.ones(1)\n", "", 5.0, 1024.0,
+    ),  # fmt: skip
+    Cell(
+        "300k kept tensors", "import torch",
+        "keep = [torch.ones(1) for i in range(300_000)]\n", "del keep", 5.0,
+    ),  # fmt: skip
+    Cell("200-step small training loop", LOOP_SETUP, LOOP, "", 1.3),
+    Cell("GPT-2 small, one training step", GPT2, GPT2_STEP, "", 1.15),
+    Cell(
+        "empty cell, 10M-item list + 1M-entry dict in the namespace",
+        "big_list = list(range(10_000_000))\nbig_dict = {i: i for i in range(1_000_000)}",
+        "pass\n", "", 0.0,
+    ),  # fmt: skip
+)
+#: the issue's bound for the empty recording's start + stop
+EMPTY_MS = 50.0
+
+
+class Kernel:
+    """One real IPython kernel, with jupyter_vram loaded, and a client that waits for
+    replies and reads the kernel's memory from /proc."""
+
+    def __init__(self) -> None:
+        self.manager, self.client = jupyter_client.manager.start_new_kernel(
+            kernel_name="python3"
+        )
+        self.pid = self.manager.provisioner.process.pid
+        self.run("%load_ext jupyter_vram\nimport gc")
+
+    def run(self, code: str, timeout: float = 1800) -> float:
+        """Run ``code``; seconds from the request to its reply. Raises on a cell error."""
+        self._drain()
+        start = time.perf_counter()
+        msg_id = self.client.execute(code)
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self.client.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
+        took = time.perf_counter() - start
+        content = reply["content"]
+        if content["status"] != "ok":
+            raise RuntimeError(f"{code[:60]!r}: {content.get('ename')}: {content.get('evalue')}")
+        return took
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self.client.get_iopub_msg(timeout=0.01)
+            except queue.Empty:
+                return
+
+    def _status(self, key: str) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+        raise KeyError(key)
+
+    def measured(self, code: str) -> tuple[float, int]:
+        """(seconds, peak RSS above the resident size before) of one run of ``code``."""
+        Path(f"/proc/{self.pid}/clear_refs").write_text("5")  # resets the high-water mark
+        before = self._status("VmRSS")
+        took = self.run(code)
+        return took, self._status("VmHWM") - before
+
+    def in_kernel_ms(self, code: str) -> float:
+        """Milliseconds ``code`` takes measured inside the kernel (no messaging)."""
+        self.run(
+            "import time as _t\n_t0 = _t.perf_counter()\n"
+            + code
+            + "\n_jv_ms = (_t.perf_counter() - _t0) * 1e3"
+        )
+        self._drain()
+        msg_id = self.client.execute("print(_jv_ms)")
+        while True:
+            msg = self.client.get_iopub_msg(timeout=60)
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+                return float(msg["content"]["text"])
+
+    def close(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=True)
+
+
+@dataclass(frozen=True)
+class Result:
+    cell: Cell
+    plain_s: float
+    recorded_s: float
+    plain_rss: int
+    recorded_rss: int
+
+    @property
+    def ratio(self) -> float:
+        return self.recorded_s / self.plain_s
+
+
+def measure(kernel: Kernel, cell: Cell, repeats: int) -> Result:
+    kernel.run(cell.setup)
+    for code in ("%%vram\n" + cell.body, cell.body):  # warm-up: first-use imports and caches
+        kernel.run(code)
+        kernel.run(cell.after or "pass")
+    runs: dict[bool, list[tuple[float, int]]] = {False: [], True: []}
+    for r in range(repeats):
+        for recorded in (False, True) if r % 2 == 0 else (True, False):
+            code = ("%%vram\n" if recorded else "") + cell.body
+            runs[recorded].append(kernel.measured(code))
+            if cell.after:
+                kernel.run(cell.after)
+            kernel.run("gc.collect()")
+
+    def median(recorded: bool, k: int) -> float:
+        return statistics.median(run[k] for run in runs[recorded])
+
+    return Result(
+        cell, median(False, 0), median(True, 0), int(median(False, 1)), int(median(True, 1))
+    )
+
+
+def empty_start_stop_ms(kernel: Kernel, repeats: int) -> float:
+    """An empty ``jv.record()`` in the kernel of the last cell (which holds the big list and
+    dict), timed inside the kernel: the recorder's start and stop alone."""
+    kernel.run("import jupyter_vram as jv")
+    times = [
+        kernel.in_kernel_ms("with jv.record() as _rec:\n    pass") for _ in range(repeats)
+    ]
+    return statistics.median(times)
+
+
+def table(results: list[Result], empty_ms: float | None) -> str:
+    rows = [
+        "| cell | plain (s) | under `%%vram` (s) | ratio | target | extra peak RSS (MiB) |",
+        "|---|--:|--:|--:|--:|--:|",
+    ]
+    for r in results:
+        extra = (r.recorded_rss - r.plain_rss) / 2**20
+        bound = f"<= {r.cell.target:g}x" if r.cell.target else ""
+        if r.cell.rss_target_mib is not None:
+            bound += f", RSS <= {r.cell.rss_target_mib / 1024:g} GiB"
+        rows.append(
+            f"| {r.cell.name} | {r.plain_s:.3f} | {r.recorded_s:.3f} | {r.ratio:.2f}x | "
+            f"{bound} | {extra:+.0f} |"
+        )
+    if empty_ms is not None:
+        rows.append(
+            f"\nStart + stop of an empty `jv.record()` with that list and dict in the namespace "
+            f"(timed inside the kernel): {empty_ms:.1f} ms (target <= {EMPTY_MS:g} ms)."
+        )
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--only", nargs="*", help="cells whose name starts with these")
+    parser.add_argument("--readme", action="store_true", help="write the README section")
+    args = parser.parse_args()
+    cells = [c for c in CELLS if not args.only or any(c.name.startswith(o) for o in args.only)]
+    results = []
+    empty_ms = None
+    for cell in cells:  # a fresh kernel per cell: no cell pays for another's leftovers
+        kernel = Kernel()
+        try:
+            results.append(measure(kernel, cell, args.repeats))
+            if cell.name.startswith("empty"):
+                empty_ms = empty_start_stop_ms(kernel, args.repeats)
+        finally:
+            kernel.close()
+        print(table(results[-1:], empty_ms), flush=True)
+    load = os.getloadavg()
+    text = (
+        f"Made by `python bench/real_cells.py --readme` ({args.repeats} interleaved runs "
+        f"each, medians) with torch {torch.__version__}, Python {platform.python_version()}, "
+        f"on {os.cpu_count()} CPU cores; load average at the end {load[0]:.1f} / "
+        f"{load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min).\n\n" + table(results, empty_ms)
+    )
+    print(text)
+    if args.readme:
+        write_section("## What a real cell costs under `%%vram`", text)
+
+
+if __name__ == "__main__":
+    main()
