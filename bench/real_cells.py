@@ -191,6 +191,13 @@ def measure(kernel: Kernel, cell: Cell, repeats: int) -> Result:
                 kernel.run(cell.after)
             kernel.run("gc.collect()")
 
+    for recorded in (False, True):
+        print(
+            f"  {cell.name}, {'recorded' if recorded else 'plain'}: "
+            + ", ".join(f"{t:.3f} s" for t, _ in runs[recorded]),
+            flush=True,
+        )
+
     def median(recorded: bool, k: int) -> float:
         return statistics.median(run[k] for run in runs[recorded])
 
