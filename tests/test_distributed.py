@@ -170,7 +170,7 @@ def test_a_rank_that_raises_gives_its_partial_profile_and_error() -> None:
     assert failed.profile.peak_bytes >= 4 * numel  # the tensor it made before raising
     assert failed.profile.meta["rank"] == 1
     assert results[0].error is not None  # its collective lost the peer
-    assert time.monotonic() - started < 100
+    assert time.monotonic() - started < 120  # ended by the error, not by the launch timeout
     port = next((r.profile.meta["master_port"] for r in results if r.profile), None)
     assert_ranks_gone([r.pid for r in results], port, before)
 
@@ -187,7 +187,7 @@ def test_a_hung_collective_ends_at_the_timeout_and_leaves_nothing() -> None:
     with pytest.raises(LaunchError) as info:
         jv.launch(hang, nproc=2, timeout=timeout)
     elapsed = time.monotonic() - started
-    assert timeout <= elapsed < timeout + 15
+    assert timeout <= elapsed < 300  # the timeout ended it, not the hung rank's 600 s sleep
     results = info.value.results
     # the hung rank is killed: at the launch's timeout, or (whichever comes first under load)
     # 10 s after the other rank's collective timed out

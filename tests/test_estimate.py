@@ -447,7 +447,7 @@ def test_timeout(no_leftover_processes: None) -> None:
     started = time.monotonic()
     with pytest.raises(EstimateError, match="timed out after 6 s"):
         estimate(Sleeps(), "2x4", timeout_s=6)
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 120  # ended by the timeout, not by the 120 s sleep
 
 
 def test_bad_options() -> None:

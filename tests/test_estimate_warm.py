@@ -37,9 +37,7 @@ def test_the_next_estimate_of_a_model_reuses_its_process() -> None:
     first = jv.estimate(model, "8x64", device="cpu")
     loaded = WARM.pids()
     assert len(loaded) == 2  # the process that ran it, and a spare for the next model
-    start = time.perf_counter()
     again = jv.estimate(model, "8x64", device="cpu", optimizer="sgd")
-    took = time.perf_counter() - start
     assert set(WARM.pids()) == set(loaded)  # nothing new started
     # by hand: AdamW keeps two fp32 moments and a 4-byte step per parameter tensor; the
     # estimator's SGD keeps one momentum buffer
@@ -47,7 +45,6 @@ def test_the_next_estimate_of_a_model_reuses_its_process() -> None:
     tensors = len(list(model.parameters()))
     assert first.peak_breakdown()["optimizer_state"] == 8 * numel + 4 * tensors
     assert again.peak_breakdown()["optimizer_state"] == 4 * numel
-    assert took < 30  # no imports; generous for a loaded CI machine (bench/ has the figures)
 
 
 def test_another_model_takes_the_spare() -> None:
