@@ -27,7 +27,7 @@ import torch
 
 from .capacity import held_storages
 from .stacks import FrameFilter, cell_name
-from .tagging import BASELINE_TENSORS, storages_of
+from .tagging import BASELINE_TENSORS, one_scan, reachable_objects, storages_of
 
 #: Garbage-collected tensors looked at for storages the notebook's names do not reach (a
 #: notebook rarely holds this many; each costs microseconds).
@@ -263,7 +263,7 @@ def made_by_run(
 
     def claim(storage: Any) -> None:
         key = storage._cdata
-        if storage.device.type != device_type or key in made:
+        if key in made:
             return
         ref = before.get(key)
         if ref is not None and ref() is storage:
@@ -282,21 +282,29 @@ def made_by_run(
         if row >= 0:
             exact[key] = row
 
-    for storage in held_storages(namespace, device_type):
-        claim(storage)
+    with one_scan():  # the names' storages and their tensors: one walk
+        walked = reachable_objects(namespace)[0]
+        for storage in held_storages(namespace, device_type):  # on the device already
+            claim(storage)
     if left.empty():
         return made, exact, True
+    seen = set(map(id, walked))  # alive while ``walked`` is: their storages were looked at
     tensors = tensor_objects()  # in C: bounded by the object count
     try:
-        for looked, tensor in enumerate(tensors):
-            if looked >= max_tensors:
+        looked = 0
+        for tensor in tensors:
+            if id(tensor) in seen:
+                continue
+            looked += 1
+            if looked > max_tensors:
                 return made, exact, False
             for storage in storages_of(tensor):
-                claim(storage)
+                if storage.device.type == device_type:
+                    claim(storage)
             if left.empty():
                 break
     finally:
-        del tensors
+        del tensors, walked
     return made, exact, True
 
 
