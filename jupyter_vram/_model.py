@@ -488,7 +488,7 @@ class Profile:
     @classmethod
     def load_ranks(cls, folder: str | Path) -> list[Profile]:
         """The per-rank profiles a distributed recording wrote into ``folder`` (``rank<N>.json.gz``,
-        from ``torchrun -m jupyter_vram._distributed.run``), in rank order."""
+        from ``torchrun -m jupyter_vram.run``), in rank order."""
         return _the_services().load_ranks(folder)
 
     @classmethod

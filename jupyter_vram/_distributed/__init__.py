@@ -1,7 +1,7 @@
 """Past one GPU: record every rank of a torch.distributed run, one Profile per rank.
 
 ``launch`` starts N local processes from a notebook; ``run`` (``torchrun -m
-jupyter_vram._distributed.run``) records the ranks of a script; ``files.load_ranks`` reads the
+jupyter_vram.run``) records the ranks of a script; ``files.load_ranks`` reads the
 per-rank profiles back. Importing this package imports no torch: the parent of a launch only
 pickles, waits and reads files.
 """

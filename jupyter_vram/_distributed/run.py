@@ -1,4 +1,4 @@
-"""Record every rank of a script: ``torchrun --nproc-per-node N -m jupyter_vram._distributed.run
+"""Record every rank of a script: ``torchrun --nproc-per-node N -m jupyter_vram.run
 [--out DIR] train.py args...``.
 
 Each rank runs the script as ``__main__`` (its own ``init_process_group`` included) under the
@@ -24,7 +24,7 @@ from .rank import format_error, rank_meta, record_rank
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m jupyter_vram._distributed.run",
+        prog="python -m jupyter_vram.run",
         description="Record the memory of every rank of a torch.distributed script.",
     )
     parser.add_argument("--out", default="vram_ranks", help="folder for rank<N>.json.gz")
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     options = parse(sys.argv[1:] if argv is None else argv)
     script = Path(options.script)
     if not script.is_file():
-        print(f"jupyter_vram._distributed.run: no such script: {script}", file=sys.stderr)
+        print(f"jupyter_vram.run: no such script: {script}", file=sys.stderr)
         return 2
     meta = rank_meta()
     device = options.device
@@ -104,7 +104,7 @@ def run_local(
         "--standalone",
         f"--nproc-per-node={nproc}",
         "-m",
-        "jupyter_vram._distributed.run",
+        "jupyter_vram.run",
         "--out",
         out,
         *(["--device", device] if device else []),
