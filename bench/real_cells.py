@@ -22,7 +22,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import jupyter_client
 import torch
@@ -79,20 +78,29 @@ out = torch.ones(1000).sum()
 CELLS = (
     Cell("python-heavy (2M Python calls, one op)", "import torch", PYTHON_HEAVY, "", 2.0),
     Cell(
-        "1M tiny tensors", "import torch",
-        "for i in range(1_000_000):\n    t = torch.ones(1)\n", "", 5.0, 1024.0,
-    ),  # fmt: skip
+        "1M tiny tensors",
+        "import torch",
+        "for i in range(1_000_000):\n    t = torch.ones(1)\n",
+        "",
+        5.0,
+        1024.0,
+    ),
     Cell(
-        "300k kept tensors", "import torch",
-        "keep = [torch.ones(1) for i in range(300_000)]\n", "del keep", 5.0,
-    ),  # fmt: skip
+        "300k kept tensors",
+        "import torch",
+        "keep = [torch.ones(1) for i in range(300_000)]\n",
+        "del keep",
+        5.0,
+    ),
     Cell("200-step small training loop", LOOP_SETUP, LOOP, "", 1.3),
     Cell("GPT-2 small, one training step", GPT2, GPT2_STEP, "", 1.15),
     Cell(
         "empty cell, 10M-item list + 1M-entry dict in the namespace",
         "big_list = list(range(10_000_000))\nbig_dict = {i: i for i in range(1_000_000)}",
-        "pass\n", "", 0.0,
-    ),  # fmt: skip
+        "pass\n",
+        "",
+        0.0,
+    ),
 )
 #: the issue's bound for the empty recording's start + stop
 EMPTY_MS = 50.0
@@ -103,9 +111,7 @@ class Kernel:
     replies and reads the kernel's memory from /proc."""
 
     def __init__(self) -> None:
-        self.manager, self.client = jupyter_client.manager.start_new_kernel(
-            kernel_name="python3"
-        )
+        self.manager, self.client = jupyter_client.manager.start_new_kernel(kernel_name="python3")
         self.pid = self.manager.provisioner.process.pid
         self.run("%load_ext jupyter_vram\nimport gc")
 
@@ -210,9 +216,7 @@ def empty_start_stop_ms(kernel: Kernel, repeats: int) -> float:
     """An empty ``jv.record()`` in the kernel of the last cell (which holds the big list and
     dict), timed inside the kernel: the recorder's start and stop alone."""
     kernel.run("import jupyter_vram as jv")
-    times = [
-        kernel.in_kernel_ms("with jv.record() as _rec:\n    pass") for _ in range(repeats)
-    ]
+    times = [kernel.in_kernel_ms("with jv.record() as _rec:\n    pass") for _ in range(repeats)]
     return statistics.median(times)
 
 
