@@ -332,3 +332,30 @@ def test_real_h200_recording_reserved_and_allocated_match_the_gpus_statistics() 
     assert max(t["reserved"]) <= truth["max_memory_reserved"]
     page = report_html(d)
     assert "peak reserved" in page and len(page.encode()) < 150_000
+
+
+def test_what_the_recorder_left_out_is_one_line_each_in_every_header() -> None:
+    """A profile whose recorder degraded something says so under the header of the app, of
+    the static report (saved notebooks) and of the text summary, one line per warning."""
+    from jupyter_vram._render.html import header_html
+    from jupyter_vram._render.text import summary
+
+    said = ["op names left out for 40% of the allocator's reports", "recorded the first 2 s"]
+    b = ProfileBuilder()
+    b.add(4096, 0, 0, b.devices("cpu"), b.ops("ones"), -1, -1, 0, 0)
+    profile = b.build(device="cpu", source="test", wall_ns=10, meta={"warnings": said})
+    payload = profile_payload(profile)
+    assert payload["warnings"] == said
+    for page, tag in (
+        (header_html(profile), "jv-warning"),
+        (static_report_html(profile), "jvs-warning"),
+    ):
+        lines = re.findall(rf"<div class=.{tag}.>(.*?)</div>", page)
+        assert [html.unescape(x) for x in lines] == said
+    assert [x for x in summary(profile).splitlines() if x.startswith("warning: ")] == [
+        f"warning: {w}" for w in said
+    ]
+    quiet = ProfileBuilder()
+    quiet.add(4096, 0, 0, quiet.devices("cpu"), quiet.ops("ones"), -1, -1, 0, 0)
+    plain = quiet.build(device="cpu", source="test", wall_ns=10)
+    assert "jv-warning" not in header_html(plain) and "jvs-warning" not in static_report_html(plain)

@@ -86,7 +86,16 @@ def header_html(profile: Profile) -> str:
             f'<div class="jv-error">The cell raised {html.escape(profile.error)}; '
             "the profile covers the run up to the error.</div>"
         )
-    return f'<div class="jv-header">{items}</div>{error}'
+    return f'<div class="jv-header">{items}</div>{error}{warnings_html(profile)}'
+
+
+def warnings_html(profile: Profile) -> str:
+    """What the recorder degraded (stacks sampled, op names or the end of the cell left out):
+    one line each, under the header."""
+    return "".join(
+        f'<div class="jv-warning">{html.escape(str(w))}</div>'
+        for w in profile.meta.get("warnings", ())
+    )
 
 
 #: What each category holds, as the legends' tooltips and help lines say it.

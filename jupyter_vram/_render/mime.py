@@ -28,6 +28,7 @@ Bytes are integers; ``categories`` fixes the order of every per-category array::
       "peak_phase": str,            # "forward" | "backward" | "optimizer" | "other" | "baseline"
       "peak_x": float | null,       # the peak on the timeline's x axis (null: none above baseline)
       "error": str | null,          # the exception the cell raised, if any
+      "warnings": [str],            # what the recorder left out or degraded (may be absent)
       "facts": [[label, value], ...],   # the header as the app shows it (formatted strings)
       "categories": [str, ...],     # category names, in order
       "colors": [str, ...],         # one CSS colour per category
@@ -143,6 +144,7 @@ def profile_payload(profile: Profile, estimate: EstimateData | None = None) -> d
         "peak_phase": t.peak_phase,
         "peak_x": None if x_peak is None else round(float(x_peak), 3),
         "error": profile.error,
+        "warnings": [str(w) for w in profile.meta.get("warnings", ())],
         "facts": [[k, v] for k, v in facts],
         "categories": list(CATEGORIES),
         "colors": [CATEGORY_COLORS[c] for c in CATEGORIES],

@@ -39,6 +39,7 @@ font-size:13px;line-height:1.45;color:inherit;max-width:1200px;margin:2px 0}
 .jvs-report .jvs-note{font-size:11px}
 .jvs-report h4{margin:10px 0 3px;font-size:13px;font-weight:600}
 .jvs-report .jvs-error{color:#c0392b}
+.jvs-report .jvs-warning{color:#8a5a00;font-size:12px}
 .jvs-report .jvs-badge{display:inline-block;padding:0 8px;border-radius:3px;font-weight:600;
 background:#fff3cd;color:#6b4e00;border:1px solid #e0c36a}
 .jvs-report pre.jvs-summary{white-space:pre-wrap;font-size:12px;margin:4px 0;background:none;
@@ -122,9 +123,12 @@ def _header(payload: Mapping[str, Any]) -> str:
         if payload.get("error")
         else ""
     )
+    warnings = "".join(
+        f"<div class='jvs-warning'>{html.escape(str(w))}</div>" for w in payload.get("warnings", ())
+    )
     return (
         f"{badge}<div class='jvs-title'>{html.escape(payload['title'])}</div>"
-        f"<div class='jvs-facts'>{facts}</div>{error}"
+        f"<div class='jvs-facts'>{facts}</div>{error}{warnings}"
     )
 
 
