@@ -105,8 +105,10 @@ class Frame:
 
     def __str__(self) -> str:
         """``name (file:line)``; line 0 means "somewhere in this function" (an op reached
-        through an operator, which the profiler's Python tracer does not place)."""
-        where = Path(self.filename).name
+        through an operator, or a sampled stack whose neighbours' lines differ). The file's
+        last part is cut from the string (``pathlib`` would intern every part of the path,
+        growing the interpreter's table of interned strings with every stack shown)."""
+        where = self.filename.rpartition("/")[2]
         return f"{self.name} ({where}:{self.line})" if self.line else f"{self.name} ({where})"
 
 

@@ -342,7 +342,7 @@ def test_what_the_recorder_left_out_is_one_line_each_in_every_header() -> None:
 
     said = ["op names left out for 40% of the allocator's reports", "recorded the first 2 s"]
     b = ProfileBuilder()
-    b.add(4096, 0, 0, b.devices("cpu"), b.ops("ones"), -1, -1, 0, 0)
+    b.add(4096, 0, 0, b.devices("cpu"), b.ops("ones"), b.modules("m"), -1, 1, 0)
     profile = b.build(device="cpu", source="test", wall_ns=10, meta={"warnings": said})
     payload = profile_payload(profile)
     assert payload["warnings"] == said
@@ -356,6 +356,7 @@ def test_what_the_recorder_left_out_is_one_line_each_in_every_header() -> None:
         f"warning: {w}" for w in said
     ]
     quiet = ProfileBuilder()
-    quiet.add(4096, 0, 0, quiet.devices("cpu"), quiet.ops("ones"), -1, -1, 0, 0)
+    quiet.add(4096, 0, 0, quiet.devices("cpu"), quiet.ops("ones"), quiet.modules("m"), -1, 1, 0)
     plain = quiet.build(device="cpu", source="test", wall_ns=10)
-    assert "jv-warning" not in header_html(plain) and "jvs-warning" not in static_report_html(plain)
+    assert not re.findall("class=.jv-warning", header_html(plain))
+    assert not re.findall("class=.jvs-warning", static_report_html(plain))
