@@ -155,7 +155,7 @@ class Recording:
                 failure = limit.failure if limit is not None else None
                 from ._analysis.oom import META_KEY
 
-                facts = watch.facts(exc, failure, self._capacity)
+                facts = watch.facts(exc, failure, self._capacity, profile.meta.get("oom"))
                 if failure is not None:
                     from ._capture.refused import drop_refused
 

@@ -322,6 +322,7 @@ def test_cuda_facts_expandable_segments() -> None:
     rec.profile.meta["oom_report"] = {
         "source": "cuda",
         "requested_bytes": 32 * mib,
+        "segment_bytes": 32 * mib,  # 32 MiB >= 10 MiB: a segment of the request's size
         "capacity_bytes": 80 * 1024 * mib,
         "device_free_bytes": 10 * mib,
         "allocator": {"allocated": 100 * mib, "reserved": 130 * mib, "device_free": 10 * mib},
@@ -334,6 +335,30 @@ def test_cuda_facts_expandable_segments() -> None:
     frag = next(s for s in oom.suggestions if "expandable_segments" in s.action)
     assert frag.bytes_saved == 30 * mib and frag.enough
     assert oom.site == "In[3]:4 (<module>)"
+
+
+def test_cuda_shortfall_is_the_segment_the_request_needed() -> None:
+    """A 4 KiB request (small pool) that no cached block served: the allocator asks the
+    device for a 2 MiB segment and the device has 1 MiB free, so 1 MiB is missing, though
+    the request is 4 KiB. Expandable segments would grow a segment by what the request needs:
+    1 MiB reserved but free plus the 1 MiB free covers 4 KiB."""
+    ns = setup()
+    with jv.record("cpu", namespace=ns) as rec:
+        ns["net"](ns["x"]).sum().backward()
+    mib = 1 << 20
+    rec.profile.meta["oom_report"] = {
+        "source": "cuda",
+        "requested_bytes": 4096,
+        "segment_bytes": 2 * mib,
+        "device_free_bytes": mib,
+        "allocator": {"allocated": 99 * mib, "reserved": 100 * mib, "device_free": mib},
+    }
+    oom = rec.profile.oom
+    assert oom is not None
+    assert (oom.requested_bytes, oom.segment_bytes) == (4096, 2 * mib)
+    assert oom.shortfall_bytes == mib
+    assert oom.expandable_would_serve is True
+    assert "a request for 4.0 KiB (a new 2.0 MiB segment)" in summary(rec.profile)
 
 
 def test_block_of() -> None:
@@ -403,13 +428,19 @@ def test_oom_observer_forwards_to_the_running_recording(monkeypatch: pytest.Monk
     assert len(attached) == 1
     watch.start()
     observer = attached[0]
-    observer(0, 3 * 2**20, 40 * 2**30, 2**20)  # device, request, limit, device free
-    error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 MiB.")
+    # a 3 MiB request: malloc() gives the observer get_allocation_size(3 MiB) = the 20 MiB
+    # segment it tried to get (as "Tried to allocate" says); the trace's oom entry the request
+    mib = 2**20
+    observer(0, 20 * mib, 40 * 2**30, mib)  # device, segment, limit, device free
+    error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB.")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    facts = watch.facts(error)
+    trace = [{"seq": 7, "size": 3 * mib, "device_free": mib}]
+    facts = watch.facts(error, trace_ooms=trace)
     assert facts["source"] == "cuda"
-    assert facts["requested_bytes"] == 3 * 2**20
-    assert facts["capacity_bytes"] == 40 * 2**30 and facts["device_free_bytes"] == 2**20
+    assert facts["requested_bytes"] == 3 * mib and facts["segment_bytes"] == 20 * mib
+    assert facts["capacity_bytes"] == 40 * 2**30 and facts["device_free_bytes"] == mib
+    untraced = watch.facts(error)  # no oom entry: the request is not known
+    assert untraced["requested_bytes"] is None and untraced["segment_bytes"] == 20 * mib
     watch.stop()
     observer(0, 1, 1, 1)  # no recording listens any more
     assert len(watch.observed) == 1

@@ -106,6 +106,9 @@ def oom_lines(oom: OomReport, *, top: int = 5) -> list[str]:
         if x
     )
     cap = f" of {format_bytes(oom.capacity_bytes)}" if oom.capacity_bytes else ""
+    segment = oom.segment_bytes
+    if segment is not None and segment != oom.requested_bytes:
+        asked += f" (a new {format_bytes(segment)} segment)"
     lines = [
         f"OUT OF MEMORY: a request for {asked}{f' ({where})' if where else ''} failed with "
         f"{format_bytes(oom.live_bytes)}{cap} live"
