@@ -148,6 +148,8 @@ class Recording:
         state, self._leak_state = self._leak_state, None
         if self._capacity is not None:
             profile.meta["capacity_bytes"] = self._capacity
+            if limit is not None and limit.facts:
+                profile.meta["capacity"] = dict(limit.facts)
         try:
             import torch
 

@@ -114,6 +114,7 @@ class OomWatch:
         if self.device.type == "cuda":
             with contextlib.suppress(Exception):  # a nicety: never lose the post-mortem
                 facts["allocator"] = cuda_allocator_state(self.device)
+            _reachable_capacity(facts)
         facts["site"] = user_site(error.__traceback__)
         facts["optimizers"] = optimizer_types(self.namespace)
         facts["leading_dims"] = leading_dims(self.namespace, self.device.type)
@@ -135,6 +136,21 @@ class OomWatch:
         else:
             facts.update(source="error message", segment_bytes=requested_in_message(message))
         return facts
+
+
+def _reachable_capacity(facts: dict[str, Any]) -> None:
+    """On CUDA the observer's limit is the device total when no fraction is set, though the
+    CUDA context and other processes hold part of it: the capacity is at most what this
+    process's allocator could reach, its reserved memory plus what the device had free."""
+    state = facts.get("allocator")
+    limit = facts.get("capacity_bytes")
+    if facts.get("source") != "cuda" or not isinstance(state, dict):
+        return
+    free = facts.get("device_free_bytes") or state.get("device_free") or 0
+    reach = int(state.get("reserved", 0)) + int(free)
+    if isinstance(limit, int) and limit > reach:
+        facts["device_limit_bytes"] = limit
+        facts["capacity_bytes"] = reach
 
 
 def requested_in_message(message: str) -> int | None:
