@@ -62,6 +62,17 @@ def cuda_unavailable(index: int | None = None) -> str | None:
     return None
 
 
+#: Why a process on the cudaMallocAsync backend cannot be recorded: its allocator keeps no
+#: history (``_record_memory_history`` raises there), and the backend is chosen once, when
+#: CUDA starts.
+ASYNC_BACKEND = (
+    "CUDA memory recording reads the caching allocator's history, and this process uses the "
+    "cudaMallocAsync backend (PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync), which keeps "
+    "none; restart the kernel without that setting to record, or estimate instead: "
+    "%vram_estimate, jv.estimate()"
+)
+
+
 class _CudaApi:
     """Every private torch CUDA memory API this package calls, in one replaceable place."""
 
@@ -73,6 +84,9 @@ class _CudaApi:
         memory = torch.cuda.memory
         if not (hasattr(memory, "_record_memory_history") and hasattr(memory, "_snapshot")):
             return f"torch {torch.__version__} has no CUDA allocator history to record"
+        backend = getattr(memory, "get_allocator_backend", None)
+        if backend is not None and backend() == "cudaMallocAsync":
+            return ASYNC_BACKEND
         return None
 
     def metadata_supported(self) -> bool:
@@ -95,7 +109,13 @@ class _CudaApi:
             "clear_history": True,
         }
         params = inspect.signature(record).parameters
-        record(**{k: v for k, v in wanted.items() if k in params})
+        try:
+            record(**{k: v for k, v in wanted.items() if k in params})
+        except RuntimeError as error:  # e.g. a backend that keeps no history
+            raise RecordingError(
+                f"the CUDA allocator would not record its history ({error}); "
+                "estimate instead: %vram_estimate, jv.estimate()"
+            ) from error
 
     def stop_history(self) -> None:
         torch.cuda.memory._record_memory_history(enabled=None)
