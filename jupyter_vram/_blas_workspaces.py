@@ -30,11 +30,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = [
+    "ANY_VERSION_SIZES",
     "CUBLASLT_DEFAULT",
     "CUBLASLT_LABEL",
+    "CUBLASLT_OPS",
     "CUBLAS_DEFAULT",
     "CUBLAS_LABEL",
     "CUBLAS_LARGE",
+    "CUBLAS_OPS",
     "BlasWorkspaces",
     "blas_workspaces",
     "torch_version",
@@ -46,6 +49,21 @@ CUBLASLT_DEFAULT = 1024 * 1024  # 1 MiB ("default size in KiB according to #7332
 #: How the recorder and the estimator name these blocks (their op).
 CUBLAS_LABEL = "cuBLAS workspace"
 CUBLASLT_LABEL = "cuBLASLt workspace"
+#: aten ops that run through cuBLAS (convolutions use cuDNN, attention its own kernels).
+CUBLAS_OPS = frozenset(
+    {"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "addr",
+     "_addmm_activation", "matmul", "linear"}
+)  # fmt: skip
+#: The ops CUDA runs through cuBLASLt: ``addmm`` (and its fused activation form) when its
+#: input is a bias vector, as ``nn.Linear`` calls it (``useLtInterface`` in
+#: aten/src/ATen/native/cuda/Blas.cpp).
+CUBLASLT_OPS = frozenset({"addmm", "_addmm_activation"})
+#: Every default size, for a snapshot whose torch and GPU are not known.
+ANY_VERSION_SIZES = {
+    CUBLAS_LARGE: CUBLAS_LABEL,
+    CUBLAS_DEFAULT: CUBLAS_LABEL,
+    CUBLASLT_DEFAULT: CUBLASLT_LABEL,
+}
 
 _PAIR = re.compile(r":([0-9]+):([0-9]+)")
 _TRUE = frozenset({"1", "true", "on", "yes", "y"})

@@ -99,3 +99,18 @@ def test_the_user_gets_the_recording_error_from_jv_record(
     with pytest.raises(RecordingError, match="cudaMallocAsync"), jv.record(device="cuda"):
         pass  # pragma: no cover - never entered
     assert not RECORDING_LOCK.locked() and fake_cuda == []
+
+
+@pytest.mark.parametrize(("major", "minor", "sizes"), [
+    (9, 0, {32 << 20: "cuBLAS workspace"}),  # torch 2.13: cuBLASLt shares it
+    (8, 0, {8_519_680: "cuBLAS workspace"}),
+])  # fmt: skip
+def test_workspace_sizes_come_from_this_torch_and_the_devices_capability(
+    monkeypatch: pytest.MonkeyPatch, major: int, minor: int, sizes: dict[int, str]
+) -> None:
+    assert torch.__version__.startswith("2.13")
+    props = SimpleNamespace(major=major, minor=minor)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.delenv("TORCH_CUBLASLT_UNIFIED_WORKSPACE", raising=False)
+    assert _CudaApi().workspace_sizes(0) == sizes

@@ -452,6 +452,9 @@ class FakeApi:
     def device_info(self, index: int) -> dict[str, Any]:
         return {"name": "Fake GPU", "total": 80 << 30}
 
+    def workspace_sizes(self, index: int) -> dict[int, str] | None:
+        return {32 << 20: "cuBLAS workspace"}
+
 
 def fake_recorder(api: FakeApi) -> CudaSnapshotRecorder:
     rec = CudaSnapshotRecorder("cuda:0", max_entries=1234, labels="mode")

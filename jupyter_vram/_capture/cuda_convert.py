@@ -23,11 +23,13 @@ from typing import Any
 import numpy as np
 
 from .._allocator_rules import UNLIMITED_SPLIT, is_small_segment, round_size
+from .._blas_workspaces import ANY_VERSION_SIZES
 from .._model import PHASES, Frame, Profile, SegmentEvents
 from .builder import BASELINE_OP, OTHER, TEMPORARY, UNKNOWN, ProfileBuilder
 from .cuda_allocator import _active_blocks, _AllocatorModel, _device_segments, _divisions
 from .stacks import FrameFilter
 from .tagging import PHASE_OTHER
+from .workspace_rows import name_workspaces
 
 __all__ = [
     "MARKER_PREFIX",
@@ -402,6 +404,7 @@ def profile_from_snapshot(
     error: str | None = None,
     meta: Mapping[str, Any] | None = None,
     row_addresses: list[int] | None = None,
+    workspaces: Mapping[int, str] | None = None,
 ) -> Profile:
     """Convert a ``torch.cuda.memory._snapshot()`` dict into the Profile of one device.
 
@@ -425,6 +428,9 @@ def profile_from_snapshot(
 
     Sequence numbers are trace indices; times are ``time_us`` relative to the first event.
     ``row_addresses``, when given, gets each row's block address (for leak finding).
+    ``workspaces``: the BLAS workspace sizes of the recording's torch and GPU (size -> label,
+    :func:`~jupyter_vram._blas_workspaces.blas_workspaces`); the rows that are workspaces get
+    that label as op, category other (:mod:`.workspace_rows`). None: every default size.
     """
     conv = _Converter(snapshot, device_index, baseline, modules, max_entries, boundary)
     markers, seg_seq, seg_delta, notes = conv.run()
@@ -447,7 +453,7 @@ def profile_from_snapshot(
         if reserved0 + sum(seg_delta) != end:
             info["reserved_mismatch"] = reserved0 + sum(seg_delta) - end
     info.update(meta or {})
-    return conv.b.build(
+    profile = conv.b.build(
         device=conv.device,
         source=SOURCE,
         wall_ns=wall_ns,
@@ -458,3 +464,4 @@ def profile_from_snapshot(
         error=error,
         meta=info,
     )
+    return name_workspaces(profile, ANY_VERSION_SIZES if workspaces is None else workspaces)

@@ -135,6 +135,20 @@ class _CudaApi:
         marker = torch.empty((1,), dtype=torch.uint8, device=device)
         del marker
 
+    def workspace_sizes(self, index: int) -> dict[int, str] | None:
+        """The BLAS workspace sizes this torch gives a thread on device ``index`` (size ->
+        label), with PyTorch's environment variables; None if the device cannot be asked."""
+        import os
+
+        from .._blas_workspaces import blas_workspaces
+
+        try:
+            props = torch.cuda.get_device_properties(index)
+            capability = (int(props.major), int(props.minor))
+        except Exception:  # noqa: BLE001 - then every default size is looked for
+            return None
+        return blas_workspaces(torch.__version__, capability, os.environ).sizes
+
     def device_info(self, index: int) -> dict[str, Any]:
         """Device and allocator totals at the end; the keys the renderers read."""
         from .nvml import device_memory
@@ -387,6 +401,7 @@ class CudaSnapshotRecorder:
             error=error,
             meta=meta,
             row_addresses=addresses,
+            workspaces=self._api.workspace_sizes(self._index),
         )
         note_addresses(profile, addresses)
         return profile

@@ -417,7 +417,7 @@ class Comparison:
             (a.alloc_seq >= 0)
             | _module_rows(measured, estimate.model_name)
             | (a.category == CATEGORY_INDEX["input"])
-        )
+        ) & ~_workspace_rows(measured)
         step = measured.replace(
             allocations=Allocations.from_columns(
                 {name: getattr(a, name)[keep] for name in a.to_columns()}
@@ -426,8 +426,8 @@ class Comparison:
         timeline = measured.timeline
         at_peak = timeline.live_mask(timeline.peak_index)
         left_out = int(a.size[at_peak & ~keep].sum())
-        # the estimate's cuBLAS workspaces exist before any measured cell (the session's first
-        # matmul made them), so the measurement leaves them out with the other earlier tensors
+        # BLAS workspaces are the process's, not the step's: the estimate's are left out, and
+        # the measurement's too (made by a first cell's matmuls, or before the cell)
         workspaces = estimate.cublas_workspace_total
         estimated = estimate.peak_breakdown()
         estimated["other"] = max(estimated.get("other", 0) - workspaces, 0)
@@ -438,6 +438,15 @@ class Comparison:
         return cls(estimate.peak_bytes - workspaces, step.peak_bytes, estimated,
                    step.peak_breakdown(), estimate.settings.device, measured.device,
                    left_out, max(kept, 0))  # fmt: skip
+
+
+def _workspace_rows(profile: Profile) -> npt.NDArray[np.bool_]:
+    """The rows a CUDA recording named as cuBLAS / cuBLASLt workspaces."""
+    from .._blas_workspaces import CUBLAS_LABEL, CUBLASLT_LABEL
+
+    named = np.array([op in (CUBLAS_LABEL, CUBLASLT_LABEL) for op in profile.ops], dtype=bool)
+    a = profile.allocations
+    return named[a.op] if len(named) else np.zeros(len(a), dtype=bool)
 
 
 def _forward_outputs_at_peak(profile: Profile, model_name: str) -> int:

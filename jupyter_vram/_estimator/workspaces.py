@@ -18,7 +18,14 @@ import os
 
 import numpy as np
 
-from .._blas_workspaces import CUBLAS_LABEL, CUBLASLT_LABEL, BlasWorkspaces, blas_workspaces
+from .._blas_workspaces import (
+    CUBLAS_LABEL,
+    CUBLAS_OPS,
+    CUBLASLT_LABEL,
+    CUBLASLT_OPS,
+    BlasWorkspaces,
+    blas_workspaces,
+)
 from .._model import CATEGORY_INDEX, PHASE_INDEX, Allocations, Profile
 
 __all__ = [
@@ -29,15 +36,6 @@ __all__ = [
     "with_blas_workspaces",
 ]
 
-#: aten ops that run through cuBLAS (convolutions use cuDNN, attention its own kernels).
-CUBLAS_OPS = frozenset(
-    {"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "addr",
-     "_addmm_activation", "matmul", "linear"}
-)  # fmt: skip
-#: The ops CUDA runs through cuBLASLt: ``addmm`` (and its fused activation form) when its
-#: input is a bias vector, as ``nn.Linear`` calls it (``useLtInterface`` in
-#: aten/src/ATen/native/cuda/Blas.cpp).
-CUBLASLT_OPS = frozenset({"addmm", "_addmm_activation"})
 _THREADS = ("forward", "backward")
 
 

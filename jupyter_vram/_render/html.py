@@ -35,6 +35,9 @@ def header_facts(profile: Profile) -> list[tuple[str, str]]:
         facts.append(("device used", format_bytes(int(info["device_used"]))))
     if info.get("total") is not None:
         facts.append(("device total", format_bytes(int(info["total"]))))
+    workspaces = workspaces_text(profile.meta)
+    if workspaces:
+        facts.append(("library workspaces", workspaces))
     capacity = capacity_text(profile.meta)
     if capacity:
         facts.append(("capacity", capacity))
@@ -44,6 +47,16 @@ def header_facts(profile: Profile) -> list[tuple[str, str]]:
         ("events", f"{profile.event_count:,}"),
     ]
     return facts
+
+
+def workspaces_text(meta: dict[str, Any]) -> str | None:
+    """The cuBLAS / cuBLASLt workspaces a CUDA run made (its first matmuls in this process):
+    runtime state PyTorch keeps for the life of the process, not the cell's memory."""
+    made = meta.get("blas_workspaces")
+    if not isinstance(made, list) or not made:
+        return None
+    total = sum(int(w["bytes"]) for w in made if isinstance(w, dict) and "bytes" in w)
+    return f"{format_bytes(total)} made by the first matmuls, kept across cells (category other)"
 
 
 def capacity_text(meta: dict[str, Any]) -> str | None:
