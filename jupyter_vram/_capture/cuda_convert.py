@@ -41,6 +41,13 @@ __all__ = [
 #: The ``Profile.source`` of profiles converted from CUDA allocator snapshots.
 SOURCE = "cuda_snapshot"
 MARKER_PREFIX = "jv-marker|"
+#: The request size of a marker where torch cannot label allocations (no
+#: ``_set_memory_metadata``: torch before 2.10). An odd size nothing else asks for; the
+#: marker is known by it, by its free right after it, and by its place among the markers.
+MARKER_FALLBACK_BYTES = 263
+#: How many trace entries later a fallback marker's free may come (another thread may
+#: allocate in between).
+_MARKER_FREE_WITHIN = 8
 #: (storage address, category, owning module id, marker index). Marker 0: observed before the
 #: trace started; -1: not placed (no marker support), matched against the end of the trace.
 Role = tuple[int, int, int, int]
@@ -123,6 +130,23 @@ def _marker(metadata: object) -> int | None:
     return None
 
 
+def markers_by_size(trace: Sequence[Mapping[str, Any]], size: int, emitted: int) -> dict[int, int]:
+    """Trace index -> marker number of the fallback markers (see
+    :data:`MARKER_FALLBACK_BYTES`): allocations of exactly ``size`` bytes freed within a few
+    entries. ``emitted`` markers were made; the trace holds the last of them (a ring buffer
+    drops the oldest), so the last one found is marker ``emitted``."""
+    found: list[int] = []
+    for seq, entry in enumerate(trace):
+        if entry.get("action") != "alloc" or int(entry.get("size", -1)) != size:
+            continue
+        addr = entry.get("addr")
+        after = trace[seq + 1 : seq + 1 + _MARKER_FREE_WITHIN]
+        if any(e.get("action") == "free_requested" and e.get("addr") == addr for e in after):
+            found.append(seq)
+    first = emitted - len(found) + 1
+    return {seq: first + j for j, seq in enumerate(found) if first + j > 0}
+
+
 def _detect_truncation(
     trace: Sequence[Mapping[str, Any]],
     baseline_live: Iterable[int] | None,
@@ -158,6 +182,8 @@ class _Converter:
         modules: Sequence[str],
         max_entries: int | None,
         boundary: Sequence[Sequence[Any]] = (),
+        marker_size: int | None = None,
+        markers_emitted: int = 0,
     ) -> None:
         self.snapshot = snapshot
         self.index = device_index
@@ -184,6 +210,9 @@ class _Converter:
         self.baseline = None if self.truncated else baseline
         self.estimated: set[int] = set()  # rows whose size is a rounding estimate
         self.notes: dict[str, int] = {"size_mismatches": 0, "inconsistencies": 0}
+        self.size_markers = (
+            markers_by_size(self.trace, marker_size, markers_emitted) if marker_size else {}
+        )
 
     # -- ids ---------------------------------------------------------------------------------
 
@@ -256,6 +285,8 @@ class _Converter:
                 addr, req = int(entry["addr"]), int(entry["size"])
                 size = model.alloc(addr, req) if model is not None else None
                 k = _marker(entry.get("user_metadata"))
+                if k is None:
+                    k = self.size_markers.get(seq)
                 if k is not None:
                     markers.setdefault(k, seq)
                     marker_blocks.add(addr)
@@ -405,6 +436,8 @@ def profile_from_snapshot(
     meta: Mapping[str, Any] | None = None,
     row_addresses: list[int] | None = None,
     workspaces: Mapping[int, str] | None = None,
+    marker_size: int | None = None,
+    markers_emitted: int = 0,
 ) -> Profile:
     """Convert a ``torch.cuda.memory._snapshot()`` dict into the Profile of one device.
 
@@ -431,8 +464,11 @@ def profile_from_snapshot(
     ``workspaces``: the BLAS workspace sizes of the recording's torch and GPU (size -> label,
     :func:`~jupyter_vram._blas_workspaces.blas_workspaces`); the rows that are workspaces get
     that label as op, category other (:mod:`.workspace_rows`). None: every default size.
+    ``marker_size``, ``markers_emitted``: a recording by a torch that cannot label
+    allocations placed its markers by size (:func:`markers_by_size`).
     """
-    conv = _Converter(snapshot, device_index, baseline, modules, max_entries, boundary)
+    conv = _Converter(snapshot, device_index, baseline, modules, max_entries, boundary,
+                      marker_size, markers_emitted)  # fmt: skip
     markers, seg_seq, seg_delta, notes = conv.run()
     if row_addresses is not None:
         row_addresses.extend(conv.row_addr)

@@ -35,7 +35,13 @@ import torch
 from .._model import Profile
 from ._common import RecordingError
 from .builder import Interner, ProfileBuilder
-from .cuda_convert import MARKER_PREFIX, SOURCE, Role, profile_from_snapshot
+from .cuda_convert import (
+    MARKER_FALLBACK_BYTES,
+    MARKER_PREFIX,
+    SOURCE,
+    Role,
+    profile_from_snapshot,
+)
 from .modes import ObservingMode
 from .profiler_chunks import ChunkedProfiler
 from .profiler_read import AllocEvent, Reports
@@ -130,9 +136,9 @@ class _CudaApi:
     def get_metadata(self) -> str:
         return str(torch.cuda.memory._get_memory_metadata())
 
-    def alloc_marker(self, device: torch.device) -> None:
-        """Allocate and free one tiny block: two trace events at this point of the run."""
-        marker = torch.empty((1,), dtype=torch.uint8, device=device)
+    def alloc_marker(self, device: torch.device, nbytes: int = 1) -> None:
+        """Allocate and free one tiny block: trace events at this point of the run."""
+        marker = torch.empty((nbytes,), dtype=torch.uint8, device=device)
         del marker
 
     def workspace_sizes(self, index: int) -> dict[int, str] | None:
@@ -273,10 +279,12 @@ class CudaSnapshotRecorder:
         self._torch_device = torch.device("cuda", index)
         self._started = True
         self._metadata_ok = self._api.metadata_supported()
+        # One tiny block before the baseline, so a marker never needs a fresh segment.
+        self._api.alloc_marker(self._torch_device, self._marker_bytes)
         if self._metadata_ok:
-            # One tiny block before the baseline, so a marker never needs a fresh segment.
-            self._api.alloc_marker(self._torch_device)
             self._prev_metadata = self._api.get_metadata()
+        else:
+            self._meta["marker_size"] = MARKER_FALLBACK_BYTES
         _, modules, optimizers = live_objects()
         self._active = True
         self.tagger.adopt(modules, optimizers)  # roles seen now carry marker 0 (the baseline)
@@ -385,6 +393,8 @@ class CudaSnapshotRecorder:
                 "max_entries": self._max_entries,
                 "device_index": self._index,
                 "boundary": [list(f) for f in self._boundary],
+                "marker_size": None if self._metadata_ok else MARKER_FALLBACK_BYTES,
+                "markers_emitted": self._markers,
             }
         baseline, self._baseline = self._baseline, None
         addresses: list[int] = []  # each row's block, for leaks (never saved)
@@ -402,6 +412,8 @@ class CudaSnapshotRecorder:
             meta=meta,
             row_addresses=addresses,
             workspaces=self._api.workspace_sizes(self._index),
+            marker_size=None if self._metadata_ok else MARKER_FALLBACK_BYTES,
+            markers_emitted=self._markers,
         )
         note_addresses(profile, addresses)
         return profile
@@ -435,21 +447,29 @@ class CudaSnapshotRecorder:
                 return
             if not self._history_on:
                 marker = 0
-            elif self._metadata_ok:
+            else:
                 if self._dirty or not self._ops:  # without the mode, ops go unseen
                     self._emit_marker()
                 marker = self._markers
-            else:
-                marker = -1
             self._roles.append((addr, category, module, marker))
         except Exception:  # noqa: BLE001 - never raise from a hook
             pass
 
+    @property
+    def _marker_bytes(self) -> int:
+        return 1 if self._metadata_ok else MARKER_FALLBACK_BYTES
+
     def _emit_marker(self) -> None:
-        """Put marker ``k + 1`` into the trace: roles seen until the next op are placed there."""
+        """Put marker ``k + 1`` into the trace: roles seen until the next op are placed there.
+        Labelled ``jv-marker|k``; where torch cannot label allocations (before 2.10), known by
+        its size and its place among the markers (:func:`.cuda_convert.markers_by_size`)."""
         self._in_marker = True
         try:
             self._markers += 1
+            if not self._metadata_ok:
+                self._api.alloc_marker(self._torch_device, MARKER_FALLBACK_BYTES)
+                self._dirty = False
+                return
             previous = self._api.get_metadata()
             self._api.set_metadata(f"{MARKER_PREFIX}{self._markers}")
             try:
