@@ -666,3 +666,73 @@ def test_recorder_without_labels_emits_size_markers(mlp: nn.Module) -> None:
     assert markers and set(markers) == {("marker", MARKER_FALLBACK_BYTES)}
     assert api.labels == []  # nothing was labelled
     assert prof.meta["marker_size"] == MARKER_FALLBACK_BYTES
+
+
+class TraceApi(FakeApi):
+    """A FakeApi whose allocator keeps a history: markers and the blocks a test allocates
+    land in it, with the thread's metadata, as torch's history would have them."""
+
+    def __init__(self, *, metadata: bool = True) -> None:
+        super().__init__(metadata=metadata)
+        self.trace: list[dict[str, Any]] = []
+        self.metadata = ""
+        self.t = 0
+
+    def _log(self, action: str, addr: int, size: int) -> None:
+        if self.history:
+            self.t += 1
+            self.trace.append({"action": action, "addr": addr, "size": size, "stream": 0,
+                               "time_us": self.t, "frames": [],
+                               "user_metadata": self.metadata})  # fmt: skip
+
+    def alloc_marker(self, device: torch.device, nbytes: int = 1) -> None:
+        super().alloc_marker(device, nbytes)
+        for action in ("alloc", "free_requested", "free_completed"):
+            self._log(action, 0xFFF000, nbytes)
+
+    def user_block(self, addr: int, size: int, *, free: bool = False) -> None:
+        self._log("alloc", addr, size)
+        if free:
+            self._log("free_requested", addr, size)
+            self._log("free_completed", addr, size)
+
+    def snapshot(self) -> dict[str, Any]:
+        super().snapshot()
+        return {"segments": [], "device_traces": [list(self.trace) if self.history else []]}
+
+
+class FakeCudaTensor:
+    """What the recorder reads of a tensor a role names: its device and storage address."""
+
+    def __init__(self, addr: int) -> None:
+        self.device = torch.device("cuda", 0)
+        self._addr = addr
+
+    def untyped_storage(self) -> Any:
+        return type("Storage", (), {"data_ptr": lambda _: self._addr})()
+
+
+@pytest.mark.parametrize("metadata", [True, False])
+def test_role_markers_name_gradients_and_activations_at_reused_addresses(
+    metadata: bool,
+) -> None:
+    """A gradient and an activation are reported while they live; each is then freed and its
+    address reused by a block nobody names. The markers put each role on its own block, with
+    labels (torch 2.10+) or by the markers' size (before)."""
+    api = TraceApi(metadata=metadata)
+    rec = CudaSnapshotRecorder("cuda:0", max_entries=1000)
+    rec._api = api  # type: ignore[assignment]
+    rec.start()
+    try:
+        for addr, category in ((0xA000, "activation"), (0xB000, "gradient")):
+            api.user_block(addr, 4096)
+            rec._on_role(FakeCudaTensor(addr), CATEGORY_INDEX[category], 0)  # type: ignore[arg-type]
+            api._log("free_requested", addr, 4096)
+            api._log("free_completed", addr, 4096)
+            api.user_block(addr, 8192)  # the address reused by a block nobody names
+    finally:
+        prof = rec.stop()
+    df = prof.to_dataframe().sort_values("alloc_seq")
+    expected = [(4096, "activation"), (8192, "temporary"), (4096, "gradient"), (8192, "temporary")]
+    assert list(zip(df["bytes"], df["category"], strict=True)) == expected
+    assert prof.meta["markers"] == 2
