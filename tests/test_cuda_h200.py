@@ -82,7 +82,9 @@ def test_the_first_cells_workspaces_are_named_not_temporary() -> None:
     assert set(rows["category"]) == {"other"} and (rows["free_seq"] < 0).all()
     assert prof.peak_breakdown()["temporary"] == 101_732_864 - 65 * 2**20
     from jupyter_vram._render.html import header_facts
+    from jupyter_vram._render.text import summary
 
+    assert "workspaces made by this run's first matmuls: 65.0 MiB" in summary(prof)
     facts = dict(header_facts(prof))
     assert facts["library workspaces"].startswith("65.0 MiB made by the first matmuls, kept")
     # the recording of the next step starts with them: nothing is made, nothing renamed

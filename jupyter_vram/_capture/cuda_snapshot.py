@@ -285,6 +285,11 @@ class CudaSnapshotRecorder:
             self._prev_metadata = self._api.get_metadata()
         else:
             self._meta["marker_size"] = MARKER_FALLBACK_BYTES
+            if self._ops:
+                self._warnings.append(
+                    f"labels='mode' needs torch 2.10 or later (_set_memory_metadata); torch "
+                    f"{torch.__version__} records the allocations without op labels"
+                )
         _, modules, optimizers = live_objects()
         self._active = True
         self.tagger.adopt(modules, optimizers)  # roles seen now carry marker 0 (the baseline)

@@ -90,6 +90,14 @@ def summary(profile: Profile, *, top: int = 5) -> str:
                 f"  {format_bytes(int(s['live_at_peak_bytes'])):>12}  {s['op']:<20} {s['site']}"
             )
     lines.extend(device_lines(profile.device_info))
+    made = profile.meta.get("blas_workspaces")
+    if isinstance(made, list) and made:
+        total = sum(int(w.get("bytes", 0)) for w in made if isinstance(w, dict))
+        lines.append(
+            f"cuBLAS / cuBLASLt workspaces made by this run's first matmuls: "
+            f"{format_bytes(total)} (category other; PyTorch keeps them for the process's "
+            "life, so later cells start with them)"
+        )
     return "\n".join(lines)
 
 
