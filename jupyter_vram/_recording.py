@@ -148,6 +148,8 @@ class Recording:
         state, self._leak_state = self._leak_state, None
         if self._capacity is not None:
             profile.meta["capacity_bytes"] = self._capacity
+            if limit is not None and limit.facts:
+                profile.meta["capacity"] = dict(limit.facts)
         try:
             import torch
 
@@ -155,7 +157,7 @@ class Recording:
                 failure = limit.failure if limit is not None else None
                 from ._analysis.oom import META_KEY
 
-                facts = watch.facts(exc, failure, self._capacity)
+                facts = watch.facts(exc, failure, self._capacity, profile.meta.get("oom"))
                 if failure is not None:
                     from ._capture.refused import drop_refused
 

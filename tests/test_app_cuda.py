@@ -94,3 +94,48 @@ def test_reserved_at_follows_segment_events(prof: Profile, data: dict) -> None: 
     expected = seg.baseline + seg.delta[order].cumsum()
     assert list(reserved_at(prof, seg.seq[order])) == list(expected)
     assert max(reserved_at(prof, prof.timeline.seq)) <= data["expected"]["peak_reserved"]
+
+
+def _with_device(prof: Profile, **info: int) -> Profile:
+    return prof.replace(device_info={**DEVICE, **info})
+
+
+def test_device_used_split_into_what_it_is(prof: Profile) -> None:
+    """The question no tool answers: nvidia-smi shows 96 GiB used, PyTorch reserved 82 GiB.
+    With 70 GiB allocated and NVML reporting 90 GiB for this process: 70 GiB tensors, 12 GiB
+    cached free, 8 GiB of this process outside the allocator (context, libraries), 6 GiB
+    other processes; the parts sum to what nvidia-smi shows."""
+    state = allocator_state(_with_device(prof, device_used=96 * GIB, reserved=82 * GIB,
+                                         allocated=70 * GIB, process_used=90 * GIB))  # fmt: skip
+    parts = {g.label: g.bytes // GIB for g in state.device_parts}
+    assert parts == {
+        "tensors (allocated)": 70,
+        "cached free in PyTorch's pool": 12,
+        "this process outside PyTorch's allocator": 8,
+        "other processes": 6,
+    }
+    assert sum(g.bytes for g in state.device_parts) == 96 * GIB
+    from jupyter_vram._app.profile_app import allocator_html
+
+    shown = allocator_html(state)  # the Allocator tab
+    assert "Where the device's 96.0 GiB in use went" in shown
+    assert "<td>other processes</td><td class='jv-num'>6.0 GiB</td>" in shown
+
+
+def test_without_nvmls_process_figure_the_rest_is_one_part(prof: Profile) -> None:
+    state = allocator_state(_with_device(prof, device_used=96 * GIB, reserved=82 * GIB,
+                                         allocated=70 * GIB))  # fmt: skip
+    parts = {g.label: g.bytes // GIB for g in state.device_parts}
+    assert parts["outside PyTorch's reserved pool"] == 14
+    assert sum(g.bytes for g in state.device_parts) == 96 * GIB
+
+
+def test_a_first_cells_workspaces_are_their_own_part(prof: Profile) -> None:
+    """2 x 32 MiB + 1 MiB of workspaces the run made come out of the tensors' part."""
+    made = [{"op": "cuBLAS workspace", "bytes": 32 << 20}] * 2 + [
+        {"op": "cuBLASLt workspace", "bytes": 1 << 20}]  # fmt: skip
+    with_ws = _with_device(prof, device_used=GIB, reserved=512 << 20, allocated=256 << 20)
+    with_ws = with_ws.replace(meta={**with_ws.meta, "blas_workspaces": made})
+    parts = {g.label: g.bytes for g in allocator_state(with_ws).device_parts}
+    assert parts["cuBLAS / cuBLASLt workspaces"] == 65 << 20
+    assert parts["tensors (allocated)"] == (256 - 65) << 20

@@ -9,7 +9,8 @@ classes is still an arrow running back up).
 Layers, bottom first (a module may import its own layer and the layers listed for it):
 
 * leaves, which import nothing of the package and any layer may use: ``_allocator_rules.py``
-  (the caching allocator's rules), ``_units.py`` (byte
+  (the caching allocator's rules), ``_blas_workspaces.py`` (the cuBLAS / cuBLASLt workspaces
+  PyTorch keeps, which the recorder names and the estimator adds), ``_units.py`` (byte
   sizes in words) and ``_display.py`` (the text view an upper layer registers for a lower
   layer's class, e.g. an Estimate's summary).
 * ``_model.py``: the data. At run time it imports only ``_units``; under
@@ -50,7 +51,12 @@ MODEL_TYPE_ONLY = frozenset(
 
 #: Layer -> the layers (module-name prefixes) it may import besides itself.
 LEAF = "jupyter_vram._units"
-LEAVES = (LEAF, "jupyter_vram._display", "jupyter_vram._allocator_rules")
+LEAVES = (
+    LEAF,
+    "jupyter_vram._display",
+    "jupyter_vram._allocator_rules",
+    "jupyter_vram._blas_workspaces",
+)
 ALLOWED: dict[str, tuple[str, ...]] = {
     **{leaf: () for leaf in LEAVES},
     "jupyter_vram._model": (LEAF,),

@@ -203,6 +203,25 @@ def test_max_split_size() -> None:
 # -- the CUDA profile --------------------------------------------------------------------------
 
 
+def test_warm_up_replays_the_first_step_before_the_measured_one() -> None:
+    """Optimizer state B (4 MiB) that the first step makes after its 12 MiB request, then a
+    step of X (8 MiB, freed at 2) and Y (12 MiB, freed at 3).
+
+    Cold (B made before the step): B takes a 20 MiB segment (4 MiB < 10 MiB), X splits its
+    16 MiB rest, Y (>= 10 MiB) gets a 12 MiB segment: 32 MiB reserved.
+    Warm: in the first step X takes a 20 MiB segment, Y its 12 MiB rest, B a second 20 MiB
+    segment (4 + 16 free); both steps then run out of those 40 MiB: X takes the 16 MiB block
+    (best fit), Y the merged 20 MiB. Peak allocated 4 + 8 + 12 = 24 MiB either way.
+    """
+    rows: list[Row] = [(4 * MIB, -1, -1), (8 * MIB, 0, 2), (12 * MIB, 1, 3)]
+    cold = simulate(make_profile(rows))
+    assert (cold.peak_allocated, cold.peak_reserved) == (24 * MIB, 32 * MIB)
+    warm = simulate(make_profile(rows), warm_up={0: 1.5})
+    assert (warm.peak_allocated, warm.peak_reserved) == (24 * MIB, 40 * MIB)
+    assert warm.segments.baseline == 40 * MIB and warm.segment_count == 2
+    assert blocks(warm) == [4 * MIB, 8 * MIB, 12 * MIB]
+
+
 def test_to_cuda_profile_reads_like_a_gpu_recording(tmp_path: Path) -> None:
     base = make_profile([
         (5 * MIB, -1, -1),

@@ -23,7 +23,11 @@ from torch import nn
 import jupyter_vram as jv
 from jupyter_vram._allocator_rules import round_size
 from jupyter_vram._capture import RECORDING_LOCK, RecordingError
-from jupyter_vram._capture.cuda_convert import profile_from_snapshot
+from jupyter_vram._capture.cuda_convert import (
+    MARKER_FALLBACK_BYTES,
+    markers_by_size,
+    profile_from_snapshot,
+)
 from jupyter_vram._capture.cuda_snapshot import CudaSnapshotRecorder
 from jupyter_vram._model import CATEGORIES, CATEGORY_INDEX, Frame, Profile
 
@@ -405,9 +409,11 @@ def test_record_cuda_without_cuda_raises_cleanly() -> None:
 class FakeApi:
     """The private torch API surface, recorded instead of called."""
 
-    def __init__(self, *, why: str | None = None, fail_snapshot: bool = False) -> None:
+    def __init__(self, *, why: str | None = None, fail_snapshot: bool = False,
+                 metadata: bool = True) -> None:  # fmt: skip
         self.why = why
         self.fail_snapshot = fail_snapshot
+        self.metadata_ok = metadata
         self.calls: list[tuple[Any, ...]] = []
         self.metadata = "user label"
         self.labels: list[str] = []
@@ -417,7 +423,7 @@ class FakeApi:
         return self.why
 
     def metadata_supported(self) -> bool:
-        return True
+        return self.metadata_ok
 
     def current_device(self) -> int:
         return 0
@@ -446,11 +452,14 @@ class FakeApi:
     def get_metadata(self) -> str:
         return self.metadata
 
-    def alloc_marker(self, device: torch.device) -> None:
-        self.calls.append(("marker", self.metadata))
+    def alloc_marker(self, device: torch.device, nbytes: int = 1) -> None:
+        self.calls.append(("marker", self.metadata) if nbytes == 1 else ("marker", nbytes))
 
     def device_info(self, index: int) -> dict[str, Any]:
         return {"name": "Fake GPU", "total": 80 << 30}
+
+    def workspace_sizes(self, index: int) -> dict[int, str] | None:
+        return {32 << 20: "cuBLAS workspace"}
 
 
 def fake_recorder(api: FakeApi) -> CudaSnapshotRecorder:
@@ -589,3 +598,141 @@ def test_profiler_labels_go_to_the_same_block_occurrence() -> None:
         "2|4|mm",
         None,
     ]
+
+
+# -- torch without allocation labels (before 2.10) --------------------------------------------
+
+
+def _entry(action: str, addr: int, size: int, t: int) -> dict[str, Any]:
+    return {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": t,
+            "frames": []}  # fmt: skip
+
+
+def _reused_address_trace() -> dict[str, Any]:
+    """An activation at address A, a marker (263 bytes, freed at once: the role of the
+    activation is seen there), the activation freed, and a later, unrelated block at A."""
+    a, m = 0x7000_0000, 0x7000_2000
+    trace = [
+        _entry("alloc", a, 4096, 1),
+        _entry("alloc", m, MARKER_FALLBACK_BYTES, 2),
+        _entry("free_requested", m, MARKER_FALLBACK_BYTES, 3),
+        _entry("free_completed", m, MARKER_FALLBACK_BYTES, 3),
+        _entry("free_requested", a, 4096, 4),
+        _entry("free_completed", a, 4096, 4),
+        _entry("alloc", a, 4096, 5),
+    ]
+    return {"segments": [], "device_traces": [trace]}
+
+
+def test_without_labels_markers_are_known_by_size_and_roles_land_on_their_block() -> None:
+    """Torch before 2.10 has no ``_set_memory_metadata``: a role matched at the end of the
+    trace lands on the last block at its address (the unrelated one), so markers are placed
+    by their size instead and the activation keeps its own block."""
+    activation = CATEGORIES.index("activation")
+    roles = [(0x7000_0000, activation, 0, 1)]
+    snap = _reused_address_trace()
+    prof = profile_from_snapshot(snap, device_index=0, roles=roles,
+                                 marker_size=MARKER_FALLBACK_BYTES, markers_emitted=1)  # fmt: skip
+    df = prof.to_dataframe().sort_values("alloc_seq")
+    assert list(zip(df["alloc_seq"], df["category"], strict=True)) == [
+        (0, "activation"), (6, "temporary")]  # fmt: skip
+    assert prof.meta["markers"] == 1  # the marker is no row
+    at_end = [(0x7000_0000, activation, 0, -1)]  # what torch 2.4-2.9 got before
+    old = profile_from_snapshot(snap, device_index=0, roles=at_end).to_dataframe()
+    assert old.loc[old["category"] == "activation", "alloc_seq"].tolist() == [6]
+
+
+def test_fallback_markers_count_from_the_end_of_a_truncated_trace() -> None:
+    """Seven markers made, the ring buffer kept the last two: they are markers 6 and 7."""
+    m = 0x7000_2000
+    trace = [_entry("alloc", 0x100, 512, 0)]
+    for t in (1, 2):
+        trace += [_entry("alloc", m, MARKER_FALLBACK_BYTES, t),
+                  _entry("free_requested", m, MARKER_FALLBACK_BYTES, t)]  # fmt: skip
+    trace.append(_entry("alloc", 0x200, MARKER_FALLBACK_BYTES, 3))  # never freed: no marker
+    assert markers_by_size(trace, MARKER_FALLBACK_BYTES, 7) == {1: 6, 3: 7}
+
+
+def test_recorder_without_labels_emits_size_markers(mlp: nn.Module) -> None:
+    api = FakeApi(metadata=False)
+    rec = CudaSnapshotRecorder("cuda:0", max_entries=1234)  # profiler labels: no Python per op
+    rec._api = api  # type: ignore[assignment]
+    rec.start()
+    try:
+        mlp(torch.randn(4, 256)).sum().backward()
+    finally:
+        prof = rec.stop()
+    markers = [c for c in api.calls if c[0] == "marker"]
+    assert markers and set(markers) == {("marker", MARKER_FALLBACK_BYTES)}
+    assert api.labels == []  # nothing was labelled
+    assert prof.meta["marker_size"] == MARKER_FALLBACK_BYTES
+
+
+class TraceApi(FakeApi):
+    """A FakeApi whose allocator keeps a history: markers and the blocks a test allocates
+    land in it, with the thread's metadata, as torch's history would have them."""
+
+    def __init__(self, *, metadata: bool = True) -> None:
+        super().__init__(metadata=metadata)
+        self.trace: list[dict[str, Any]] = []
+        self.metadata = ""
+        self.t = 0
+
+    def _log(self, action: str, addr: int, size: int) -> None:
+        if self.history:
+            self.t += 1
+            self.trace.append({"action": action, "addr": addr, "size": size, "stream": 0,
+                               "time_us": self.t, "frames": [],
+                               "user_metadata": self.metadata})  # fmt: skip
+
+    def alloc_marker(self, device: torch.device, nbytes: int = 1) -> None:
+        super().alloc_marker(device, nbytes)
+        for action in ("alloc", "free_requested", "free_completed"):
+            self._log(action, 0xFFF000, nbytes)
+
+    def user_block(self, addr: int, size: int, *, free: bool = False) -> None:
+        self._log("alloc", addr, size)
+        if free:
+            self._log("free_requested", addr, size)
+            self._log("free_completed", addr, size)
+
+    def snapshot(self) -> dict[str, Any]:
+        super().snapshot()
+        return {"segments": [], "device_traces": [list(self.trace) if self.history else []]}
+
+
+class FakeCudaTensor:
+    """What the recorder reads of a tensor a role names: its device and storage address."""
+
+    def __init__(self, addr: int) -> None:
+        self.device = torch.device("cuda", 0)
+        self._addr = addr
+
+    def untyped_storage(self) -> Any:
+        return type("Storage", (), {"data_ptr": lambda _: self._addr})()
+
+
+@pytest.mark.parametrize("metadata", [True, False])
+def test_role_markers_name_gradients_and_activations_at_reused_addresses(
+    metadata: bool,
+) -> None:
+    """A gradient and an activation are reported while they live; each is then freed and its
+    address reused by a block nobody names. The markers put each role on its own block, with
+    labels (torch 2.10+) or by the markers' size (before)."""
+    api = TraceApi(metadata=metadata)
+    rec = CudaSnapshotRecorder("cuda:0", max_entries=1000)
+    rec._api = api  # type: ignore[assignment]
+    rec.start()
+    try:
+        for addr, category in ((0xA000, "activation"), (0xB000, "gradient")):
+            api.user_block(addr, 4096)
+            rec._on_role(FakeCudaTensor(addr), CATEGORY_INDEX[category], 0)  # type: ignore[arg-type]
+            api._log("free_requested", addr, 4096)
+            api._log("free_completed", addr, 4096)
+            api.user_block(addr, 8192)  # the address reused by a block nobody names
+    finally:
+        prof = rec.stop()
+    df = prof.to_dataframe().sort_values("alloc_seq")
+    expected = [(4096, "activation"), (8192, "temporary"), (4096, "gradient"), (8192, "temporary")]
+    assert list(zip(df["bytes"], df["category"], strict=True)) == expected
+    assert prof.meta["markers"] == 2

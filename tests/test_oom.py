@@ -322,6 +322,7 @@ def test_cuda_facts_expandable_segments() -> None:
     rec.profile.meta["oom_report"] = {
         "source": "cuda",
         "requested_bytes": 32 * mib,
+        "segment_bytes": 32 * mib,  # 32 MiB >= 10 MiB: a segment of the request's size
         "capacity_bytes": 80 * 1024 * mib,
         "device_free_bytes": 10 * mib,
         "allocator": {"allocated": 100 * mib, "reserved": 130 * mib, "device_free": 10 * mib},
@@ -334,6 +335,30 @@ def test_cuda_facts_expandable_segments() -> None:
     frag = next(s for s in oom.suggestions if "expandable_segments" in s.action)
     assert frag.bytes_saved == 30 * mib and frag.enough
     assert oom.site == "In[3]:4 (<module>)"
+
+
+def test_cuda_shortfall_is_the_segment_the_request_needed() -> None:
+    """A 4 KiB request (small pool) that no cached block served: the allocator asks the
+    device for a 2 MiB segment and the device has 1 MiB free, so 1 MiB is missing, though
+    the request is 4 KiB. Expandable segments would grow a segment by what the request needs:
+    1 MiB reserved but free plus the 1 MiB free covers 4 KiB."""
+    ns = setup()
+    with jv.record("cpu", namespace=ns) as rec:
+        ns["net"](ns["x"]).sum().backward()
+    mib = 1 << 20
+    rec.profile.meta["oom_report"] = {
+        "source": "cuda",
+        "requested_bytes": 4096,
+        "segment_bytes": 2 * mib,
+        "device_free_bytes": mib,
+        "allocator": {"allocated": 99 * mib, "reserved": 100 * mib, "device_free": mib},
+    }
+    oom = rec.profile.oom
+    assert oom is not None
+    assert (oom.requested_bytes, oom.segment_bytes) == (4096, 2 * mib)
+    assert oom.shortfall_bytes == mib
+    assert oom.expandable_would_serve is True
+    assert "a request for 4.0 KiB (a new 2.0 MiB segment)" in summary(rec.profile)
 
 
 def test_block_of() -> None:
@@ -362,13 +387,15 @@ def test_app_shows_the_post_mortem() -> None:
     assert "OUT OF MEMORY" in app.text()
 
 
-def test_cuda_capacity_sets_and_restores_the_fraction(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without a GPU here: the calls the CUDA capacity makes, with torch.cuda's answers faked."""
+def _fake_cuda(monkeypatch: pytest.MonkeyPatch, calls: list[Any], *, cached: int,
+               live: int, process_used: int | None) -> None:  # fmt: skip
+    """torch.cuda's answers on an 80 GiB device: ``cached`` bytes reserved until
+    ``empty_cache``, ``live`` after; NVML's usage of this process (None: not reported)."""
     from types import SimpleNamespace
 
-    from jupyter_vram._capture.capacity import CudaCapacity
+    from jupyter_vram._capture import nvml
 
-    calls: list[tuple[float, int]] = []
+    state = {"reserved": cached}
     total = 80 * 2**30
     monkeypatch.setattr(
         torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=total)
@@ -377,14 +404,85 @@ def test_cuda_capacity_sets_and_restores_the_fraction(monkeypatch: pytest.Monkey
     monkeypatch.setattr(
         torch.cuda, "set_per_process_memory_fraction", lambda f, i: calls.append((f, i))
     )
-    limit = CudaCapacity(6 * 2**30, torch.device("cuda", 0))
+
+    def empty_cache() -> None:
+        calls.append("empty_cache")
+        state["reserved"] = live
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", empty_cache)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i: state["reserved"])
+    info = {"total": total, "used": total // 2, "free": total // 2}
+    if process_used is not None:
+        info["process_used"] = process_used
+    monkeypatch.setattr(nvml, "device_memory", lambda i: info)
+
+
+def test_cuda_capacity_sets_and_restores_the_fraction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a GPU here: the calls the CUDA capacity makes, with torch.cuda's answers faked.
+    20 GiB cached before, 1 GiB held by live tensors: the cache is emptied before the
+    fraction is set (PyTorch checks the fraction only for new segments); NVML reports 1.5 GiB
+    for this process, so 0.5 GiB is outside the allocator (context) and comes off: the
+    allocator may reserve 6 - 0.5 = 5.5 GiB of the 80."""
+    from jupyter_vram._capture.capacity import CudaCapacity
+
+    gib = 2**30
+    calls: list[Any] = []
+    _fake_cuda(monkeypatch, calls, cached=20 * gib, live=gib, process_used=3 * gib // 2)
+    limit = CudaCapacity(6 * gib, torch.device("cuda", 0))
     limit.start()
     limit.stop()
     limit.stop()  # twice: restores once
-    assert calls == [(6 / 80, 0), (0.5, 0)]
+    assert calls == ["empty_cache", (5.5 / 80, 0), (0.5, 0)]
+    assert limit.facts == {"bytes": 6 * gib, "allocator_limit": 11 * gib // 2,
+                           "reserved_at_start": gib, "outside_allocator": gib // 2,
+                           "cache_emptied": True}  # fmt: skip
     with pytest.raises(ValueError, match="more than this device has"):
-        CudaCapacity(100 * 2**30, torch.device("cuda", 0)).start()
-    assert calls == [(6 / 80, 0), (0.5, 0)]
+        CudaCapacity(100 * gib, torch.device("cuda", 0)).start()
+
+
+def test_cuda_capacity_below_what_the_process_holds_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """1 GiB of live tensors and 0.5 GiB of context do not fit a 1.25 GiB device."""
+    from jupyter_vram._capture.capacity import CudaCapacity
+
+    gib = 2**30
+    calls: list[Any] = []
+    _fake_cuda(monkeypatch, calls, cached=4 * gib, live=gib, process_used=3 * gib // 2)
+    with pytest.raises(ValueError, match="less than this process already holds"):
+        CudaCapacity(5 * gib // 4, torch.device("cuda", 0)).start()
+    assert calls == ["empty_cache"]  # the fraction is left alone
+
+
+def test_cuda_capacity_without_nvml_counts_the_allocator_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jupyter_vram._capture.capacity import CudaCapacity
+    from jupyter_vram._render.html import capacity_text
+
+    gib = 2**30
+    calls: list[Any] = []
+    _fake_cuda(monkeypatch, calls, cached=gib, live=gib, process_used=None)
+    limit = CudaCapacity(8 * gib, torch.device("cuda", 0))
+    limit.start()
+    limit.stop()
+    assert calls == ["empty_cache", (8 / 80, 0), (0.5, 0)]
+    meta = {"capacity_bytes": 8 * gib, "capacity": limit.facts}
+    assert capacity_text(meta) == "8.0 GiB (cache emptied first, context not counted (no NVML))"
+
+
+def test_cuda_post_mortem_capacity_is_what_the_process_could_reach() -> None:
+    """No fraction set: the observer's limit is the device total (80 GiB), but with 60 GiB
+    reserved and 2 GiB free the process could reach 62 GiB; the rest is the CUDA context and
+    other processes."""
+    from jupyter_vram._capture.oom import _reachable_capacity
+
+    gib = 2**30
+    state = {"reserved": 60 * gib, "device_free": 2 * gib}
+    facts: dict[str, Any] = {"source": "cuda", "capacity_bytes": 80 * gib,
+                             "device_free_bytes": 2 * gib, "allocator": state}  # fmt: skip
+    _reachable_capacity(facts)
+    assert facts["capacity_bytes"] == 62 * gib and facts["device_limit_bytes"] == 80 * gib
 
 
 def test_oom_observer_forwards_to_the_running_recording(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -403,13 +501,19 @@ def test_oom_observer_forwards_to_the_running_recording(monkeypatch: pytest.Monk
     assert len(attached) == 1
     watch.start()
     observer = attached[0]
-    observer(0, 3 * 2**20, 40 * 2**30, 2**20)  # device, request, limit, device free
-    error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 MiB.")
+    # a 3 MiB request: malloc() gives the observer get_allocation_size(3 MiB) = the 20 MiB
+    # segment it tried to get (as "Tried to allocate" says); the trace's oom entry the request
+    mib = 2**20
+    observer(0, 20 * mib, 40 * 2**30, mib)  # device, segment, limit, device free
+    error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB.")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    facts = watch.facts(error)
+    trace = [{"seq": 7, "size": 3 * mib, "device_free": mib}]
+    facts = watch.facts(error, trace_ooms=trace)
     assert facts["source"] == "cuda"
-    assert facts["requested_bytes"] == 3 * 2**20
-    assert facts["capacity_bytes"] == 40 * 2**30 and facts["device_free_bytes"] == 2**20
+    assert facts["requested_bytes"] == 3 * mib and facts["segment_bytes"] == 20 * mib
+    assert facts["capacity_bytes"] == 40 * 2**30 and facts["device_free_bytes"] == mib
+    untraced = watch.facts(error)  # no oom entry: the request is not known
+    assert untraced["requested_bytes"] is None and untraced["segment_bytes"] == 20 * mib
     watch.stop()
     observer(0, 1, 1, 1)  # no recording listens any more
     assert len(watch.observed) == 1

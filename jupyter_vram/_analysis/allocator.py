@@ -66,6 +66,8 @@ class AllocatorState:
     gaps: tuple[Gap, ...]
     advice: tuple[str, ...]
     expandable_segments: bool = False
+    # device used (NVML) at the end, split into parts that sum to it (see device_parts)
+    device_parts: tuple[Gap, ...] = ()
 
     @property
     def stranded_bytes(self) -> int:
@@ -210,8 +212,9 @@ def allocator_state(profile: Profile) -> AllocatorState:
                 "CUDA context and others",
                 max(0, int(used) - end_reserved),
                 "Device used (nvidia-smi) minus reserved at the end: the CUDA context and "
-                "kernels (hundreds of MiB), cuBLAS / cuDNN workspaces, NCCL buffers and other "
-                "processes on this GPU.",
+                "kernels (hundreds of MiB), libraries that allocate outside PyTorch's "
+                "allocator (NCCL buffers, cuDNN / cuFFT plans) and other processes on this "
+                "GPU (cuBLAS workspaces are in reserved).",
             )
         )
     if (
@@ -235,8 +238,55 @@ def allocator_state(profile: Profile) -> AllocatorState:
     return AllocatorState(
         profile.device, True, peak, peak_reserved, allocated_then, end_allocated,
         end_reserved, used, total, reserved_then, share, excess, stranded, tuple(gaps),
-        tuple(advice), expandable,
+        tuple(advice), expandable, tuple(device_parts(profile)),
     )  # fmt: skip
+
+
+def _end_workspaces(profile: Profile) -> int:
+    """Bytes of the cuBLAS / cuBLASLt workspaces the recording named that are alive at its end
+    (they always are: PyTorch keeps them)."""
+    made = profile.meta.get("blas_workspaces")
+    if not isinstance(made, list):
+        return 0
+    return sum(int(w.get("bytes", 0)) for w in made if isinstance(w, dict))
+
+
+def device_parts(profile: Profile) -> list[Gap]:
+    """Device used (NVML, the whole GPU) at the end of the run, split into what it is, the
+    parts summing to it: PyTorch's tensors (BLAS workspaces apart, where the run made them),
+    blocks its caching allocator keeps free, this process's memory outside the allocator, and
+    other processes. Without NVML's per-process figure the last two are one part. Empty
+    without device used or the allocator's end counters."""
+    info = profile.device_info
+    used, reserved, allocated = (info.get(k) for k in ("device_used", "reserved", "allocated"))
+    if not all(isinstance(v, int) for v in (used, reserved, allocated)):
+        return []
+    assert isinstance(used, int) and isinstance(reserved, int) and isinstance(allocated, int)
+    workspaces = min(_end_workspaces(profile), allocated)
+    held = "memory_allocated(): blocks the caching allocator has handed to tensors"
+    parts = [Gap("tensors (allocated)", allocated - workspaces, held)]
+    if workspaces:
+        parts.append(Gap("cuBLAS / cuBLASLt workspaces", workspaces,
+                         "made by this process's first matmuls, kept for its life (in "
+                         "memory_allocated, not the cell's)"))  # fmt: skip
+    parts.append(Gap("cached free in PyTorch's pool", max(reserved - allocated, 0),
+                     "memory_reserved() - memory_allocated(): kept for reuse; "
+                     "torch.cuda.empty_cache() hands it back"))  # fmt: skip
+    process = info.get("process_used")
+    if isinstance(process, int):
+        parts.append(Gap("this process outside PyTorch's allocator", max(process - reserved, 0),
+                         "NVML's usage of this process - reserved: the CUDA context and loaded "
+                         "kernels, and libraries that allocate directly (NCCL buffers, cuDNN / "
+                         "cuFFT plans, other frameworks)"))  # fmt: skip
+        parts.append(Gap("other processes", max(used - max(process, reserved), 0),
+                         "device used - this process's usage: other programs on this GPU "
+                         "(nvidia-smi lists them)"))  # fmt: skip
+    else:
+        parts.append(Gap("outside PyTorch's reserved pool", max(used - reserved, 0),
+                         "device used - reserved: this process's CUDA context and libraries "
+                         "outside the allocator, and other processes (NVML did not report "
+                         "this process's share)"))  # fmt: skip
+    return parts
 
 
 def _category_advice(profile: Profile) -> list[str]:

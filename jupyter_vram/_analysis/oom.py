@@ -74,7 +74,7 @@ class Suggestion:
 class OomReport:
     """A failed allocation and the memory around it (see the module docstring)."""
 
-    requested_bytes: int | None
+    requested_bytes: int | None  # the request, rounded to 512 B (CUDA: the trace's oom entry)
     capacity_bytes: int | None
     live_bytes: int  # live when the request failed (the profile's own count)
     shortfall_bytes: int | None  # bytes missing for the request to succeed
@@ -92,6 +92,9 @@ class OomReport:
     optimizers: list[str]  # class names of the optimizers the notebook held
     moment_index: int = field(repr=False)
     suggestions: list[Suggestion] = field(default_factory=list)
+    # CUDA: the segment the allocator tried to get for it ("Tried to allocate"): 2 MiB for a
+    # request up to 1 MiB, 20 MiB below 10 MiB, else the request rounded up to 2 MiB
+    segment_bytes: int | None = None
 
     def suggestions_frame(self) -> pd.DataFrame:
         """The suggestions as a table, most bytes saved first."""
@@ -133,7 +136,8 @@ def oom_report(profile: Profile) -> OomReport | None:
         else None
     )
     capacity = _int(facts.get("capacity_bytes"))
-    shortfall, serve = _shortfall(requested, capacity, live, facts, allocator)
+    segment = _int(facts.get("segment_bytes"))
+    shortfall, serve = _shortfall(requested, segment, capacity, live, facts, allocator)
     report = OomReport(
         requested_bytes=requested,
         capacity_bytes=capacity,
@@ -152,6 +156,7 @@ def oom_report(profile: Profile) -> OomReport | None:
         batch_size=_int(facts.get("batch_size")) or infer_batch(profile, facts, mask),
         optimizers=[str(o) for o in facts.get("optimizers") or [] if isinstance(o, str)],
         moment_index=index,
+        segment_bytes=segment,
     )
     suggestions = suggest(profile, report, mask)
     return OomReport(**{**report.__dict__, "suggestions": suggestions})
@@ -202,21 +207,32 @@ def _top_modules(profile: Profile, mask: Any, limit: int = 8) -> list[tuple[str,
 
 def _shortfall(
     requested: int | None,
+    segment: int | None,
     capacity: int | None,
     live: int,
     facts: dict[str, Any],
     allocator: dict[str, int] | None,
 ) -> tuple[int | None, bool | None]:
     """Bytes missing, and (CUDA) whether memory reserved but free, with what the device still
-    had, would have covered the request (what expandable segments make usable)."""
-    if requested is None:
-        return None, None
+    had, would have covered the request (what expandable segments make usable).
+
+    CUDA: no cached block served the request, so the allocator needed a new segment
+    (``segment``) from what the device and the capacity left: the shortfall is the segment
+    less that room. Expandable segments grow the existing ones instead: the request itself
+    has to fit in the cached free memory plus the room.
+    """
     if allocator is not None:
+        need = segment if segment is not None else requested
+        if need is None:
+            return None, None
         reserved, allocated = allocator.get("reserved", 0), allocator.get("allocated", 0)
         free = _int(facts.get("device_free_bytes")) or allocator.get("device_free", 0)
         room = free if capacity is None else max(0, min(free, capacity - reserved))
         cached = max(0, reserved - allocated)
-        return max(0, requested - room), cached + room >= requested
+        serve = None if requested is None else cached + room >= requested
+        return max(0, need - room), serve
+    if requested is None:
+        return None, None
     used = _int(facts.get("in_use_bytes"))
     if capacity is None:
         return None, None

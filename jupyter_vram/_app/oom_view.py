@@ -44,6 +44,8 @@ def oom_html(oom: OomReport) -> str:
     facts: list[tuple[str, str]] = []
     if oom.requested_bytes is not None:
         facts.append(("requested", format_bytes(oom.requested_bytes)))
+    if oom.segment_bytes is not None and oom.segment_bytes != oom.requested_bytes:
+        facts.append(("new segment needed", format_bytes(oom.segment_bytes)))
     for label, value in (("op", oom.op), ("module", oom.module), ("phase", oom.phase),
                          ("line", oom.site)):  # fmt: skip
         if value:

@@ -463,7 +463,20 @@ def allocator_html(state: AllocatorState) -> str:
                 "fragmentation did not add to reserved memory."
             )
         measures += "</p>"
-    return f"<table class='jv-table'>{''.join(rows)}</table>{measures}" + notes_html(state)
+    split = device_split_html(state)
+    return f"<table class='jv-table'>{''.join(rows)}</table>{split}{measures}" + notes_html(state)
+
+
+def device_split_html(state: AllocatorState) -> str:
+    """Device used (what nvidia-smi shows) split into what it is, the parts named."""
+    if not state.device_parts or state.device_used is None:
+        return ""
+    rows = "".join(_row(g.label, format_bytes(g.bytes), g.explanation) for g in state.device_parts)
+    return (
+        f"<p>Where the device's {format_bytes(state.device_used)} in use went at the end "
+        "(nvidia-smi's figure, split; hover a row for what it is):</p>"
+        f"<table class='jv-table jv-device-split'>{rows}</table>"
+    )
 
 
 def notes_html(state: AllocatorState) -> str:

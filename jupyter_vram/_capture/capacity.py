@@ -1,7 +1,8 @@
 """A memory capacity to test a cell against: ``%%vram --capacity 6GiB`` / ``jv.record(capacity=)``.
 
 On CUDA the caching allocator enforces it (``torch.cuda.set_per_process_memory_fraction``,
-restored afterwards) and raises its own ``torch.OutOfMemoryError``.
+restored afterwards, with the cache emptied first: see :class:`CudaCapacity`) and raises its
+own ``torch.OutOfMemoryError``.
 
 The CPU allocator has no limit to set, so a :class:`CapacityGuard` (a dispatch mode, entered
 only when a capacity is asked for) counts live bytes: the storages the namespace held when it
@@ -296,32 +297,69 @@ class CapacityGuard(TorchDispatchMode):
 
 class CudaCapacity:
     """``set_per_process_memory_fraction`` for the length of a recording, then the previous
-    fraction back."""
+    fraction back.
+
+    PyTorch checks the fraction only when it needs a new segment (``alloc_block`` in
+    c10/cuda/CUDACachingAllocator.cpp): blocks it already caches are handed out without the
+    check, so after a big cell a small capacity would let a big step run out of the cache.
+    The cache is emptied first (``empty_cache``: every segment without a live block goes
+    back), so what the step needs beyond the segments live tensors hold goes through the
+    check. A GPU of the capacity's size would also hold this process's CUDA context and the
+    library memory outside the allocator: where NVML reports this process's usage, that part
+    (usage less reserved) comes off the fraction. ``facts``: what was done, for the header.
+    """
 
     def __init__(self, capacity: int, device: torch.device) -> None:
         self.capacity = capacity
         self.device = device
         self._previous: float | None = None
+        self.facts: dict[str, Any] = {}
 
     def start(self) -> None:
+        from .._units import format_bytes
+
         index = self.device.index if self.device.index is not None else 0
         total = int(torch.cuda.get_device_properties(index).total_memory)
         if self.capacity > total:
-            from .._units import format_bytes
-
             raise ValueError(
                 f"capacity {format_bytes(self.capacity)} is more than this device has "
                 f"({format_bytes(total)})"
             )
+        torch.cuda.empty_cache()
+        reserved = int(torch.cuda.memory_reserved(index))
+        outside = outside_allocator(index, reserved)
+        allowed = self.capacity - (outside or 0)
+        if allowed < reserved:
+            raise ValueError(
+                f"capacity {format_bytes(self.capacity)} is less than this process already "
+                f"holds on the device: {format_bytes(reserved)} reserved by live tensors "
+                f"(after emptying the cache) and {format_bytes(outside or 0)} outside the "
+                "allocator (CUDA context, library workspaces)"
+            )
         getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
         self._previous = float(getter(index)) if getter is not None else 1.0
-        torch.cuda.set_per_process_memory_fraction(self.capacity / total, index)
+        torch.cuda.set_per_process_memory_fraction(allowed / total, index)
+        self.facts = {"bytes": self.capacity, "allocator_limit": allowed,
+                      "reserved_at_start": reserved, "outside_allocator": outside,
+                      "cache_emptied": True}  # fmt: skip
 
     def stop(self) -> None:
         if self._previous is not None:
             index = self.device.index if self.device.index is not None else 0
             torch.cuda.set_per_process_memory_fraction(self._previous, index)
             self._previous = None
+
+
+def outside_allocator(index: int, reserved: int) -> int | None:
+    """Bytes this process holds on device ``index`` outside the caching allocator (CUDA
+    context, cuDNN / NCCL buffers): NVML's usage of this process less ``reserved``; None
+    where NVML does not report it."""
+    from .nvml import device_memory
+
+    info = device_memory(index)
+    if info is None or "process_used" not in info:
+        return None
+    return max(0, int(info["process_used"]) - reserved)
 
 
 class CapacityLimit:
@@ -353,8 +391,12 @@ class CapacityLimit:
         finally:
             if self._cuda is not None:
                 self._cuda.stop()
-                self._cuda = None
 
     @property
     def failure(self) -> CapacityFailure | None:
         return self.guard.failure if self.guard is not None else None
+
+    @property
+    def facts(self) -> dict[str, Any]:
+        """How a CUDA capacity was applied (:class:`CudaCapacity`); empty on the CPU."""
+        return self._cuda.facts if self._cuda is not None else {}

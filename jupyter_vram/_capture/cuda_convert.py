@@ -23,11 +23,13 @@ from typing import Any
 import numpy as np
 
 from .._allocator_rules import UNLIMITED_SPLIT, is_small_segment, round_size
+from .._blas_workspaces import ANY_VERSION_SIZES
 from .._model import PHASES, Frame, Profile, SegmentEvents
 from .builder import BASELINE_OP, OTHER, TEMPORARY, UNKNOWN, ProfileBuilder
 from .cuda_allocator import _active_blocks, _AllocatorModel, _device_segments, _divisions
 from .stacks import FrameFilter
 from .tagging import PHASE_OTHER
+from .workspace_rows import name_workspaces
 
 __all__ = [
     "MARKER_PREFIX",
@@ -39,6 +41,13 @@ __all__ = [
 #: The ``Profile.source`` of profiles converted from CUDA allocator snapshots.
 SOURCE = "cuda_snapshot"
 MARKER_PREFIX = "jv-marker|"
+#: The request size of a marker where torch cannot label allocations (no
+#: ``_set_memory_metadata``: torch before 2.10). An odd size nothing else asks for; the
+#: marker is known by it, by its free right after it, and by its place among the markers.
+MARKER_FALLBACK_BYTES = 263
+#: How many trace entries later a fallback marker's free may come (another thread may
+#: allocate in between).
+_MARKER_FREE_WITHIN = 8
 #: (storage address, category, owning module id, marker index). Marker 0: observed before the
 #: trace started; -1: not placed (no marker support), matched against the end of the trace.
 Role = tuple[int, int, int, int]
@@ -121,6 +130,23 @@ def _marker(metadata: object) -> int | None:
     return None
 
 
+def markers_by_size(trace: Sequence[Mapping[str, Any]], size: int, emitted: int) -> dict[int, int]:
+    """Trace index -> marker number of the fallback markers (see
+    :data:`MARKER_FALLBACK_BYTES`): allocations of exactly ``size`` bytes freed within a few
+    entries. ``emitted`` markers were made; the trace holds the last of them (a ring buffer
+    drops the oldest), so the last one found is marker ``emitted``."""
+    found: list[int] = []
+    for seq, entry in enumerate(trace):
+        if entry.get("action") != "alloc" or int(entry.get("size", -1)) != size:
+            continue
+        addr = entry.get("addr")
+        after = trace[seq + 1 : seq + 1 + _MARKER_FREE_WITHIN]
+        if any(e.get("action") == "free_requested" and e.get("addr") == addr for e in after):
+            found.append(seq)
+    first = emitted - len(found) + 1
+    return {seq: first + j for j, seq in enumerate(found) if first + j > 0}
+
+
 def _detect_truncation(
     trace: Sequence[Mapping[str, Any]],
     baseline_live: Iterable[int] | None,
@@ -156,6 +182,8 @@ class _Converter:
         modules: Sequence[str],
         max_entries: int | None,
         boundary: Sequence[Sequence[Any]] = (),
+        marker_size: int | None = None,
+        markers_emitted: int = 0,
     ) -> None:
         self.snapshot = snapshot
         self.index = device_index
@@ -182,6 +210,9 @@ class _Converter:
         self.baseline = None if self.truncated else baseline
         self.estimated: set[int] = set()  # rows whose size is a rounding estimate
         self.notes: dict[str, int] = {"size_mismatches": 0, "inconsistencies": 0}
+        self.size_markers = (
+            markers_by_size(self.trace, marker_size, markers_emitted) if marker_size else {}
+        )
 
     # -- ids ---------------------------------------------------------------------------------
 
@@ -254,6 +285,8 @@ class _Converter:
                 addr, req = int(entry["addr"]), int(entry["size"])
                 size = model.alloc(addr, req) if model is not None else None
                 k = _marker(entry.get("user_metadata"))
+                if k is None:
+                    k = self.size_markers.get(seq)
                 if k is not None:
                     markers.setdefault(k, seq)
                     marker_blocks.add(addr)
@@ -402,6 +435,9 @@ def profile_from_snapshot(
     error: str | None = None,
     meta: Mapping[str, Any] | None = None,
     row_addresses: list[int] | None = None,
+    workspaces: Mapping[int, str] | None = None,
+    marker_size: int | None = None,
+    markers_emitted: int = 0,
 ) -> Profile:
     """Convert a ``torch.cuda.memory._snapshot()`` dict into the Profile of one device.
 
@@ -425,8 +461,14 @@ def profile_from_snapshot(
 
     Sequence numbers are trace indices; times are ``time_us`` relative to the first event.
     ``row_addresses``, when given, gets each row's block address (for leak finding).
+    ``workspaces``: the BLAS workspace sizes of the recording's torch and GPU (size -> label,
+    :func:`~jupyter_vram._blas_workspaces.blas_workspaces`); the rows that are workspaces get
+    that label as op, category other (:mod:`.workspace_rows`). None: every default size.
+    ``marker_size``, ``markers_emitted``: a recording by a torch that cannot label
+    allocations placed its markers by size (:func:`markers_by_size`).
     """
-    conv = _Converter(snapshot, device_index, baseline, modules, max_entries, boundary)
+    conv = _Converter(snapshot, device_index, baseline, modules, max_entries, boundary,
+                      marker_size, markers_emitted)  # fmt: skip
     markers, seg_seq, seg_delta, notes = conv.run()
     if row_addresses is not None:
         row_addresses.extend(conv.row_addr)
@@ -447,7 +489,7 @@ def profile_from_snapshot(
         if reserved0 + sum(seg_delta) != end:
             info["reserved_mismatch"] = reserved0 + sum(seg_delta) - end
     info.update(meta or {})
-    return conv.b.build(
+    profile = conv.b.build(
         device=conv.device,
         source=SOURCE,
         wall_ns=wall_ns,
@@ -458,3 +500,4 @@ def profile_from_snapshot(
         error=error,
         meta=info,
     )
+    return name_workspaces(profile, ANY_VERSION_SIZES if workspaces is None else workspaces)

@@ -35,7 +35,13 @@ import torch
 from .._model import Profile
 from ._common import RecordingError
 from .builder import Interner, ProfileBuilder
-from .cuda_convert import MARKER_PREFIX, SOURCE, Role, profile_from_snapshot
+from .cuda_convert import (
+    MARKER_FALLBACK_BYTES,
+    MARKER_PREFIX,
+    SOURCE,
+    Role,
+    profile_from_snapshot,
+)
 from .modes import ObservingMode
 from .profiler_chunks import ChunkedProfiler
 from .profiler_read import AllocEvent, Reports
@@ -62,6 +68,17 @@ def cuda_unavailable(index: int | None = None) -> str | None:
     return None
 
 
+#: Why a process on the cudaMallocAsync backend cannot be recorded: its allocator keeps no
+#: history (``_record_memory_history`` raises there), and the backend is chosen once, when
+#: CUDA starts.
+ASYNC_BACKEND = (
+    "CUDA memory recording reads the caching allocator's history, and this process uses the "
+    "cudaMallocAsync backend (PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync), which keeps "
+    "none; restart the kernel without that setting to record, or estimate instead: "
+    "%vram_estimate, jv.estimate()"
+)
+
+
 class _CudaApi:
     """Every private torch CUDA memory API this package calls, in one replaceable place."""
 
@@ -73,6 +90,9 @@ class _CudaApi:
         memory = torch.cuda.memory
         if not (hasattr(memory, "_record_memory_history") and hasattr(memory, "_snapshot")):
             return f"torch {torch.__version__} has no CUDA allocator history to record"
+        backend = getattr(memory, "get_allocator_backend", None)
+        if backend is not None and backend() == "cudaMallocAsync":
+            return ASYNC_BACKEND
         return None
 
     def metadata_supported(self) -> bool:
@@ -95,7 +115,13 @@ class _CudaApi:
             "clear_history": True,
         }
         params = inspect.signature(record).parameters
-        record(**{k: v for k, v in wanted.items() if k in params})
+        try:
+            record(**{k: v for k, v in wanted.items() if k in params})
+        except RuntimeError as error:  # e.g. a backend that keeps no history
+            raise RecordingError(
+                f"the CUDA allocator would not record its history ({error}); "
+                "estimate instead: %vram_estimate, jv.estimate()"
+            ) from error
 
     def stop_history(self) -> None:
         torch.cuda.memory._record_memory_history(enabled=None)
@@ -110,10 +136,24 @@ class _CudaApi:
     def get_metadata(self) -> str:
         return str(torch.cuda.memory._get_memory_metadata())
 
-    def alloc_marker(self, device: torch.device) -> None:
-        """Allocate and free one tiny block: two trace events at this point of the run."""
-        marker = torch.empty((1,), dtype=torch.uint8, device=device)
+    def alloc_marker(self, device: torch.device, nbytes: int = 1) -> None:
+        """Allocate and free one tiny block: trace events at this point of the run."""
+        marker = torch.empty((nbytes,), dtype=torch.uint8, device=device)
         del marker
+
+    def workspace_sizes(self, index: int) -> dict[int, str] | None:
+        """The BLAS workspace sizes this torch gives a thread on device ``index`` (size ->
+        label), with PyTorch's environment variables; None if the device cannot be asked."""
+        import os
+
+        from .._blas_workspaces import blas_workspaces
+
+        try:
+            props = torch.cuda.get_device_properties(index)
+            capability = (int(props.major), int(props.minor))
+        except Exception:  # noqa: BLE001 - then every default size is looked for
+            return None
+        return blas_workspaces(torch.__version__, capability, os.environ).sizes
 
     def device_info(self, index: int) -> dict[str, Any]:
         """Device and allocator totals at the end; the keys the renderers read."""
@@ -239,10 +279,17 @@ class CudaSnapshotRecorder:
         self._torch_device = torch.device("cuda", index)
         self._started = True
         self._metadata_ok = self._api.metadata_supported()
+        # One tiny block before the baseline, so a marker never needs a fresh segment.
+        self._api.alloc_marker(self._torch_device, self._marker_bytes)
         if self._metadata_ok:
-            # One tiny block before the baseline, so a marker never needs a fresh segment.
-            self._api.alloc_marker(self._torch_device)
             self._prev_metadata = self._api.get_metadata()
+        else:
+            self._meta["marker_size"] = MARKER_FALLBACK_BYTES
+            if self._ops:
+                self._warnings.append(
+                    f"labels='mode' needs torch 2.10 or later (_set_memory_metadata); torch "
+                    f"{torch.__version__} records the allocations without op labels"
+                )
         _, modules, optimizers = live_objects()
         self._active = True
         self.tagger.adopt(modules, optimizers)  # roles seen now carry marker 0 (the baseline)
@@ -351,6 +398,8 @@ class CudaSnapshotRecorder:
                 "max_entries": self._max_entries,
                 "device_index": self._index,
                 "boundary": [list(f) for f in self._boundary],
+                "marker_size": None if self._metadata_ok else MARKER_FALLBACK_BYTES,
+                "markers_emitted": self._markers,
             }
         baseline, self._baseline = self._baseline, None
         addresses: list[int] = []  # each row's block, for leaks (never saved)
@@ -367,6 +416,9 @@ class CudaSnapshotRecorder:
             error=error,
             meta=meta,
             row_addresses=addresses,
+            workspaces=self._api.workspace_sizes(self._index),
+            marker_size=None if self._metadata_ok else MARKER_FALLBACK_BYTES,
+            markers_emitted=self._markers,
         )
         note_addresses(profile, addresses)
         return profile
@@ -400,21 +452,29 @@ class CudaSnapshotRecorder:
                 return
             if not self._history_on:
                 marker = 0
-            elif self._metadata_ok:
+            else:
                 if self._dirty or not self._ops:  # without the mode, ops go unseen
                     self._emit_marker()
                 marker = self._markers
-            else:
-                marker = -1
             self._roles.append((addr, category, module, marker))
         except Exception:  # noqa: BLE001 - never raise from a hook
             pass
 
+    @property
+    def _marker_bytes(self) -> int:
+        return 1 if self._metadata_ok else MARKER_FALLBACK_BYTES
+
     def _emit_marker(self) -> None:
-        """Put marker ``k + 1`` into the trace: roles seen until the next op are placed there."""
+        """Put marker ``k + 1`` into the trace: roles seen until the next op are placed there.
+        Labelled ``jv-marker|k``; where torch cannot label allocations (before 2.10), known by
+        its size and its place among the markers (:func:`.cuda_convert.markers_by_size`)."""
         self._in_marker = True
         try:
             self._markers += 1
+            if not self._metadata_ok:
+                self._api.alloc_marker(self._torch_device, MARKER_FALLBACK_BYTES)
+                self._dirty = False
+                return
             previous = self._api.get_metadata()
             self._api.set_metadata(f"{MARKER_PREFIX}{self._markers}")
             try:

@@ -33,14 +33,17 @@ _UNIT = {"b": 1, "bytes": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "ti
 _UNIT.update({"kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4})
 
 
-def _observer(device: int, requested: int, limit: int, device_free: int) -> None:
-    """Called by the CUDA caching allocator on each OOM (on the thread that asked)."""
+def _observer(device: int, alloc_size: int, limit: int, device_free: int) -> None:
+    """Called by the CUDA caching allocator on each OOM (on the thread that asked), with the
+    segment it tried to get (``get_allocation_size`` of the request, not the request), the
+    limit (the fraction's bytes when one is set, else the device total) and what the device
+    had free."""
     watch = _listener
     if watch is not None:
         watch.observed.append(
             {
                 "device": int(device),
-                "requested": int(requested),
+                "segment": int(alloc_size),
                 "limit": int(limit),
                 "device_free": int(device_free),
                 "time_ns": time.time_ns(),
@@ -85,8 +88,18 @@ class OomWatch:
         error: BaseException,
         failure: CapacityFailure | None = None,
         capacity: int | None = None,
+        trace_ooms: Any = None,
     ) -> dict[str, Any]:
-        """The post-mortem's raw facts (JSON-ready) for ``error``; never raises."""
+        """The post-mortem's raw facts (JSON-ready) for ``error``; never raises.
+
+        On CUDA the request and the segment are two numbers: ``malloc()`` in
+        c10/cuda/CUDACachingAllocator.cpp gives the observer (and "Tried to allocate") the
+        segment it tried to get, ``get_allocation_size(size)`` (a 4 KiB request asks for a
+        2 MiB segment, 3 MiB for 20 MiB), and records the request itself, rounded to 512 B,
+        in the trace's ``oom`` entry (``trace_ooms``: the profile's ``meta["oom"]``).
+        ``requested_bytes`` is the trace's request (None without one), ``segment_bytes`` the
+        segment.
+        """
         facts: dict[str, Any] = {"message": str(error)[:2000], "capacity_bytes": capacity}
         if failure is not None:
             facts.update(
@@ -96,27 +109,53 @@ class OomWatch:
                 capacity_bytes=failure.capacity_bytes,
                 op=failure.op,
             )
-        elif self.observed:
-            seen = self.observed[-1]
-            facts.update(
-                source="cuda",
-                requested_bytes=seen["requested"],
-                capacity_bytes=seen["limit"],
-                device_free_bytes=seen["device_free"],
-            )
         else:
-            facts.update(source="error message", requested_bytes=requested_in_message(str(error)))
+            facts.update(self._cuda_facts(str(error), trace_ooms))
         if self.device.type == "cuda":
             with contextlib.suppress(Exception):  # a nicety: never lose the post-mortem
                 facts["allocator"] = cuda_allocator_state(self.device)
+            _reachable_capacity(facts)
         facts["site"] = user_site(error.__traceback__)
         facts["optimizers"] = optimizer_types(self.namespace)
         facts["leading_dims"] = leading_dims(self.namespace, self.device.type)
         return facts
 
+    def _cuda_facts(self, message: str, trace_ooms: Any) -> dict[str, Any]:
+        """The request from the trace, the segment from the observer (else the message)."""
+        last = trace_ooms[-1] if isinstance(trace_ooms, list) and trace_ooms else None
+        size = last.get("size") if isinstance(last, dict) else None
+        facts: dict[str, Any] = {"requested_bytes": int(size) if isinstance(size, int) else None}
+        if self.observed:
+            seen = self.observed[-1]
+            facts.update(
+                source="cuda",
+                segment_bytes=seen["segment"],
+                capacity_bytes=seen["limit"],
+                device_free_bytes=seen["device_free"],
+            )
+        else:
+            facts.update(source="error message", segment_bytes=requested_in_message(message))
+        return facts
+
+
+def _reachable_capacity(facts: dict[str, Any]) -> None:
+    """On CUDA the observer's limit is the device total when no fraction is set, though the
+    CUDA context and other processes hold part of it: the capacity is at most what this
+    process's allocator could reach, its reserved memory plus what the device had free."""
+    state = facts.get("allocator")
+    limit = facts.get("capacity_bytes")
+    if facts.get("source") != "cuda" or not isinstance(state, dict):
+        return
+    free = facts.get("device_free_bytes") or state.get("device_free") or 0
+    reach = int(state.get("reserved", 0)) + int(free)
+    if isinstance(limit, int) and limit > reach:
+        facts["device_limit_bytes"] = limit
+        facts["capacity_bytes"] = reach
+
 
 def requested_in_message(message: str) -> int | None:
-    """Bytes from CUDA's ``Tried to allocate 20.00 MiB`` (rounded as the message is)."""
+    """Bytes from CUDA's ``Tried to allocate 20.00 MiB`` (rounded as the message is): the
+    segment the allocator tried to get, not the request."""
     match = _TRIED.search(message)
     if match is None:
         return None

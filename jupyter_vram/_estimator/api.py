@@ -31,9 +31,11 @@ from .step import LossFn, OptimizerFactory, StepSettings, check_optimizer
 if TYPE_CHECKING:
     import pandas as pd
 
-#: CUDA context, cuBLAS / cuDNN workspaces and what the driver keeps back, on top of the
+#: The CUDA context, cuDNN's own workspaces and what the driver keeps back, on top of the
 #: allocator's reserved memory. Not simulated: a guess (measured totals vary from about 0.5
-#: to 1.5 GiB with the card, driver and libraries loaded).
+#: to 1.5 GiB with the card, driver and libraries loaded). The cuBLAS / cuBLASLt workspaces
+#: are not in it: PyTorch allocates them through the caching allocator, so the simulation
+#: counts them in reserved (counting them here too would count them twice).
 RUNTIME_OVERHEAD_BYTES = 1 << 30
 
 
@@ -51,8 +53,8 @@ RUNTIME_OVERHEAD = Allowance(
     RUNTIME_OVERHEAD_BYTES,
     guessed=True,
     note=(
-        "a guess, not simulated: the CUDA context, cuBLAS / cuDNN workspaces and what the "
-        "driver keeps usually take 0.5 to 1.5 GiB"
+        "a guess, not simulated: the CUDA context, cuDNN workspaces and what the driver "
+        "keeps usually take 0.5 to 1.5 GiB (cuBLAS workspaces are simulated, in reserved)"
     ),
 )
 
@@ -177,20 +179,27 @@ class Estimate:
 
     @property
     def cublas_workspace_total(self) -> int:
-        """Bytes of the cuBLAS workspaces the CUDA estimate holds (category other, alive
-        before the step): 32 MiB per thread that runs matmuls, 0 on the CPU."""
+        """Bytes of the cuBLAS and cuBLASLt workspaces the CUDA estimate holds (op "cuBLAS
+        workspace" / "cuBLASLt workspace", category other, alive before the step), 0 on the
+        CPU. Made by a process's first matmuls and kept for its life."""
         info = self.profile.meta.get("estimate", {})
-        return int(info.get("cublas_workspaces", 0)) * int(info.get("cublas_workspace_bytes", 0))
+        cublas = int(info.get("cublas_workspaces", 0)) * int(info.get("cublas_workspace_bytes", 0))
+        lt = int(info.get("cublaslt_workspaces", 0)) * int(info.get("cublaslt_workspace_bytes", 0))
+        return cublas + lt
 
     def cublas_adjustment(self, gpu: Gpu) -> int:
-        """Bytes to add on ``gpu`` for its cuBLAS workspace size (the simulation uses the
-        32 MiB of compute capability 9.x+; older cards take 8,519,680 bytes per thread)."""
+        """Bytes to add on ``gpu`` for its workspace sizes: the simulation takes an unknown
+        card's (32 MiB of cuBLAS per thread); which cards get 32 MiB depends on the torch
+        version (:mod:`jupyter_vram._blas_workspaces`)."""
         if self.settings.target_type != "cuda":
             return 0
+        from .workspaces import estimate_workspaces
+
         info = self.profile.meta.get("estimate", {})
+        on_gpu = estimate_workspaces(self.settings.torch_version, gpu.capability)
         count = int(info.get("cublas_workspaces", 0))
-        simulated = int(info.get("cublas_workspace_bytes", gpu.cublas_workspace_bytes))
-        return count * (gpu.cublas_workspace_bytes - simulated)
+        simulated = int(info.get("cublas_workspace_bytes", on_gpu.cublas_bytes))
+        return count * (on_gpu.cublas_bytes - simulated)
 
     def settings_for(self, gpu: Gpu, settings: StepSettings | None = None) -> StepSettings:
         """``settings`` as run on ``gpu``: without flash attention on a pre-Ampere card."""
@@ -408,7 +417,7 @@ class Comparison:
             (a.alloc_seq >= 0)
             | _module_rows(measured, estimate.model_name)
             | (a.category == CATEGORY_INDEX["input"])
-        )
+        ) & ~_workspace_rows(measured)
         step = measured.replace(
             allocations=Allocations.from_columns(
                 {name: getattr(a, name)[keep] for name in a.to_columns()}
@@ -417,8 +426,8 @@ class Comparison:
         timeline = measured.timeline
         at_peak = timeline.live_mask(timeline.peak_index)
         left_out = int(a.size[at_peak & ~keep].sum())
-        # the estimate's cuBLAS workspaces exist before any measured cell (the session's first
-        # matmul made them), so the measurement leaves them out with the other earlier tensors
+        # BLAS workspaces are the process's, not the step's: the estimate's are left out, and
+        # the measurement's too (made by a first cell's matmuls, or before the cell)
         workspaces = estimate.cublas_workspace_total
         estimated = estimate.peak_breakdown()
         estimated["other"] = max(estimated.get("other", 0) - workspaces, 0)
@@ -429,6 +438,15 @@ class Comparison:
         return cls(estimate.peak_bytes - workspaces, step.peak_bytes, estimated,
                    step.peak_breakdown(), estimate.settings.device, measured.device,
                    left_out, max(kept, 0))  # fmt: skip
+
+
+def _workspace_rows(profile: Profile) -> npt.NDArray[np.bool_]:
+    """The rows a CUDA recording named as cuBLAS / cuBLASLt workspaces."""
+    from .._blas_workspaces import CUBLAS_LABEL, CUBLASLT_LABEL
+
+    named = np.array([op in (CUBLAS_LABEL, CUBLASLT_LABEL) for op in profile.ops], dtype=bool)
+    a = profile.allocations
+    return named[a.op] if len(named) else np.zeros(len(a), dtype=bool)
 
 
 def _forward_outputs_at_peak(profile: Profile, model_name: str) -> int:
@@ -505,6 +523,7 @@ def estimate(
     loss_fn: LossFn | None = None,
     stacks: bool = True,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    torch_version: str | None = None,
 ) -> Estimate:
     """Predict the memory of one training step of ``model`` on ``inputs``.
 
@@ -514,6 +533,8 @@ def estimate(
     tensors, a dict of them, or ``f(batch_size) -> batch``; None reads a transformers config.
     ``optimizer``: a name (adamw, adam, sgd, adafactor, adagrad, rmsprop, adamw8bit, none) or
     ``f(params) -> optimizer``. ``device``: the device predicted, "cuda" (default) or "cpu".
+    ``torch_version``: the torch the step will run under, when not this one (``"2.11"``): the
+    cuBLAS / cuBLASLt workspaces it keeps differ by version.
     """
     if not isinstance(model, nn.Module) and not callable(model):
         raise EstimateError(
@@ -535,7 +556,8 @@ def estimate(
         amp_dtype(amp)
     spec = make_batch_spec(_probe(model), inputs, batch_size)
     settings = StepSettings(device=device, dtype=dtype, amp=amp, checkpoint=checkpoint,
-                            optimizer=name, inference=inference, stacks=stacks)  # fmt: skip
+                            optimizer=name, inference=inference, stacks=stacks,
+                            torch_version=torch_version)  # fmt: skip
     payload = pack_job(Job(model, spec, loss_fn, factory))
     with EstimatorProcess(payload, timeout_s=timeout_s) as process:
         profile = process.run(settings, None)

@@ -15,7 +15,7 @@ The replay is one pass over the events with per-pool free lists kept sorted by
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,7 +60,11 @@ class AllocatorSimulation:
 
 
 def simulate(
-    profile: Profile, *, divisions: Sequence[int] = (), max_split_size: int | None = None
+    profile: Profile,
+    *,
+    divisions: Sequence[int] = (),
+    max_split_size: int | None = None,
+    warm_up: Mapping[int, float] | None = None,
 ) -> AllocatorSimulation:
     """Replay ``profile``'s allocations on its device through the caching allocator.
 
@@ -70,6 +74,15 @@ def simulate(
     ``max_split_size`` the ``PYTORCH_CUDA_ALLOC_CONF`` setting in bytes (None: unlimited).
     Zero-byte requests take no block, as on a GPU. Segments are never released: neither
     ``empty_cache`` nor an out-of-memory retry is modelled.
+
+    ``warm_up``: the profile is a program's second step, and the first one is replayed before
+    it, as the same events. The allocator never gives segments back, so what the first step
+    reserved (and where it left the blocks that outlive it) shapes the second. The baseline
+    rows the first step made (optimizer state, library workspaces) map to their position in
+    the step: made once the events with a smaller seq have run. Every other baseline row is
+    made before the first step; rows the step leaves alive are freed between the steps. The
+    peaks are the second step's (``torch.cuda.reset_peak_memory_stats()`` between the steps:
+    reserved then is what the first step left).
     """
     a = profile.allocations
     n = len(a)
@@ -91,11 +104,17 @@ def simulate(
     replay = _Replay(
         rounded.tolist(), UNLIMITED_SPLIT if max_split_size is None else max_split_size
     )
+    codes, seqs = code[order].tolist(), seq[order].tolist()
+    made = {r: p for r, p in (warm_up or {}).items() if 0 <= r < n and a.alloc_seq[r] < 0}
     for row in base_rows.tolist():
-        replay.alloc(row)
+        if row not in made:
+            replay.alloc(row)
+    if warm_up is not None:
+        _first_step(replay, codes, seqs, made, rows[on_device & (a.alloc_seq >= 0)])
+        replay.peak_allocated = replay.allocated  # reset_peak_memory_stats()
     baseline_reserved = replay.reserved
     replay.new_segments.clear()
-    replay.replay(code[order].tolist(), seq[order].tolist())
+    replay.replay(codes, seqs)
 
     sizes = np.asarray(replay.block, np.int64)
     block_size[on_device] = sizes[on_device]
@@ -109,6 +128,32 @@ def simulate(
         peak_reserved=replay.reserved,  # nothing is ever released, so the end is the peak
         segment_count=replay.segment_count,
     )
+
+
+def _first_step(
+    replay: _Replay,
+    codes: list[int],
+    seqs: list[int],
+    made: Mapping[int, float],
+    step_rows: Int64Array,
+) -> None:
+    """Replay the step once as the program's first: the rows in ``made`` are allocated at
+    their positions, and what the step leaves alive is freed at its end (the second step's
+    own copies replace it)."""
+    pending = sorted(made.items(), key=lambda item: (item[1], item[0]))
+    k = 0
+    for code, seq in zip(codes, seqs, strict=True):
+        while k < len(pending) and pending[k][1] < seq:
+            replay.alloc(pending[k][0], seq)
+            k += 1
+        if code >= 0:
+            replay.alloc(code, seq)
+        else:
+            replay.release(~code)
+    for row, _ in pending[k:]:
+        replay.alloc(row)
+    for row in step_rows.tolist():
+        replay.release(row)  # a no-op for rows already freed
 
 
 def to_cuda_profile(

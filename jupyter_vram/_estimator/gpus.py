@@ -30,10 +30,6 @@ MIB = 1 << 20
 #: for the others ("a few hundred MiB" on most).
 RUNTIME_HIDDEN_BYTES = 819 * MIB
 
-#: PyTorch's default cuBLAS workspace per (handle, stream): Hopper / Blackwell, and older.
-CUBLAS_WORKSPACE_RECENT = 4096 * 1024 * 8
-CUBLAS_WORKSPACE_OLDER = 4096 * 1024 * 2 + 16 * 1024 * 8
-
 
 @dataclass(frozen=True)
 class Gpu:
@@ -69,14 +65,25 @@ class Gpu:
         return predicted_device_bytes <= self.usable_bytes
 
     @property
-    def cublas_workspace_bytes(self) -> int:
-        """PyTorch's cuBLAS workspace on this card, one per thread that runs matmuls (its
-        default ``CUBLAS_WORKSPACE_CONFIG``): 32 MiB on compute capability 9.x, 10.x and
-        12.x, else ``:4096:2:16:8`` = 8,519,680 bytes. Unknown cards: the 32 MiB."""
+    def capability(self) -> tuple[int, int] | None:
+        """The compute capability as (major, minor), as PyTorch compares it; None: unknown."""
         cc = self.compute_capability
-        if cc is None or int(cc) in (9, 10, 12):
-            return CUBLAS_WORKSPACE_RECENT
-        return CUBLAS_WORKSPACE_OLDER
+        if cc is None:
+            return None
+        major = int(cc)
+        return major, round((cc - major) * 10)
+
+    @property
+    def cublas_workspace_bytes(self) -> int:
+        """PyTorch's cuBLAS workspace on this card under this process's torch, one per thread
+        that runs matmuls (its default ``CUBLAS_WORKSPACE_CONFIG``): 32 MiB or
+        ``:4096:2:16:8`` = 8,519,680 bytes, by compute capability and torch version
+        (:func:`jupyter_vram._blas_workspaces.blas_workspaces`). Unknown cards: the 32 MiB."""
+        import torch
+
+        from .._blas_workspaces import blas_workspaces
+
+        return blas_workspaces(torch.__version__, self.capability).cublas_bytes
 
     @property
     def flash_attention(self) -> bool:

@@ -13,6 +13,15 @@
   replacement is safe there.) A model that bound the function under another name at import
   runs it as written.
 
+- **Dropout on CUDA.** ``F.dropout`` in training takes a fused kernel on CUDA
+  (``aten/src/ATen/native/Dropout.cpp``: ``dropout`` calls ``native_dropout`` when
+  ``is_fused_kernel_acceptable``: a CUDA input, ``0 < p < 1``, at least one element), which
+  keeps a boolean mask (one byte per element) for backward; on the CPU it draws a mask of the
+  input's dtype (``empty_like`` + ``bernoulli_``) and multiplies, four bytes per element in
+  float32. :func:`cuda_dropout` routes out-of-place training dropout to ``native_dropout`` for
+  the whole run, as :func:`cuda_attention` does for attention (in-place dropout takes the
+  unfused path on CUDA too).
+
 Fake tensors run each operator's meta implementation, which gets shapes right but can differ
 from the real kernel in what else it returns:
 
@@ -332,3 +341,31 @@ def cuda_kernel_attention(
         scale=scale,
     )  # fmt: skip
     return result[0]  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def cuda_dropout() -> Iterator[None]:
+    """Within the block, out-of-place training ``F.dropout`` runs CUDA's fused kernel
+    (``aten.native_dropout``: the output and a boolean mask), as a CUDA input would."""
+    original = F.dropout
+
+    def dropout(
+        input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+    ) -> torch.Tensor:
+        if training and not inplace and 0.0 < p < 1.0 and input.numel() > 0:
+            out, _mask = torch.ops.aten.native_dropout(input, p, True)
+            return out  # type: ignore[no-any-return]
+        return original(input, p, training, inplace)
+
+    F.dropout = dropout
+    try:
+        yield
+    finally:
+        F.dropout = original
+
+
+@contextlib.contextmanager
+def cuda_kernels(*, flash: bool = True) -> Iterator[None]:
+    """The CUDA kernel choices a fake CPU run must make itself: attention and dropout."""
+    with cuda_attention(flash=flash), cuda_dropout():
+        yield

@@ -41,6 +41,9 @@ class StepSettings:
     inference: bool = False  # forward only, under no_grad
     stacks: bool = True  # record Python stacks (costs time on big models)
     flash_attention: bool = True  # the target GPU has flash attention (compute cap. >= 8.0)
+    # the torch the step will run under (its library workspaces differ by version); None:
+    # this process's torch
+    torch_version: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

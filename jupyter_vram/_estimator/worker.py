@@ -38,7 +38,7 @@ from .._model import Allocations, Profile
 from .accumulation import AccumulationWatch, accumulate_in_place
 from .inputs import BatchSpec, parse_dtype, with_default_labels
 from .job import Job
-from .kernels import RnnCalls, cuda_attention, onednn_scratch, rnn_workspaces
+from .kernels import RnnCalls, cuda_kernels, onednn_scratch, rnn_workspaces
 from .order import canonical_baseline, canonical_bursts, rows_of
 from .runner import JOB_FOLDER_PREFIX
 from .step import (
@@ -49,6 +49,7 @@ from .step import (
     training_step,
 )
 from .transport import TensorDescriptor, TensorSlots, loads
+from .workspaces import estimate_workspaces, first_step_positions, with_blas_workspaces
 
 #: The device a fake run's tensors say they are on, whatever the target (its kernels' rules
 #: shape the run; the target GPU's allocator is applied afterwards). Their storage is "meta".
@@ -126,7 +127,7 @@ class Simulator:
             self.model.train(not settings.inference)
             cuda = settings.target_type == "cuda"
             attention = (
-                cuda_attention(flash=settings.flash_attention) if cuda else contextlib.nullcontext()
+                cuda_kernels(flash=settings.flash_attention) if cuda else contextlib.nullcontext()
             )
             calls = RnnCalls()
             rnn = rnn_workspaces(settings.target_type, calls) if self._may_run_rnn else None
@@ -507,67 +508,19 @@ def finish_profile(raw: Profile, settings: StepSettings, info: dict[str, Any]) -
         meta={**raw.meta, "estimate": info},
     )
     if settings.target_type == "cuda":
-        profile = with_cublas_workspaces(profile)
+        profile = with_blas_workspaces(profile, estimate_workspaces(settings.torch_version))
     if settings.optimizer in EIGHT_BIT:
         # bitsandbytes counts steps in a Python int: no counter tensors at all
         counters = _rows_of_host_counters(profile, info.get("step_counters", []))
         profile = eight_bit_state(profile.replace(allocations=_without_rows(profile, counters)))
     if settings.target_type == "cuda":
-        from .cuda_model import to_cuda_profile
+        from .cuda_model import simulate, to_cuda_profile
 
-        profile = to_cuda_profile(profile, device=settings.device)
+        # a training step is the program's second: replay its first before it (the warm-up)
+        warm_up = None if settings.inference else first_step_positions(profile)
+        profile = to_cuda_profile(profile, simulate(profile, warm_up=warm_up),
+                                  device=settings.device)  # fmt: skip
     return profile
-
-
-#: aten ops that run through cuBLAS (convolutions use cuDNN, attention its own kernels).
-CUBLAS_OPS = frozenset(
-    {"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "addr",
-     "_addmm_activation", "matmul", "linear"}
-)  # fmt: skip
-
-
-def with_cublas_workspaces(profile: Profile) -> Profile:
-    """Add PyTorch's cuBLAS workspaces: one per thread that runs a matmul, allocated through
-    the caching allocator on the first call and kept (so they count in
-    ``max_memory_allocated``). The forward runs in the calling thread and backward in
-    autograd's device thread, each with its own handle: a training step with matmuls holds
-    two, inference one. Sized for compute capability 9.x+ (32 MiB); fit checks on older cards
-    adjust by ``Gpu.cublas_workspace_bytes``. Rows alive before the step, category other."""
-    from .._model import CATEGORY_INDEX, PHASE_INDEX
-    from .gpus import CUBLAS_WORKSPACE_RECENT
-
-    a = profile.allocations
-    uses = np.array([op in CUBLAS_OPS for op in profile.ops], dtype=bool)
-    if not len(a) or not uses.any():
-        count = 0
-    else:
-        matmul = uses[a.op] & (a.alloc_seq >= 0)
-        backward = a.phase == PHASE_INDEX["backward"]
-        count = int((matmul & ~backward).any()) + int((matmul & backward).any())
-    info = {**profile.meta.get("estimate", {}), "cublas_workspaces": count,
-            "cublas_workspace_bytes": CUBLAS_WORKSPACE_RECENT}  # fmt: skip
-    meta = {**profile.meta, "estimate": info}
-    if count == 0:
-        return profile.replace(meta=meta)
-    ops = list(profile.ops)
-    op = ops.index("cuBLAS workspace") if "cuBLAS workspace" in ops else len(ops)
-    if op == len(ops):
-        ops.append("cuBLAS workspace")
-    modules = list(profile.modules)
-    module = modules.index("") if "" in modules else len(modules)
-    if module == len(modules):
-        modules.append("")
-    extra = {
-        "size": [CUBLAS_WORKSPACE_RECENT] * count, "alloc_seq": [-1] * count,
-        "free_seq": [-1] * count, "alloc_ns": [0] * count, "free_ns": [-1] * count,
-        "device": [0] * count, "op": [op] * count, "module": [module] * count,
-        "stack": [-1] * count, "phase": [PHASE_INDEX["other"]] * count,
-        "category": [CATEGORY_INDEX["other"]] * count,
-    }  # fmt: skip
-    columns = {k: np.concatenate([getattr(a, k), np.asarray(v)]) for k, v in extra.items()}
-    return profile.replace(
-        allocations=Allocations.from_columns(columns), ops=ops, modules=modules, meta=meta
-    )
 
 
 def _step_counters(optimizer: Any, *, host_only: bool) -> list[int]:

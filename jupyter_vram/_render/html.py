@@ -35,12 +35,48 @@ def header_facts(profile: Profile) -> list[tuple[str, str]]:
         facts.append(("device used", format_bytes(int(info["device_used"]))))
     if info.get("total") is not None:
         facts.append(("device total", format_bytes(int(info["total"]))))
+    workspaces = workspaces_text(profile.meta)
+    if workspaces:
+        facts.append(("library workspaces", workspaces))
+    capacity = capacity_text(profile.meta)
+    if capacity:
+        facts.append(("capacity", capacity))
     facts += [
         ("device", f"{profile.device} ({SOURCE_NAMES.get(profile.source, profile.source)})"),
         ("wall time", f"{profile.wall_ns / 1e9:.3f} s"),
         ("events", f"{profile.event_count:,}"),
     ]
     return facts
+
+
+def workspaces_text(meta: dict[str, Any]) -> str | None:
+    """The cuBLAS / cuBLASLt workspaces a CUDA run made (its first matmuls in this process):
+    runtime state PyTorch keeps for the life of the process, not the cell's memory."""
+    made = meta.get("blas_workspaces")
+    if not isinstance(made, list) or not made:
+        return None
+    total = sum(int(w["bytes"]) for w in made if isinstance(w, dict) and "bytes" in w)
+    return f"{format_bytes(total)} made by the first matmuls, kept across cells (category other)"
+
+
+def capacity_text(meta: dict[str, Any]) -> str | None:
+    """A ``--capacity`` run's capacity, and on CUDA how it was applied: the allocator's cache
+    emptied first (cached blocks skip the fraction check) and what this process holds outside
+    the allocator (counted against it where NVML reports it)."""
+    nbytes = meta.get("capacity_bytes")
+    if not isinstance(nbytes, int) or isinstance(nbytes, bool):
+        return None
+    text = format_bytes(nbytes)
+    how = meta.get("capacity")
+    if not isinstance(how, dict):
+        return text
+    notes = ["cache emptied first"] if how.get("cache_emptied") else []
+    outside = how.get("outside_allocator")
+    if isinstance(outside, int):
+        notes.append(f"{format_bytes(outside)} outside the allocator counted")
+    else:
+        notes.append("context not counted (no NVML)")
+    return f"{text} ({', '.join(notes)})"
 
 
 #: How many of the variables holding memory before the cell the header names.

@@ -90,6 +90,14 @@ def summary(profile: Profile, *, top: int = 5) -> str:
                 f"  {format_bytes(int(s['live_at_peak_bytes'])):>12}  {s['op']:<20} {s['site']}"
             )
     lines.extend(device_lines(profile.device_info))
+    made = profile.meta.get("blas_workspaces")
+    if isinstance(made, list) and made:
+        total = sum(int(w.get("bytes", 0)) for w in made if isinstance(w, dict))
+        lines.append(
+            f"cuBLAS / cuBLASLt workspaces made by this run's first matmuls: "
+            f"{format_bytes(total)} (category other; PyTorch keeps them for the process's "
+            "life, so later cells start with them)"
+        )
     return "\n".join(lines)
 
 
@@ -106,6 +114,9 @@ def oom_lines(oom: OomReport, *, top: int = 5) -> list[str]:
         if x
     )
     cap = f" of {format_bytes(oom.capacity_bytes)}" if oom.capacity_bytes else ""
+    segment = oom.segment_bytes
+    if segment is not None and segment != oom.requested_bytes:
+        asked += f" (a new {format_bytes(segment)} segment)"
     lines = [
         f"OUT OF MEMORY: a request for {asked}{f' ({where})' if where else ''} failed with "
         f"{format_bytes(oom.live_bytes)}{cap} live"
