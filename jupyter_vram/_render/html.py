@@ -91,10 +91,17 @@ def header_html(profile: Profile) -> str:
 
 #: What each category holds, as the legends' tooltips and help lines say it.
 CATEGORY_HELP: dict[str, str] = {
-    "parameter": "weights and biases of a module (nn.Parameter)",
+    "parameter": "weights and biases of a module that train (nn.Parameter, requires_grad)",
+    "frozen_parameter": "weights that do not train (requires_grad=False): a LoRA / QLoRA "
+    "base model, a frozen backbone",
+    "quant_state": "what a quantised weight keeps besides its data: bitsandbytes' absmax and "
+    "code tables (QuantState), a quantised tensor subclass's scales",
     "buffer": "module buffers that are not trained, e.g. BatchNorm running statistics",
     "gradient": "the .grad of parameters, written by backward",
-    "optimizer_state": "what the optimizer keeps per parameter (Adam's moments, step counters)",
+    "optimizer_state": "what the optimizer keeps per parameter (Adam's moments, step counters; "
+    "8-bit optimizers' quantised moments and their absmax)",
+    "kv_cache": "keys and values a generate() or a forward with use_cache=True keeps between "
+    "steps (transformers' Cache objects, caches registered with jv.register_cache)",
     "input": "tensors fed into the model: the batch, labels, masks",
     "activation": "forward results autograd saved for backward; freed as backward runs",
     "temporary": "every other tensor made during the cell: intermediate results, outputs "
