@@ -200,6 +200,7 @@ def test_an_estimate_app_does_not_keep_its_estimate() -> None:
     import gc
     import weakref
 
+    from jupyter_vram._app.holder import KEPT_APPS
     from jupyter_vram._capture.builder import ProfileBuilder
 
     fresh = estimate(nn.Linear(64, 10), "4x64")
@@ -209,7 +210,9 @@ def test_an_estimate_app_does_not_keep_its_estimate() -> None:
     assert isinstance(view, EstimateView) and view.estimate is fresh
     b = ProfileBuilder()
     b.add(100, 0, 0, b.devices("cpu"), b.ops("mm"), b.modules("m"), -1, 1, 0)
-    newer = ProfileApp(b.build(device="cpu", source="test", wall_ns=1))
+    newer = [ProfileApp(b.build(device="cpu", source="test", wall_ns=1)) for _ in range(KEPT_APPS)][
+        -1
+    ]
     del fresh
     gc.collect()
     assert [r() for r in refs] == [None, None]

@@ -11,10 +11,11 @@ import weakref
 from pathlib import Path
 
 import ipywidgets as w
+import pytest
 
-from jupyter_vram._app import ProfileApp
+from jupyter_vram._app import ProfileApp, holder
 from jupyter_vram._app.flame_view import FlameView
-from jupyter_vram._app.holder import GONE
+from jupyter_vram._app.holder import GONE, KEPT_APPS, ProfileHandle
 from jupyter_vram._app.timeline_view import TimelineView
 from jupyter_vram._model import Profile
 
@@ -77,9 +78,9 @@ def measure_one_app() -> None:
         _use_every_view(app)
         assert app.profile is big
         built = tracemalloc.get_traced_memory()[0] - before
-        # a newer app takes the latest-profile slot (as the next %%vram would), then the
-        # user's last reference goes
-        newer = ProfileApp(synthetic_profile(2_000))
+        # newer apps take the kept slots (as the next %%vram cells would), then the user's
+        # last reference goes
+        newer = [ProfileApp(synthetic_profile(2_000, seed=s)) for s in range(KEPT_APPS)][-1]
         del big
         gc.collect()
         assert ref() is None, gc.get_referrers(ref())
@@ -87,7 +88,8 @@ def measure_one_app() -> None:
     finally:
         tracemalloc.stop()
     assert built > kept  # the analysis made for the views was freed with the profile
-    assert kept < BUDGET + 2 * 2**20, f"{kept / 2**20:.1f} MiB kept"  # + the newer, small app
+    # + the newer, small apps and their profiles
+    assert kept < BUDGET + KEPT_APPS * 2 * 2**20, f"{kept / 2**20:.1f} MiB kept"
     # the old app still shows what it showed, and says why it cannot show more
     assert app.profile is None
     assert isinstance(app.tabs.children[0], FlameView)
@@ -100,14 +102,15 @@ def measure_one_app() -> None:
 
 
 def test_each_app_alone_stays_under_the_budget() -> None:
-    """Apps of 30 runs: each is small, and only the latest profile survives."""
+    """Apps of many runs: each is small, and only the last few profiles survive."""
     refs = []
     apps = []
+    runs = KEPT_APPS + 3
     _warm_up()
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        for seed in range(4):
+        for seed in range(runs):
             prof: Profile | None = synthetic_profile(100_000, seed=seed)
             assert prof is not None
             refs.append(weakref.ref(prof))
@@ -117,10 +120,43 @@ def test_each_app_alone_stays_under_the_budget() -> None:
         kept = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert [r() is None for r in refs] == [True, True, True, False]  # the latest stays
-    latest = refs[-1]()
-    assert latest is not None
-    profile_bytes = sum(
-        getattr(latest.allocations, f).nbytes for f in latest.allocations.__dataclass_fields__
+    alive = [r() for r in refs]
+    assert [p is None for p in alive] == [True] * 3 + [False] * KEPT_APPS  # the latest stay
+    # what the kept profiles hold (their columns and the analyses the apps made of them)
+    # is theirs; the apps beyond that stay under the budget each
+    held = sum(
+        getattr(p.allocations, f).nbytes
+        for p in alive
+        if p is not None
+        for f in p.allocations.__dataclass_fields__
     )
-    assert kept - profile_bytes < 4 * BUDGET, f"{(kept - profile_bytes) / 2**20:.1f} MiB"
+    print(f"kept {kept / 2**20:.1f} MiB, columns {held / 2**20:.1f} MiB")
+    assert kept - held < runs * BUDGET, f"{(kept - held) / 2**20:.1f} MiB"
+
+
+def test_the_last_few_apps_keep_their_profiles_within_a_byte_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The apps of the last cells stay interactive (a leak two cells back can be released),
+    but not without bound: at most KEPT_APPS, and a large profile only while it is the newest
+    or fits the byte budget with the newer ones."""
+    profiles = [synthetic_profile(2_000, seed=s) for s in range(KEPT_APPS + 2)]
+    refs = [weakref.ref(p) for p in profiles]
+    for p in profiles:
+        ProfileHandle(p)
+    del profiles, p
+    gc.collect()
+    assert [r() is not None for r in refs] == [False] * 2 + [True] * KEPT_APPS
+    # a profile whose columns (8 x 5 + 4 x 4 + 1 x 2 = 58 bytes an allocation) pass the
+    # budget is kept while it is the newest, and dropped with every older one by the next
+    monkeypatch.setattr(holder, "KEPT_BYTES", 100_000)
+    big = synthetic_profile(100_000 // 58 + 1, seed=1)
+    big_ref = weakref.ref(big)
+    ProfileHandle(big)
+    del big
+    gc.collect()
+    assert big_ref() is not None and all(r() is None for r in refs)
+    small = synthetic_profile(2_000, seed=2)
+    ProfileHandle(small)
+    gc.collect()
+    assert big_ref() is None

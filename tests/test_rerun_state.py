@@ -423,11 +423,11 @@ def test_a_discarded_interrupted_recording_is_not_read(monkeypatch: pytest.Monke
     """A run whose caller throws its profile away when it raises (a rerun: Cancel is an
     interrupt) stops without reading the profiler's events, which takes seconds with Python
     stacks; elsewhere an interrupted run keeps its partial profile."""
-    from jupyter_vram._capture import cpu_recorder
+    from jupyter_vram._capture import cpu_recorder, profiler_chunks
 
     read: list[int] = []  # events read as the recording stops
     stopping: list[bool] = []
-    real = cpu_recorder.read_events
+    real = profiler_chunks.read_events
     real_stop = cpu_recorder.ProfilerRecorder.stop
 
     def spy(roots: Any, *args: Any, **kwargs: Any) -> Any:
@@ -442,9 +442,9 @@ def test_a_discarded_interrupted_recording_is_not_read(monkeypatch: pytest.Monke
         finally:
             stopping.clear()
 
-    monkeypatch.setattr(cpu_recorder, "read_events", spy)
+    monkeypatch.setattr(profiler_chunks, "read_events", spy)
     monkeypatch.setattr(cpu_recorder.ProfilerRecorder, "stop", stop)
-    monkeypatch.setattr(cpu_recorder, "FIRST_CHUNK_NS", 10**15)  # one chunk: read at the end
+    monkeypatch.setattr(profiler_chunks, "FIRST_CHUNK_NS", 10**15)  # one chunk: read at the end
     ns = notebook()
     cell = TRAIN_STEP + "raise KeyboardInterrupt\n"
     kept: list[jv.Profile] = []
@@ -470,11 +470,11 @@ def test_an_interrupted_rerun_reads_no_events(
     interrupted is not (nobody will look at it)."""
     _, baseline = trained
     from jupyter_vram import _session as session
-    from jupyter_vram._capture import cpu_recorder
+    from jupyter_vram._capture import cpu_recorder, profiler_chunks
 
     read_at_stop: list[int] = []
     stopping: list[bool] = []
-    real = cpu_recorder.read_events
+    real = profiler_chunks.read_events
     real_stop = cpu_recorder.ProfilerRecorder.stop
 
     def spy(roots: Any, *args: Any, **kwargs: Any) -> Any:
@@ -486,7 +486,7 @@ def test_an_interrupted_rerun_reads_no_events(
         stopping.append(True)
         return real_stop(self, error)
 
-    monkeypatch.setattr(cpu_recorder, "read_events", spy)
+    monkeypatch.setattr(profiler_chunks, "read_events", spy)
     monkeypatch.setattr(cpu_recorder.ProfilerRecorder, "stop", stop)
     cell = session.cell_of(baseline)
     assert cell is not None

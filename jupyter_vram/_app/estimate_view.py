@@ -126,7 +126,7 @@ def _held_estimate(profile: Profile) -> Estimate | None:
     from . import holder
 
     return next(
-        (e for e in holder._latest if isinstance(e, Estimate) and e.profile is profile), None
+        (e for e in holder.latest_held() if isinstance(e, Estimate) and e.profile is profile), None
     )
 
 

@@ -2,36 +2,63 @@
 
 ipywidgets keeps every displayed widget alive for the life of the kernel, so an app holding
 its Profile would keep every profile ever shown (a large cell's profile is ~100 MB). An app
-holds its profile through a weak reference; only the latest app's profile is also held here,
-so ``jv.show(Profile.load(...))`` stays interactive while nothing else refers to it. An older
-app whose profile is gone keeps what it already shows (its static view) and says so when asked
-for more.
+holds its profile through a weak reference; the newest apps' profiles are also held here, up
+to ``KEPT_APPS`` of them and ``KEPT_BYTES`` of their columns (the newest always), so the apps
+of the last few cells stay interactive (a leak found two cells ago can still be released) and
+``jv.show(Profile.load(...))`` works while nothing else refers to it. An older app whose
+profile is gone keeps what it already shows and says so when asked for more.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .._model import Profile
 
-_latest: list[object] = []
+#: the newest apps' profiles (and what each needs with it), newest last
+_latest: list[tuple[object, ...]] = []
+KEPT_APPS = 4
+#: host bytes the kept profiles' allocation columns may take together (the newest is kept
+#: whatever its size)
+KEPT_BYTES = 256 * 2**20
 
 GONE = (
-    "This profile is no longer in memory (a newer one replaced it), so this view stays as it "
+    "This profile is no longer in memory (newer ones replaced it), so this view stays as it "
     "is. Keep a reference to it (<code>p = _vram</code>) and <code>jv.show(p)</code> to explore "
     "it again."
 )
 
 
+def column_bytes(profile: Profile) -> int:
+    """Host bytes of a profile's allocation columns, what grows with the cell's length."""
+    a = profile.allocations
+    return sum(int(getattr(a, f.name).nbytes) for f in dataclasses.fields(a))
+
+
+def latest_held() -> list[object]:
+    """What the held apps keep alive, newest first."""
+    return [item for entry in reversed(_latest) for item in entry]
+
+
 class ProfileHandle:
-    """A weak reference to a profile; the newest handle also keeps its profile alive."""
+    """A weak reference to a profile; the newest handles also keep theirs alive."""
 
     def __init__(self, profile: Profile, *also: object) -> None:
-        """``also``: what else the latest app needs kept (its estimate)."""
+        """``also``: what else the app needs kept (its estimate)."""
         self._ref = weakref.ref(profile)
-        _latest[:] = [profile, *also]
+        _latest[:] = [e for e in _latest if e[0] is not profile]
+        _latest.append((profile, *also))
+        total = 0
+        keep = 0
+        for entry in reversed(_latest):
+            total += column_bytes(entry[0])  # type: ignore[arg-type]
+            if keep and (keep >= KEPT_APPS or total > KEPT_BYTES):
+                break
+            keep += 1
+        del _latest[: len(_latest) - keep]
 
     def get(self) -> Profile | None:
         """The profile, or None once nothing else holds it."""

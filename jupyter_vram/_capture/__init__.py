@@ -96,7 +96,7 @@ def make_recorder(
     if dev.type == "cuda":
         from .cuda_snapshot import CudaSnapshotRecorder
 
-        return CudaSnapshotRecorder(dev, stacks=mode != "none")
+        return CudaSnapshotRecorder(dev, stacks=mode != "none", label_ops=ops)
     if dev.type == "cpu":
         from .cpu_recorder import ProfilerRecorder
         from .profiler_session import profiler_busy

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from types import FrameType
@@ -36,8 +37,9 @@ from ._common import RecordingError
 from .builder import Interner, ProfileBuilder
 from .cuda_convert import MARKER_PREFIX, SOURCE, Role, profile_from_snapshot
 from .modes import ObservingMode
-from .profiler_read import AllocEvent, read_events
-from .profiler_session import ProfilerSession, profiler_busy
+from .profiler_chunks import ChunkedProfiler
+from .profiler_read import AllocEvent, Reports
+from .profiler_session import profiler_busy
 from .row_addresses import note_addresses
 from .tagging import Tagger, live_objects
 
@@ -166,6 +168,7 @@ class CudaSnapshotRecorder:
         labels: str = "profiler",
         max_entries: int = 250_000,
         keep_raw: bool = False,
+        label_ops: str = "auto",
     ) -> None:
         dev = torch.device(device)
         if dev.type != "cuda":
@@ -179,18 +182,21 @@ class CudaSnapshotRecorder:
             raise ValueError(f"labels must be 'profiler', 'mode' or 'none', not {labels!r}")
         self._labels_from = labels
         self._ops = labels == "mode"
-        self._session = ProfilerSession()
+        self._warnings: list[str] = []
+        self._modules = Interner("")
+        self._chunks = ChunkedProfiler(
+            "cuda", self._modules, ops=label_ops, idle=self._idle, warnings=self._warnings
+        )
         self._max_entries = max_entries
         self._keep_raw = keep_raw
         self.raw: dict[str, Any] | None = None
         self._api = _CudaApi()
-        self._modules = Interner("")
         by_profiler = labels == "profiler"
         self.tagger = Tagger(
             self._on_role,
             self._modules,
-            on_enter=self._session.enter if by_profiler else None,
-            on_exit=self._session.exit if by_profiler else None,
+            on_enter=self._enter_module if by_profiler else None,
+            on_exit=self._exit_module if by_profiler else None,
             tag_graph=self._ops,
         )
         self._mode = ObservingMode(before=self._label)
@@ -248,8 +254,12 @@ class CudaSnapshotRecorder:
             if profiler_busy():  # the user's own profiler: record without op labels
                 self._labels_from = "none"
                 self._meta["labels_note"] = "a torch profiler was running: no op labels"
-            else:
-                self._session.start(stacks=False)
+            else:  # labels read a chunk at a time; stacks come from the allocator's history
+                code = entry_frame.f_code if entry_frame is not None else None
+                where = (code.co_filename, code.co_name) if code is not None else None
+                self._chunks.start(
+                    where, traced=False, sampled=False, from_thread=False, builder=ProfileBuilder()
+                )
         self._t0 = time.perf_counter_ns()
         self._history_on = True  # set first: stop() switches it off even if this call fails
         self._api.start_history(
@@ -264,6 +274,7 @@ class CudaSnapshotRecorder:
         """Switch everything off (always, in this order), then convert the final snapshot."""
         snapshot: dict[str, Any] | None = None
         events: Sequence[Any] = ()
+        lean = False
         wall_ns = 0
         try:
             if self._mode_entered:
@@ -285,17 +296,33 @@ class CudaSnapshotRecorder:
                         self._api.stop_history()
                         if self._metadata_ok:
                             self._api.set_metadata(self._prev_metadata)
-                events = self._session.stop()
-        if snapshot is not None and events and self._index is not None:
-            read = read_events(events, "cuda", self._modules)
-            del events
+                events, lean = self._chunks.stop()
+        self._chunks.read(events, lean)
+        del events
+        reports = self._chunks.reports
+        if snapshot is not None and len(reports) and self._index is not None:
             with contextlib.suppress(Exception):  # labels are a nicety; never lose the profile
                 traces = snapshot.get("device_traces") or []
                 if self._index < len(traces):
                     self._meta["profiler_labels"] = label_from_profiler(
-                        traces[self._index], read.events, read.ops
+                        traces[self._index], reports, self._chunks.state.ops.names
                     )
+        if self._labels_from == "profiler":
+            self._meta.update(self._chunks.coverage(wall_ns))
+        if self._warnings:
+            self._meta.setdefault("warnings", []).extend(self._warnings)
+        self._chunks.reports = Reports()
         return self._convert(snapshot, wall_ns, error)
+
+    def _idle(self) -> bool:
+        """No label chunk may be read now: recording stopped, or an optimizer is stepping."""
+        return not self._active or bool(self.tagger.optimizer_depth)
+
+    def _enter_module(self, module_id: int) -> None:
+        self._chunks.enter(module_id, sys._getframe(2))  # the frame above our hooks
+
+    def _exit_module(self) -> None:
+        self._chunks.exit(sys._getframe(2))
 
     def _convert(self, snapshot: dict[str, Any] | None, wall_ns: int, error: str | None) -> Profile:
         meta = {

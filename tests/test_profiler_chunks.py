@@ -1,7 +1,7 @@
 """The CPU recorder reads the profiler in chunks, wherever the cell is: the rows are the same.
 
-Tests for ``_capture/cpu_recorder.py`` (chunks, the cost budget, the cap),
-``_capture/ticker.py`` (the helper thread, sampled stacks) and
+Tests for ``_capture/profiler_chunks.py`` (chunks, the cost budget, the cap),
+``_capture/cpu_recorder.py``, ``_capture/ticker.py`` (the helper thread, sampled stacks) and
 ``_capture/profiler_session.py`` (module ranges across chunks, sequence-number windows).
 The truth is a recording read in one chunk (every op, the tracer off), or the CPU allocator's
 own reports under ``torch.profiler``; line numbers are read off this file's source.
@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 import jupyter_vram as jv
-from jupyter_vram._capture import cpu_recorder
+from jupyter_vram._capture import profiler_chunks
 from jupyter_vram._capture.cpu_rows import SortedInts
 from jupyter_vram._capture.profiler_read import LEAN_OP
 from jupyter_vram._capture.profiler_session import SeqWindows
@@ -38,20 +38,20 @@ def flushes(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
     """Count chunks read, and how many of them the helper thread asked for between two
     bytecodes (the rest were read at module calls)."""
     counts = {"chunks": 0, "between_bytecodes": 0}
-    real_flush = cpu_recorder.ProfilerRecorder._flush
-    real_due = cpu_recorder.ProfilerRecorder._on_due
+    real_flush = profiler_chunks.ChunkedProfiler.flush
+    real_due = profiler_chunks.ChunkedProfiler.on_due
 
-    def flush(self: cpu_recorder.ProfilerRecorder) -> None:
+    def flush(self: profiler_chunks.ChunkedProfiler) -> None:
         counts["chunks"] += 1
         real_flush(self)
 
-    def due(self: cpu_recorder.ProfilerRecorder, frame: object) -> None:
+    def due(self: profiler_chunks.ChunkedProfiler, frame: object) -> None:
         before = counts["chunks"]
         real_due(self, frame)
         counts["between_bytecodes"] += counts["chunks"] - before
 
-    monkeypatch.setattr(cpu_recorder.ProfilerRecorder, "_flush", flush)
-    monkeypatch.setattr(cpu_recorder.ProfilerRecorder, "_on_due", due)
+    monkeypatch.setattr(profiler_chunks.ChunkedProfiler, "flush", flush)
+    monkeypatch.setattr(profiler_chunks.ChunkedProfiler, "on_due", due)
     yield counts
 
 
@@ -59,11 +59,18 @@ def chunks(monkeypatch: pytest.MonkeyPatch, every: bool) -> None:
     """A chunk at every chance (a due time always past) or never (one far away)."""
     ns = 0 if every else 10**15
     for name in ("FIRST_CHUNK_NS", "FLUSH_AFTER_NS", "MIN_CHUNK_NS", "MAX_CHUNK_NS", "RETRY_NS"):
-        monkeypatch.setattr(cpu_recorder, name, ns)
+        monkeypatch.setattr(profiler_chunks, name, ns)
 
 
 def rows(profile: jv.Profile) -> pd.DataFrame:
     return profile.to_dataframe()[COLUMNS].astype(str).reset_index(drop=True)
+
+
+def _differences(frames: list[pd.DataFrame], metas: list[dict[str, object]]) -> str:
+    """What two recordings that should be equal differ in (for the failure message)."""
+    if len(frames[0]) != len(frames[1]):
+        return f"{len(frames[0])} rows against {len(frames[1])}; meta {metas}"
+    return f"{frames[0].compare(frames[1]).head(12)}\nmeta {metas}"
 
 
 def resnet_loop(steps: int = 3) -> tuple[object, object]:
@@ -86,14 +93,16 @@ def test_chunks_at_module_calls_and_between_bytecodes_change_no_row(
     chunk, and read at every module call and every tick of the helper thread: the same rows."""
     loop, _ = resnet_loop()
     frames = []
+    metas = []
     for every in (False, True):
         chunks(monkeypatch, every)
         with jv.record("cpu", ops="all") as rec:
             loop()  # type: ignore[operator]
         frames.append(rows(rec.profile))
+        metas.append({k: v for k, v in rec.profile.meta.items() if k != "module_types"})
         assert "reports_without_ops" not in rec.profile.meta
     assert flushes["chunks"] >= 40  # about every module call of three steps
-    assert frames[0].equals(frames[1])
+    assert frames[0].equals(frames[1]), _differences(frames, metas)
     assert {"forward", "backward", "optimizer"} <= set(frames[1]["phase"])
 
 
@@ -139,8 +148,8 @@ def test_lean_chunks_keep_every_byte_and_drop_only_op_names(
     with jv.record("cpu", ops="all") as rec:
         loop()  # type: ignore[operator]
     full = rows(rec.profile)
-    monkeypatch.setattr(cpu_recorder, "OPS_BUDGET", -1.0)  # over budget from the first chunk
-    monkeypatch.setattr(cpu_recorder, "OPS_BUDGET_AFTER_NS", -1)
+    monkeypatch.setattr(profiler_chunks, "OPS_BUDGET", -1.0)  # over budget from the first chunk
+    monkeypatch.setattr(profiler_chunks, "OPS_BUDGET_AFTER_NS", -1)
     with jv.record("cpu") as rec:
         loop()  # type: ignore[operator]
     lean = rows(rec.profile)
@@ -164,7 +173,7 @@ def test_past_the_cap_the_cell_runs_to_its_end_unrecorded(
 ) -> None:
     """More reports than a profile keeps: recording stops, the cell goes on, and the profile
     says which part it covers."""
-    monkeypatch.setattr(cpu_recorder, "MAX_REPORTS", 600)
+    monkeypatch.setattr(profiler_chunks, "MAX_REPORTS", 600)
     chunks(monkeypatch, every=True)
     out = []
     with jv.record("cpu") as rec:
@@ -182,8 +191,8 @@ def test_past_the_cap_the_cell_runs_to_its_end_unrecorded(
 def test_a_cell_that_costs_too_much_to_record_is_recorded_in_part(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(cpu_recorder, "PAUSE_SHARE", -1.0)
-    monkeypatch.setattr(cpu_recorder, "PAUSE_AFTER_NS", -1)
+    monkeypatch.setattr(profiler_chunks, "PAUSE_SHARE", -1.0)
+    monkeypatch.setattr(profiler_chunks, "PAUSE_AFTER_NS", -1)
     chunks(monkeypatch, every=True)
     with jv.record("cpu") as rec:
         for i in range(2000):
@@ -336,16 +345,16 @@ def test_no_chunk_is_read_while_torch_compiles_or_runs_compiled_code(
         frame = sys._getframe(1)
         while frame is not None:
             file = frame.f_code.co_filename
-            if file.startswith(cpu_recorder._MACHINERY) or file.startswith("<eval_with_key"):
+            if file.startswith(profiler_chunks._MACHINERY) or file.startswith("<eval_with_key"):
                 return True
             frame = frame.f_back  # type: ignore[assignment]
         return False
 
     chunks(monkeypatch, every=True)
     where: list[bool] = []  # per chunk read: was compile machinery on the stack?
-    real_flush = cpu_recorder.ProfilerRecorder._flush
+    real_flush = profiler_chunks.ChunkedProfiler.flush
 
-    def flush(self: cpu_recorder.ProfilerRecorder) -> None:
+    def flush(self: profiler_chunks.ChunkedProfiler) -> None:
         where.append(in_machinery())
         real_flush(self)
 
@@ -354,7 +363,7 @@ def test_no_chunk_is_read_while_torch_compiles_or_runs_compiled_code(
     def called(module: nn.Module, args: object) -> None:
         calls.append(in_machinery())
 
-    monkeypatch.setattr(cpu_recorder.ProfilerRecorder, "_flush", flush)
+    monkeypatch.setattr(profiler_chunks.ChunkedProfiler, "flush", flush)
     torch._dynamo.reset()
     compiled = torch.compile(lambda a: (a * 2).sin().sum(), backend="aot_eager")
     model = nn.Linear(8, 8)
