@@ -29,6 +29,9 @@ def header_facts(profile: Profile) -> list[tuple[str, str]]:
     ]
     if t.peak_index >= 0:
         facts.append(("peak in", t.peak_phase))
+    weights = weights_fact(profile)
+    if weights:
+        facts.append(("weights at the peak", weights))
     if has_segments(profile):
         facts.append(("peak reserved", format_bytes(reserved_peak(profile))))
     if info.get("device_used") is not None:
@@ -41,6 +44,18 @@ def header_facts(profile: Profile) -> list[tuple[str, str]]:
         ("events", f"{profile.event_count:,}"),
     ]
     return facts
+
+
+def weights_fact(profile: Profile) -> str:
+    """'14.0 KiB trainable, 165.2 KiB frozen, 16.1 KiB quant state': the split an adapter
+    (LoRA / QLoRA) user asks about first. Empty when every weight trains and none is
+    quantised: the breakdown's ``parameter`` says it all then."""
+    at_peak = profile.peak_breakdown()
+    frozen, state = at_peak.get("frozen_parameter", 0), at_peak.get("quant_state", 0)
+    if not frozen and not state:
+        return ""
+    parts = [(at_peak.get("parameter", 0), "trainable"), (frozen, "frozen"), (state, "quant state")]
+    return ", ".join(f"{format_bytes(n)} {what}" for n, what in parts if n or what == "trainable")
 
 
 #: How many of the variables holding memory before the cell the header names.
