@@ -46,14 +46,21 @@ class TensorDescriptor:
     dtype: torch.dtype
     requires_grad: bool
     parameter: bool
-    #: a parameter's own attributes (a bitsandbytes ``Params4bit``'s ``quant_state``,
-    #: ``blocksize``, ...), set again on every copy of it: quantised layers read them
+    #: a parameter subclass (bitsandbytes' ``Params4bit``) and its own attributes (its
+    #: ``quant_state``, ``blocksize``, ...), set again on every copy: quantised layers read them
+    subclass: type | None = None
     attributes: tuple[tuple[str, Any], ...] = ()
 
     def meta(self) -> torch.Tensor:
         tensor = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device="meta")
+        if self.parameter and self.subclass is not None:
+            # the class without its constructor (which may quantise or check devices)
+            made: torch.Tensor = torch.Tensor._make_subclass(
+                self.subclass, tensor, self.requires_grad
+            )
+            return self.dress(made)
         if self.parameter:
-            return self.dress(nn.Parameter(tensor, requires_grad=self.requires_grad))
+            return nn.Parameter(tensor, requires_grad=self.requires_grad)
         return tensor.requires_grad_(self.requires_grad) if self.requires_grad else tensor
 
     def dress(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -64,15 +71,19 @@ class TensorDescriptor:
 
 
 def describe(tensor: torch.Tensor, key: int) -> TensorDescriptor:
-    parameter = isinstance(tensor, nn.Parameter)
+    cls = type(tensor)
+    # a parameter subclass's state travels with it (not a fake run's own tensors: a fake
+    # parameter is a FakeTensor, whose attributes are the fake mode's)
+    subclass = cls if cls is not nn.Parameter and issubclass(cls, nn.Parameter) else None
     return TensorDescriptor(
         key=key,
         shape=tuple(tensor.shape),
         stride=tuple(tensor.stride()),
         dtype=tensor.dtype,
         requires_grad=tensor.requires_grad and tensor.is_leaf,
-        parameter=parameter,
-        attributes=_parameter_attributes(tensor) if parameter else (),
+        parameter=isinstance(tensor, nn.Parameter),
+        subclass=subclass,
+        attributes=_parameter_attributes(tensor) if subclass is not None else (),
     )
 
 
