@@ -36,10 +36,12 @@ __all__ = [
     "last_profile",
     "launch",
     "record",
+    "register_cache",
     "release_leaks",
     "rerun",
     "rerun_unavailable",
     "show",
+    "unregister_cache",
     "verdict",
 ]
 __version__ = "0.1.0"
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
     from ._analysis.compare import verdict
+    from ._capture.tagging import register_cache, unregister_cache
     from ._distributed import LaunchError, launch
     from ._estimator import Estimate, estimate
 else:
@@ -63,6 +66,10 @@ else:
             from ._analysis.compare import verdict
 
             return verdict
+        if name in ("register_cache", "unregister_cache"):
+            from ._capture import tagging
+
+            return getattr(tagging, name)
         if name in ("launch", "LaunchError"):
             from . import _distributed as distributed
 

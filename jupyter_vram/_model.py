@@ -49,17 +49,44 @@ SCHEMA_VERSION = 1
 
 #: Category names, strongest role first: an allocation that played several roles (a parameter
 #: that autograd also saved) takes the first one here.
+#: ``parameter`` is a parameter that trains (requires grad), ``frozen_parameter`` one that
+#: does not (a LoRA / QLoRA base model's weights); ``quant_state`` the tensors a quantised
+#: weight carries besides its data (bitsandbytes' QuantState absmax and code tables, a tensor
+#: subclass's scales); ``kv_cache`` a cache kept between generation steps (after
+#: ``activation``: in a training step, keys and values autograd saved are activations).
 CATEGORIES: tuple[str, ...] = (
     "parameter",
+    "frozen_parameter",
+    "quant_state",
     "buffer",
     "gradient",
     "optimizer_state",
     "input",
     "activation",
+    "kv_cache",
     "temporary",
     "other",
 )
 CATEGORY_INDEX: dict[str, int] = {name: i for i, name in enumerate(CATEGORIES)}
+#: Parameters, trainable or not: what a model's weights are.
+PARAMETER_CATEGORIES: tuple[str, ...] = ("parameter", "frozen_parameter")
+#: The category table of files written before ``frozen_parameter``, ``quant_state`` and
+#: ``kv_cache`` existed (their rows keep their meaning: :func:`category_remap`).
+LEGACY_CATEGORIES: tuple[str, ...] = (
+    "parameter", "buffer", "gradient", "optimizer_state", "input", "activation", "temporary",
+    "other",
+)  # fmt: skip
+
+
+def category_remap(names: Sequence[str]) -> npt.NDArray[np.int8]:
+    """Index in a file's category table -> index in :data:`CATEGORIES` (files written by an
+    older version name fewer categories, in another order). Raises :class:`ProfileFileError`
+    for a name this version does not know."""
+    unknown = [n for n in names if n not in CATEGORY_INDEX]
+    if unknown:
+        raise ProfileFileError(f"profile uses unknown categories {unknown[:3]!r:.80}")
+    return np.array([CATEGORY_INDEX[n] for n in names], dtype=np.int8)
+
 
 PHASES: tuple[str, ...] = ("other", "forward", "backward", "optimizer")
 PHASE_INDEX: dict[str, int] = {name: i for i, name in enumerate(PHASES)}
@@ -403,10 +430,10 @@ class Profile:
                 f"profile schema version {version!r:.40} is not supported (this jupyter_vram "
                 f"reads version {SCHEMA_VERSION})"
             )
-        if check.strings(data, "categories") != CATEGORIES or (
-            check.strings(data, "phases") != PHASES
-        ):
-            raise ProfileFileError("profile uses a different category or phase table")
+        if check.strings(data, "phases") != PHASES:
+            raise ProfileFileError("profile uses a different phase table")
+        names = check.strings(data, "categories")
+        remap = None if names == CATEGORIES else category_remap(names)
         devices = check.strings(data, "devices")
         ops = check.strings(data, "ops")
         modules = check.strings(data, "modules")
@@ -417,9 +444,15 @@ class Profile:
             raise ProfileFileError(f"profile device {device!r:.80} is not in its devices table")
         allocations = check.allocations(
             check.mapping(data, "allocations"),
-            {"device": len(devices), "op": len(ops), "module": len(modules)},
+            {"device": len(devices), "op": len(ops), "module": len(modules),
+             "category": len(names)},
             len(stacks),
-        )
+        )  # fmt: skip
+        if remap is not None:
+            columns = {k: getattr(allocations, k) for k in _COLUMNS}
+            allocations = Allocations.from_columns(
+                {**columns, "category": remap[columns["category"]]}
+            )
         seg = check.mapping(data, "segments", required=False)
         segments = SegmentEvents(
             check.column(seg, "seq", "segments", low=0, required=False),
@@ -724,7 +757,7 @@ class _Checker:
             "module": (0, tables["module"] - 1),
             "stack": (-1, stacks - 1),
             "phase": (0, len(PHASES) - 1),
-            "category": (0, len(CATEGORIES) - 1),
+            "category": (0, tables.get("category", len(CATEGORIES)) - 1),
         }
         columns = {
             name: self.column(data, name, where, low=low, high=high)

@@ -43,8 +43,9 @@ def profile() -> Profile:
 def test_peak_and_breakdown(profile: Profile) -> None:
     assert profile.peak_bytes == 1000 + 300 + 1000 + 200
     assert profile.peak_breakdown() == {
-        "parameter": 1000, "buffer": 0, "gradient": 1000, "optimizer_state": 0, "input": 0,
-        "activation": 300, "temporary": 200, "other": 0,
+        "parameter": 1000, "frozen_parameter": 0, "quant_state": 0, "buffer": 0,
+        "gradient": 1000, "optimizer_state": 0, "input": 0, "activation": 300, "kv_cache": 0,
+        "temporary": 200, "other": 0,
     }  # fmt: skip
     t = profile.timeline
     assert t.baseline_bytes == 1000

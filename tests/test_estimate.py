@@ -317,7 +317,7 @@ def test_eight_bit_state_sizes() -> None:
     columns["size"][1] = 4 * 10_000  # a 10k-element fp32 state tensor
     big = profile.replace(allocations=Allocations.from_columns(columns))
     sizes = eight_bit_state(big).allocations.size
-    assert sizes[1] == 10_000 + 4 * math.ceil(10_000 / 2048)  # uint8 + one absmax per block
+    assert sizes[1] == 10_000 + 4 * math.ceil(10_000 / 256)  # uint8 + one absmax per block
     assert sizes[4] == 0  # the optimizer's temporaries: fused kernel
     small = eight_bit_state(profile).allocations.size
     assert small[1] == 800  # under 4096 elements: stays 32-bit
@@ -510,7 +510,10 @@ def test_frozen_parameters_get_no_gradient_or_state() -> None:
     est = estimate(model, "32x64", device="cpu")
     trainable = sum(p.numel() for p in model.fc2.parameters())
     breakdown = est.peak_breakdown()
-    assert breakdown["parameter"] == 4 * parameter_numel(model)
+    frozen = sum(p.numel() for p in model.fc1.parameters())
+    assert breakdown["parameter"] == 4 * trainable
+    assert breakdown["frozen_parameter"] == 4 * frozen
+    assert frozen + trainable == parameter_numel(model)
     assert breakdown["optimizer_state"] == 2 * 4 * trainable + 4 * 2
     info = est.profile.meta["estimate"]
     assert info["trainable_parameters"] == trainable
@@ -520,12 +523,13 @@ def test_frozen_parameters_get_no_gradient_or_state() -> None:
 @pytest.mark.parametrize("dtype", [None, "bf16"])
 def test_eight_bit_adamw_state_does_not_depend_on_the_weight_dtype(dtype: str | None) -> None:
     """bitsandbytes sizes its state by element count: uint8 moments (+ a float32 absmax per
-    2048 elements) from 4096 elements on, float32 below, a Python int for the step."""
+    256 elements, bitsandbytes 0.50) from 4096 elements on, float32 below, a Python int for
+    the step, and two 256-entry float32 quantisation maps shared by all parameters."""
     est = estimate(TwoLayer(), "32x64", device="cpu", optimizer="adamw8bit", dtype=dtype)
-    # two moments per tensor; fc1.weight 64x256 = 16384 elements: 16384 + 4 * 8 absmax;
+    # two moments per tensor; fc1.weight 64x256 = 16384 elements: 16384 + 4 * 64 absmax;
     # fc1.bias 256, fc2.weight 2560 and fc2.bias 10 elements stay float32
-    expected = 2 * ((16384 + 4 * 8) + 4 * 256 + 4 * 2560 + 4 * 10)
-    assert expected == 55440
+    expected = 2 * ((16384 + 4 * 64) + 4 * 256 + 4 * 2560 + 4 * 10) + 2 * 4 * 256
+    assert expected == 57936
     assert est.peak_breakdown()["optimizer_state"] == expected
 
 

@@ -19,7 +19,7 @@ import torch
 
 import jupyter_vram as jv
 from jupyter_vram import ProfileFileError
-from jupyter_vram._model import Profile
+from jupyter_vram._model import CATEGORIES, Profile
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,10 @@ CASES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "module id negative": (_row0("module", -1), "'module' of row 0 is -1, out of range"),
     "device id out of range": (_row0("device", 7), "'device' of row 0 is 7"),
     "stack id pointing nowhere": (_row0("stack", 999), "'stack' of row 0 is 999"),
-    "category id out of range": (_row0("category", 8), "'category' of row 0 is 8"),
+    "category id out of range": (
+        _row0("category", len(CATEGORIES)),
+        f"'category' of row 0 is {len(CATEGORIES)}",
+    ),
     "phase id out of range": (_row0("phase", 4), "'phase' of row 0 is 4"),
     "seq below -1": (_row0("alloc_seq", -5), "'alloc_seq' of row 0 is -5"),
     "free before alloc": (_free_before_alloc, "freed .* before it is allocated"),
@@ -122,7 +125,7 @@ CASES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
         "'peak_reserved' must be an integer",
     ),
     "error not text": (_set(("error",), {"x": 1}), "'error' must be a string"),
-    "categories changed": (_set(("categories",), ["a"]), "different category or phase table"),
+    "categories changed": (_set(("categories",), ["a"]), "unknown categories"),
     "schema": (_set(("schema",), "other"), "not a jupyter_vram profile"),
 }
 

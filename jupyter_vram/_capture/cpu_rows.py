@@ -16,11 +16,13 @@ from .profiler_read import EventRead
 from .tagging import (
     ACTIVATION,
     BUFFER,
+    FROZEN_PARAMETER,
     GRADIENT,
     OPTIMIZER_STATE,
     PARAMETER,
     PHASE_BACKWARD,
     PHASE_FORWARD,
+    QUANT_STATE,
 )
 
 ELSEWHERE_OP = "(another thread)"
@@ -278,7 +280,9 @@ def _holder(allocs: list[tuple[int, int]] | None, t: int, free_time: dict[int, i
 
 
 #: Roles of a model's own memory: a thread having run is no evidence about these.
-_MODEL_STATE = frozenset({PARAMETER, BUFFER, GRADIENT, OPTIMIZER_STATE})
+_MODEL_STATE = frozenset(
+    {PARAMETER, FROZEN_PARAMETER, QUANT_STATE, BUFFER, GRADIENT, OPTIMIZER_STATE}
+)
 
 
 class _Intervals:

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .._model import Profile
+from .._model import CATEGORIES, Profile
 from ._common import RecordingError
 from .builder import Interner, ProfileBuilder
 from .cuda_convert import (
@@ -394,6 +394,7 @@ class CudaSnapshotRecorder:
                 "snapshot": snapshot,
                 "baseline": self._baseline,
                 "roles": [list(r) for r in roles],
+                "category_names": list(CATEGORIES),
                 "modules": list(self._modules.names),
                 "max_entries": self._max_entries,
                 "device_index": self._index,

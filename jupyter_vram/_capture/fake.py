@@ -8,13 +8,16 @@ the estimator process, and our recorder's hooks never raise.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import torch
 from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_map_only
+
+T = TypeVar("T")
 
 
 def fake_mode() -> FakeTensorMode:
@@ -63,3 +66,18 @@ def is_data_dependent(error: BaseException) -> bool:
 def is_unsupported(error: BaseException) -> bool:
     """An operator without a fake implementation."""
     return isinstance(error, fake_tensor.UnsupportedOperatorException)
+
+
+@contextlib.contextmanager
+def outside_fake_mode() -> Iterator[Callable[[T], T]]:
+    """Within, tensors are real; yields the function that hands real tensors (in any nested
+    containers) to the fake mode that was active, as constants. For tables a library computes
+    from values (bitsandbytes' quantisation maps call ``.tolist()``), which fake tensors
+    cannot give; their contents never change what is allocated. Without an active fake mode
+    the function returns its argument."""
+    mode = torch._guards.detect_fake_mode()
+    if mode is None:
+        yield lambda value: value
+        return
+    with _disable_current_modes():
+        yield lambda value: tree_map_only(torch.Tensor, mode.from_tensor, value)

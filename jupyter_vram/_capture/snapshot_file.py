@@ -44,10 +44,12 @@ from .._allocator_rules import MIN_BLOCK
 from .._model import (
     CATEGORIES,
     CATEGORY_INDEX,
+    LEGACY_CATEGORIES,
     PHASE_INDEX,
     Profile,
     ProfileFileError,
     SegmentEvents,
+    category_remap,
     open_regular_file,
 )
 from .cuda_convert import profile_from_snapshot
@@ -295,7 +297,7 @@ def _convert(data: Mapping[str, Any], index: int, where: str) -> Profile:
                 data["snapshot"],
                 device_index=index,
                 baseline=data.get("baseline"),
-                roles=data.get("roles") or (),
+                roles=_raw_roles(data),
                 modules=data.get("modules") or ("",),
                 max_entries=data.get("max_entries"),
                 boundary=data.get("boundary") or (),
@@ -312,6 +314,25 @@ def _convert(data: Mapping[str, Any], index: int, where: str) -> Profile:
         raise ProfileFileError(
             f"{where}: snapshot entries are malformed ({type(exc).__name__}: {str(exc)[:200]})"
         ) from exc
+
+
+def _raw_roles(data: Mapping[str, Any]) -> list[tuple[int, int, int, int]]:
+    """The raw form's roles, their categories in this version's table: a dump names its table
+    (``category_names``); one made before the table grew is in the legacy table."""
+    remap = category_remap(_category_names(data))
+    out = []
+    for r in data.get("roles") or ():
+        addr, cat, module, marker = (int(v) for v in r[:4])
+        known = int(remap[cat]) if 0 <= cat < len(remap) else CATEGORY_INDEX["other"]
+        out.append((addr, known, module, marker))
+    return out
+
+
+def _category_names(data: Mapping[str, Any]) -> Sequence[str]:
+    names = data.get("category_names") or LEGACY_CATEGORIES
+    if not isinstance(names, (list, tuple)) or not all(isinstance(c, str) for c in names):
+        raise ProfileFileError("the snapshot's category names are not strings")
+    return names
 
 
 # -- snapshots dumped elsewhere ----------------------------------------------------------------
@@ -369,8 +390,14 @@ def _from_written(snapshot: Mapping[str, Any], ext: Mapping[str, Any], index: in
     """Re-read a snapshot :func:`write_snapshot` made: labels from the trace, exact sizes and
     categories from the extension (keyed by trace index, which the conversion keeps as seq)."""
     modules = [str(m) for m in ext.get("modules") or [""]]
+    # files from before the category table grew name none: theirs was the legacy one
+    remap = category_remap(_category_names(ext)).astype(np.int64)
+
+    def known(cat: int) -> int:
+        return int(remap[cat]) if 0 <= cat < len(remap) else CATEGORY_INDEX["other"]
+
     # blocks live throughout have no trace entry: their roles (address-keyed) place them
-    roles = [(int(r[0]), int(r[1]), int(r[2]), 0) for r in ext.get("roles") or ()]
+    roles = [(int(r[0]), known(int(r[1])), int(r[2]), 0) for r in ext.get("roles") or ()]
     prof = profile_from_snapshot(snapshot, device_index=index, modules=modules, roles=roles)
     trace = (snapshot.get("device_traces") or [])[index]
     n = len(trace)
@@ -382,13 +409,13 @@ def _from_written(snapshot: Mapping[str, Any], ext: Mapping[str, Any], index: in
     a = prof.allocations
     # A row's own trace entry: its alloc, else (made before the trace) its free.
     seq = np.where(a.alloc_seq >= 0, a.alloc_seq, a.free_seq)
-    known = (seq >= 0) & (seq < n)
+    in_trace = (seq >= 0) & (seq < n)
     size = a.size.copy()
     category = a.category.copy()
-    size[known] = sizes[seq[known]]
-    ok = known & (cats[np.clip(seq, 0, n - 1)] >= 0) & (cats[np.clip(seq, 0, n - 1)] < len(
-        CATEGORIES))  # fmt: skip
-    category[ok] = cats[seq[ok]]
+    size[in_trace] = sizes[seq[in_trace]]
+    ok = in_trace & (cats[np.clip(seq, 0, n - 1)] >= 0) & (cats[np.clip(seq, 0, n - 1)] < len(
+        remap))  # fmt: skip
+    category[ok] = remap[cats[seq[ok]]]
     fields = {k: getattr(a, k) for k in a.__dataclass_fields__}
     fields.update(size=size, category=category.astype(np.int8))
     allocations = type(a)(**fields)
@@ -484,7 +511,7 @@ def snapshot_from_profile(profile: Profile) -> dict[str, Any]:
         frames = frames_of(int(a.stack[row]))
         size = int(a.size[row])
         addr = addr_of[row]
-        cat = str(int(a.category[row]))
+        cat = chr(ord("0") + int(a.category[row]))  # one character each, also past 9
         if kind == "alloc":
             entry("alloc", addr, size, int(a.alloc_ns[row]), user_metadata=label, frames=frames)
             categories.append(cat)
@@ -524,6 +551,7 @@ def snapshot_from_profile(profile: Profile) -> dict[str, Any]:
             "source": profile.source,
             "modules": list(profile.modules),
             "categories": "".join(c if c != "-" else "/" for c in categories),
+            "category_names": list(CATEGORIES),
             "roles": roles,
             "reserved": has_reserved,
             "wall_ns": profile.wall_ns,

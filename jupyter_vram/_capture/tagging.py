@@ -32,6 +32,9 @@ from .builder import Interner
 from .distributed_roles import local_tensor
 
 PARAMETER = CATEGORY_INDEX["parameter"]
+FROZEN_PARAMETER = CATEGORY_INDEX["frozen_parameter"]
+QUANT_STATE = CATEGORY_INDEX["quant_state"]
+KV_CACHE = CATEGORY_INDEX["kv_cache"]
 BUFFER = CATEGORY_INDEX["buffer"]
 GRADIENT = CATEGORY_INDEX["gradient"]
 OPTIMIZER_STATE = CATEGORY_INDEX["optimizer_state"]
@@ -60,6 +63,98 @@ def iter_tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
     elif isinstance(value, Mapping):
         for item in value.values():
             yield from iter_tensors(item, depth + 1)
+
+
+def parameter_role(param: torch.Tensor) -> int:
+    """``parameter`` for a weight that trains, ``frozen_parameter`` for one that does not."""
+    return PARAMETER if param.requires_grad else FROZEN_PARAMETER
+
+
+#: how deep the attributes of a quantised weight or a cache object are looked into
+_STATE_DEPTH = 4
+#: per class: is it a wrapper subclass (``__tensor_flatten__``: torchao-style)?
+_FLATTENS: dict[type, bool] = {}
+
+
+def _flattens(cls: type) -> bool:
+    """Read from the classes' own dicts along the MRO: no metaclass code runs."""
+    flag = _FLATTENS.get(cls)
+    if flag is None:
+        flag = cls not in (torch.Tensor, nn.Parameter) and any(
+            "__tensor_flatten__" in type.__getattribute__(k, "__dict__")
+            for k in type.__getattribute__(cls, "__mro__")
+            if k is not torch.Tensor
+        )
+        _FLATTENS[cls] = flag
+    return flag
+
+
+def quantisation_parts(
+    tensor: torch.Tensor, depth: int = 0
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """What a (quantised) weight holds beyond its own storage: ``(data, state)``.
+
+    Every tensor reachable from the weight's instance attributes is state: bitsandbytes keeps
+    a ``Params4bit``'s absmax and code tables (and a nested QuantState's) in
+    ``weight.quant_state``, where neither ``parameters()`` nor ``buffers()`` reach them. A
+    wrapper subclass (torchao-style, ``__tensor_flatten__``) has no storage of its own: the
+    largest tensor it holds is the weight's data, the rest (scales, zero points) is state.
+    Read through instance dicts only (no ``__tensor_flatten__`` call, no ``getattr``): the
+    weight's class is user code. Modules (a weight's back-reference to its layer) and torch's
+    own objects are not entered. Never raises: an odd object gives nothing.
+    """
+    try:
+        if type(tensor) is not torch.Tensor and local_tensor(tensor) is not None:
+            return [], []  # a DTensor: its memory is its local shard (see storages_of)
+        attrs = _instance_dict(tensor)
+        if not attrs:
+            return [], []
+        state = _tensors_within(list(attrs.values()), {id(tensor)})
+        if not state or not _flattens(type(tensor)):
+            return [], state
+        largest = max(state, key=_tensor_bytes)
+        state = [t for t in state if t is not largest]
+        if depth < _STATE_DEPTH and _flattens(type(largest)):
+            data, more = quantisation_parts(largest, depth + 1)
+            return data or [largest], state + more
+        return [largest], state
+    except Exception:  # noqa: BLE001 - an exotic subclass: nothing we can count
+        return [], []
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> int:
+    try:
+        return int(tensor.numel()) * int(tensor.element_size())
+    except Exception:  # noqa: BLE001 - no size to read
+        return 0
+
+
+def _tensors_within(values: list[Any], seen: set[int]) -> list[torch.Tensor]:
+    """Tensors inside ``values``: containers and plain objects (not modules, not torch's own
+    objects, not classes or functions), ``_STATE_DEPTH`` levels deep at most."""
+    found: list[torch.Tensor] = []
+    todo = [(v, 0) for v in reversed(values)]
+    while todo:
+        value, depth = todo.pop()
+        if id(value) in seen or depth > _STATE_DEPTH or type(value) in _ATOMS:
+            continue
+        seen.add(id(value))
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+            continue
+        if isinstance(value, (nn.Module, *_OPAQUE)):
+            continue
+        if isinstance(value, (list, tuple, set, frozenset)):
+            items = list(value)[:LARGE]
+        elif isinstance(value, dict):
+            items = list(value.values())[:LARGE]
+        elif type(value).__module__.split(".")[0] == "torch":
+            continue  # devices, dtypes, modes: never a user's state
+        else:
+            attrs = _instance_dict(value)
+            items = list(attrs.values()) if attrs else []
+        todo.extend((v, depth + 1) for v in reversed(items))
+    return found
 
 
 def storages_of(tensor: torch.Tensor) -> list[torch.UntypedStorage]:
@@ -456,11 +551,25 @@ class Tagger:
         owner = self._names.get(module, 0)
         for p in module.parameters(recurse=False):
             self._params.add(p, owner)
-            self._on_role(p, PARAMETER, owner)
+            self._report_parameter(p, owner)
             if p.grad is not None:
                 self._on_role(p.grad, GRADIENT, owner)
         for b in module.buffers(recurse=False):
             self._on_role(b, BUFFER, owner)
+        attrs = _instance_dict(module) if _CACHE_TYPES else None
+        if attrs:
+            for t in cache_tensors(list(attrs.values())):
+                self._on_role(t, KV_CACHE, owner)
+
+    def _report_parameter(self, param: torch.Tensor, owner: int) -> None:
+        """A weight, trainable or frozen, and what a quantised one carries beside it."""
+        role = parameter_role(param)
+        self._on_role(param, role, owner)
+        data, state = quantisation_parts(param)
+        for tensor in data:
+            self._on_role(tensor, role, owner)
+        for tensor in state:
+            self._on_role(tensor, QUANT_STATE, owner)
 
     def _report_optimizer(self, opt: Optimizer, *, state_only: bool = False) -> None:
         if not state_only:
@@ -468,7 +577,7 @@ class Tagger:
                 for p in group["params"]:
                     owner = self._params.get(p)
                     self._params.add(p, owner)
-                    self._on_role(p, PARAMETER, owner)
+                    self._report_parameter(p, owner)
                     if p.grad is not None:
                         self._on_role(p.grad, GRADIENT, owner)
         for p, state in opt.state.items():
@@ -609,6 +718,12 @@ class Tagger:
                 role = INPUT if torch._C._current_graph_task_id() == -1 else ACTIVATION
                 for t in iter_tensors(kwargs):
                     self._on_role(t, role, 0)
+                # a cache the call was given or returned (generate()'s past_key_values, a
+                # forward with use_cache=True) holds its keys and values across calls
+                for t in cache_tensors([kwargs, output, *args]):
+                    self._on_role(t, KV_CACHE, 0)
+                if _CACHE_TYPES:
+                    self._report_held_caches(module)
         except Exception:  # noqa: BLE001 - bookkeeping must never break the user's forward
             pass
         module_id = self.module_stack.pop()
@@ -620,6 +735,14 @@ class Tagger:
                 self._tag_graph(output, module_id, first)
         except Exception:  # noqa: BLE001
             pass
+
+    def _report_held_caches(self, root: nn.Module) -> None:
+        """Registered cache objects the called model's modules keep in their attributes."""
+        for sub in root.modules():
+            attrs = _instance_dict(sub)
+            if attrs:
+                for t in cache_tensors(list(attrs.values())):
+                    self._on_role(t, KV_CACHE, self._names.get(sub, 0))
 
     @staticmethod
     def _tag_graph(output: Any, module_id: int, first_seq: int) -> None:
@@ -655,6 +778,80 @@ class Tagger:
         with contextlib.suppress(Exception):  # bookkeeping must never break the user's step
             self._optimizers.add(opt)
             self._report_optimizer(opt, state_only=True)
+
+
+#: Cache classes registered with :func:`register_cache` (transformers' own are known without).
+_CACHE_TYPES: list[type] = []
+#: per class: is it a cache (a transformers ``Cache`` or a registered type)?
+_IS_CACHE: dict[type, bool] = {}
+
+
+def register_cache(cache_type: type) -> type:
+    """Count the tensors held by instances of ``cache_type`` as ``kv_cache``.
+
+    transformers' ``Cache`` classes (DynamicCache, StaticCache, EncoderDecoderCache ...) are
+    known already. Register your own cache class when a model keeps keys and values across
+    calls in it: an instance passed to or returned by a model's call, or kept in a module's
+    attribute, then counts as a cache. Returns the class, so it works as a decorator.
+    """
+    if not isinstance(cache_type, type):
+        raise TypeError(
+            f"register_cache takes a class (the type of your cache objects), not "
+            f"{type(cache_type).__name__}: pass type(cache) for an instance"
+        )
+    if issubclass(cache_type, (torch.Tensor, nn.Module)) or cache_type in _ATOMS:
+        raise TypeError(
+            f"{cache_type.__name__} cannot be a cache type: a cache is an object that holds "
+            "tensors (tensors, modules and plain values are counted as what they are)"
+        )
+    if cache_type not in _CACHE_TYPES:
+        _CACHE_TYPES.append(cache_type)
+        _IS_CACHE.clear()
+    return cache_type
+
+
+def unregister_cache(cache_type: type) -> None:
+    """Undo :func:`register_cache` (an unknown class is ignored)."""
+    if cache_type in _CACHE_TYPES:
+        _CACHE_TYPES.remove(cache_type)
+        _IS_CACHE.clear()
+
+
+def is_cache(cls: type) -> bool:
+    """Whether instances of ``cls`` are KV caches: a transformers ``Cache`` (by its module
+    and name along the class's MRO, without importing transformers) or a registered type."""
+    flag = _IS_CACHE.get(cls)
+    if flag is None:
+        flag = any(
+            k.__name__ == "Cache" and k.__module__.startswith("transformers.")
+            for k in getattr(cls, "__mro__", ())
+        ) or any(issubclass(cls, k) for k in _CACHE_TYPES)
+        _IS_CACHE[cls] = flag
+    return flag
+
+
+def cache_tensors(values: list[Any]) -> list[torch.Tensor]:
+    """The tensors held by cache objects found in ``values`` (through tuples, lists and
+    mappings such as a model's output, four levels deep at most); never raises."""
+    found: list[torch.Tensor] = []
+    try:
+        todo = [(v, 0) for v in values]
+        seen: set[int] = set()
+        while todo:
+            value, depth = todo.pop()
+            cls = type(value)
+            if cls in _ATOMS or isinstance(value, torch.Tensor) or id(value) in seen:
+                continue
+            seen.add(id(value))
+            if is_cache(cls):
+                found.extend(_tensors_within([value], set()))
+            elif depth < 4 and isinstance(value, (tuple, list)):
+                todo.extend((v, depth + 1) for v in value[:LARGE])
+            elif depth < 4 and isinstance(value, Mapping):
+                todo.extend((v, depth + 1) for v in list(value.values())[:LARGE])
+    except Exception:  # noqa: BLE001 - bookkeeping must never break the user's forward
+        return found
+    return found
 
 
 def _saved_hooks_allowed() -> bool:

@@ -160,6 +160,25 @@ def forward_parameters(model: nn.Module) -> list[str]:
     return [p.name for p in params if p.kind in plain or p.kind == inspect.Parameter.KEYWORD_ONLY]
 
 
+def wrapped_model(model: nn.Module) -> nn.Module:
+    """The model a pass-through wrapper calls: peft's ``PeftModel`` (and its ``LoraModel``)
+    take ``*args, **kwargs`` and hand them to the one model they hold, so that model's
+    signature, class and config say what the batch is (``labels`` for a causal LM head).
+    Read through ``_modules`` in the instance dict: no wrapper code runs."""
+    for _ in range(8):
+        if forward_parameters(model):
+            break
+        try:
+            children = object.__getattribute__(model, "__dict__").get("_modules") or {}
+        except Exception:  # noqa: BLE001 - no instance dict: nothing to unwrap
+            break
+        inner = [m for m in children.values() if isinstance(m, nn.Module)]
+        if len(inner) != 1:
+            break
+        model = inner[0]
+    return model
+
+
 def vocabulary_size(model: nn.Module) -> int | None:
     """How many token ids the model embeds (config.vocab_size, else its first nn.Embedding)."""
     config = getattr(model, "config", None)
@@ -177,7 +196,7 @@ def takes_token_ids(model: nn.Module, name: str | None) -> bool:
     if name is not None and _INDEX_NAMES.search(name):
         return True
     if name is None:
-        params = forward_parameters(model)
+        params = forward_parameters(wrapped_model(model))
         if params and _INDEX_NAMES.search(params[0]):
             return True
         if params and params[0] in ("pixel_values", "input_values", "inputs_embeds"):
@@ -235,7 +254,7 @@ def _from_tensor(model: nn.Module, name: str | None, tensor: torch.Tensor) -> Te
 
 def default_input(model: nn.Module) -> BatchSpec | None:
     """A natural single example for a transformers model, read from its config."""
-    config = getattr(model, "config", None)
+    config = getattr(wrapped_model(model), "config", None)
     if config is None:
         return None
     image = getattr(config, "image_size", None)
@@ -302,6 +321,7 @@ def with_default_labels(model: nn.Module, spec: BatchSpec) -> BatchSpec:
     """Add ``labels`` for a transformers head that computes its own loss, as training does."""
     if spec.builder is not None or "labels" in spec.kwargs:
         return spec
+    model = wrapped_model(model)
     if "labels" not in forward_parameters(model):
         return spec
     cls = type(model).__name__

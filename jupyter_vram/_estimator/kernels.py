@@ -46,6 +46,11 @@ from the real kernel in what else it returns:
   and frees buffers of those sizes around each fake call (:func:`onednn_lstm_temporaries`:
   exact for the weight buffers, the scratchpad within a few tens of KB). cuDNN's workspaces
   are not modelled.
+- **bitsandbytes' 8-bit optimizer update on the CPU.** Under fake tensors its
+  ``optimizer_update_8bit_blockwise`` runs its fake kernel, which allocates nothing: right for
+  the fused CUDA kernel, but the CPU kernel is Python that dequantises both moments, copies
+  the gradient and the weight to fp32 and computes the denominator (five fp32 tensors the size
+  of the parameter). :func:`bitsandbytes_cpu_update` runs that Python on the fake tensors.
 """
 
 from __future__ import annotations
@@ -369,3 +374,36 @@ def cuda_kernels(*, flash: bool = True) -> Iterator[None]:
     """The CUDA kernel choices a fake CPU run must make itself: attention and dropout."""
     with cuda_attention(flash=flash), cuda_dropout():
         yield
+
+
+@contextlib.contextmanager
+def bitsandbytes_cpu_update(target_type: str) -> Iterator[None]:
+    """Inside, bitsandbytes' 8-bit blockwise optimizer update runs its CPU implementation
+    (ordinary torch ops, so the fake run allocates its temporaries) when the target is the
+    CPU. Nothing changes for a CUDA target, without bitsandbytes, or where the version has no
+    such implementation (its fake kernel then stands for an update that allocates nothing)."""
+    import sys
+
+    functional = sys.modules.get("bitsandbytes.functional")
+    cpu_update = None
+    if target_type == "cpu" and functional is not None:
+        try:
+            from bitsandbytes.backends.cpu import ops as cpu_ops
+
+            cpu_update = cpu_ops._optimizer_update_8bit_blockwise_cpu
+        except (ImportError, AttributeError):
+            cpu_update = None
+    original = getattr(functional, "optimizer_update_8bit_blockwise", None)
+    if cpu_update is None or original is None:
+        yield
+        return
+
+    @functools.wraps(original)
+    def update(*args: Any, **kwargs: Any) -> None:
+        cpu_update(*args, **kwargs)
+
+    functional.optimizer_update_8bit_blockwise = update  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        functional.optimizer_update_8bit_blockwise = original  # type: ignore[union-attr]

@@ -9,10 +9,11 @@ Inference is one forward under ``torch.no_grad``.
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -68,12 +69,35 @@ def _adam(cls: type[torch.optim.Optimizer]) -> Callable[[list[nn.Parameter], boo
     return lambda params, foreach: cls(params, lr=1e-4, foreach=foreach)  # type: ignore[call-arg]
 
 
-#: Optimizers by name: factory(params, foreach). 8-bit Adam runs as AdamW and its state is
-#: resized afterwards (see whatif.eight_bit_state), since bitsandbytes needs a real GPU.
+def _adamw8bit(params: list[nn.Parameter], foreach: bool) -> torch.optim.Optimizer:
+    """bitsandbytes' own ``AdamW8bit`` where it is installed (its fake kernels run anywhere:
+    the state it really allocates, per version); else AdamW, its state resized afterwards
+    (see whatif.eight_bit_state)."""
+    try:  # an optional package: imported as Any, it has no type information
+        bnb: Any = importlib.import_module("bitsandbytes")
+    except Exception:  # noqa: BLE001 - not installed, or it fails to load here
+        return torch.optim.AdamW(params, lr=1e-4, foreach=foreach)
+    from .._capture.fake import outside_fake_mode
+
+    # it computes its quantisation maps from values at once (a fake run cannot): real ones,
+    # handed to the fake run as constants
+    with outside_fake_mode() as as_fake:
+        optimizer = bnb.optim.AdamW8bit(params, lr=1e-4)
+        maps = dict(optimizer.name2qmap)
+    optimizer.name2qmap = as_fake(maps)
+    return cast(torch.optim.Optimizer, optimizer)
+
+
+def is_bitsandbytes(optimizer: object) -> bool:
+    """Whether an optimizer is bitsandbytes' own (its state needs no resizing afterwards)."""
+    return type(optimizer).__module__.split(".")[0] == "bitsandbytes"
+
+
+#: Optimizers by name: factory(params, foreach).
 OPTIMIZERS: dict[str, Callable[[list[nn.Parameter], bool], torch.optim.Optimizer]] = {
     "adamw": _adam(torch.optim.AdamW),
     "adam": _adam(torch.optim.Adam),
-    "adamw8bit": _adam(torch.optim.AdamW),
+    "adamw8bit": _adamw8bit,
     "sgd": lambda params, foreach: torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach),
     "sgd-nomomentum": lambda params, foreach: torch.optim.SGD(params, lr=1e-3, foreach=foreach),
     "adafactor": lambda params, foreach: torch.optim.Adafactor(params, foreach=foreach),

@@ -46,15 +46,35 @@ class TensorDescriptor:
     dtype: torch.dtype
     requires_grad: bool
     parameter: bool
+    #: a parameter subclass (bitsandbytes' ``Params4bit``) and its own attributes (its
+    #: ``quant_state``, ``blocksize``, ...), set again on every copy: quantised layers read them
+    subclass: type | None = None
+    attributes: tuple[tuple[str, Any], ...] = ()
 
     def meta(self) -> torch.Tensor:
         tensor = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device="meta")
+        if self.parameter and self.subclass is not None:
+            # the class without its constructor (which may quantise or check devices)
+            made: torch.Tensor = torch.Tensor._make_subclass(
+                self.subclass, tensor, self.requires_grad
+            )
+            return self.dress(made)
         if self.parameter:
             return nn.Parameter(tensor, requires_grad=self.requires_grad)
         return tensor.requires_grad_(self.requires_grad) if self.requires_grad else tensor
 
+    def dress(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` with the described parameter's attributes (the same objects)."""
+        if self.attributes:
+            tensor.__dict__.update(self.attributes)
+        return tensor
+
 
 def describe(tensor: torch.Tensor, key: int) -> TensorDescriptor:
+    cls = type(tensor)
+    # a parameter subclass's state travels with it (not a fake run's own tensors: a fake
+    # parameter is a FakeTensor, whose attributes are the fake mode's)
+    subclass = cls if cls is not nn.Parameter and issubclass(cls, nn.Parameter) else None
     return TensorDescriptor(
         key=key,
         shape=tuple(tensor.shape),
@@ -62,7 +82,22 @@ def describe(tensor: torch.Tensor, key: int) -> TensorDescriptor:
         dtype=tensor.dtype,
         requires_grad=tensor.requires_grad and tensor.is_leaf,
         parameter=isinstance(tensor, nn.Parameter),
+        subclass=subclass,
+        attributes=_parameter_attributes(tensor) if subclass is not None else (),
     )
+
+
+def _parameter_attributes(tensor: torch.Tensor) -> tuple[tuple[str, Any], ...]:
+    """What a parameter keeps in its instance dict (read without running its class's code):
+    bitsandbytes' ``Params4bit`` / ``Int8Params`` hold their quantisation state there, and
+    the fake run's layers need it; a plain parameter holds nothing or plain flags."""
+    try:
+        attrs = object.__getattribute__(tensor, "__dict__")
+    except Exception:  # noqa: BLE001 - no instance dict
+        return ()
+    if type(attrs) is not dict:
+        return ()
+    return tuple((str(k), v) for k, v in attrs.items() if not str(k).startswith("__"))
 
 
 class _DescriptorPickler(cloudpickle.Pickler):  # type: ignore[misc]
@@ -202,11 +237,40 @@ class TensorSlots:
 
 
 def _find_tensors(model: nn.Module) -> Iterator[tuple[Any, str | None, str, torch.Tensor]]:
+    seen: set[int] = set()
     for module in model.modules():
         for table in ("_parameters", "_buffers"):
             for name, tensor in getattr(module, table).items():
                 if tensor is not None:
                     yield module, table, name, tensor
+                    if table == "_parameters":
+                        yield from _state_slots(dict(describe(tensor, 0).attributes), seen)
         for name, value in vars(module).items():
             if isinstance(value, torch.Tensor):
                 yield module, None, name, value
+
+
+#: how deep a parameter's state objects are looked into (a QuantState's nested ``state2``)
+_STATE_DEPTH = 3
+
+
+def _state_slots(
+    attrs: dict[str, Any], seen: set[int], depth: int = 0
+) -> Iterator[tuple[Any, str | None, str, torch.Tensor]]:
+    """Tensors kept in plain objects a parameter holds (a bitsandbytes QuantState's absmax
+    and code tables), as slots of those objects: each run fills them with fake tensors."""
+    for value in attrs.values():
+        if id(value) in seen or isinstance(value, (torch.Tensor, nn.Module, type)):
+            continue
+        try:
+            inner = object.__getattribute__(value, "__dict__")
+        except Exception:  # noqa: BLE001 - no instance dict: holds no slot
+            continue
+        if type(inner) is not dict or type(value).__module__.split(".")[0] == "torch":
+            continue
+        seen.add(id(value))
+        for name, item in inner.items():
+            if isinstance(item, torch.Tensor):
+                yield value, None, name, item
+        if depth < _STATE_DEPTH:
+            yield from _state_slots(inner, seen, depth + 1)

@@ -28,15 +28,16 @@ _OPTIMIZER = PHASE_INDEX["optimizer"]
 
 #: bitsandbytes keeps 32-bit state for tensors under this many elements (``min_8bit_size``).
 MIN_8BIT_NUMEL = 4096
-#: bitsandbytes' blockwise quantization: one float32 absmax per this many elements.
-QUANT_BLOCK = 2048
+#: bitsandbytes' blockwise quantization: one float32 absmax per this many elements (its 8-bit
+#: optimizers' block: 256 in bitsandbytes 0.50, on every device).
+QUANT_BLOCK = 256
 
 
 def eight_bit_state(profile: Profile) -> Profile:
     """AdamW state as bitsandbytes' 8-bit Adam holds it, from an AdamW profile.
 
     bitsandbytes allocates its state by element count, whatever the weights' dtype: a state
-    tensor of n >= 4096 elements becomes n bytes (uint8) plus one float32 absmax per 2048
+    tensor of n >= 4096 elements becomes n bytes (uint8) plus one float32 absmax per 256
     elements; a smaller one is float32 (4n bytes). So AdamW's two moments cost about 2 bytes
     per parameter with fp32 and with bf16 weights alike. The element count of a row comes from
     ``meta["estimate"]["state_itemsizes"]`` (``[bytes, element size]`` pairs the estimator

@@ -38,13 +38,20 @@ from .._model import Allocations, Profile
 from .accumulation import AccumulationWatch, accumulate_in_place
 from .inputs import BatchSpec, parse_dtype, with_default_labels
 from .job import Job
-from .kernels import RnnCalls, cuda_kernels, onednn_scratch, rnn_workspaces
+from .kernels import (
+    RnnCalls,
+    bitsandbytes_cpu_update,
+    cuda_kernels,
+    onednn_scratch,
+    rnn_workspaces,
+)
 from .order import canonical_baseline, canonical_bursts, rows_of
 from .runner import JOB_FOLDER_PREFIX
 from .step import (
     EIGHT_BIT,
     StepSettings,
     float_dtype,
+    is_bitsandbytes,
     make_optimizer,
     training_step,
 )
@@ -107,7 +114,8 @@ class Simulator:
                     descriptor.shape, descriptor.stride, dtype=dtype, device=FAKE_RUN_DEVICE
                 )
             if descriptor.parameter:
-                return nn.Parameter(tensor, requires_grad=descriptor.requires_grad)
+                param = nn.Parameter(tensor, requires_grad=descriptor.requires_grad)
+                return descriptor.dress(param)
             return tensor
 
         if mode is None:  # before checkpointing: it looks for blocks by their parameters
@@ -147,6 +155,7 @@ class Simulator:
                 host_counters = _step_counters(optimizer, host_only=True)
                 all_counters = _step_counters(optimizer, host_only=False)
                 state_itemsizes = _state_itemsizes(optimizer)
+                real_eight_bit = is_bitsandbytes(optimizer)
                 del args, kwargs
                 steady = before is not None and self._steady_state(optimizer) == before
                 if self._unchanged(cast):
@@ -181,6 +190,7 @@ class Simulator:
         if settings.optimizer in EIGHT_BIT:
             info["state_itemsizes"] = state_itemsizes
             info["step_counters"] = all_counters
+            info["bitsandbytes"] = real_eight_bit
         raw, in_sums = canonical_baseline(rec.profile, first, watch.sums)
         raw, sums = accumulate_in_place(raw, watch.segments, in_sums)
         info["in_place_sums"] = sums
@@ -295,7 +305,7 @@ class Simulator:
 
         cuda = settings.target_type == "cuda"
         scratch = contextlib.nullcontext() if cuda else onednn_scratch()
-        with scratch:
+        with scratch, bitsandbytes_cpu_update(settings.target_type):
             training_step(
                 self.model,
                 optimizer,
@@ -509,7 +519,7 @@ def finish_profile(raw: Profile, settings: StepSettings, info: dict[str, Any]) -
     )
     if settings.target_type == "cuda":
         profile = with_blas_workspaces(profile, estimate_workspaces(settings.torch_version))
-    if settings.optimizer in EIGHT_BIT:
+    if settings.optimizer in EIGHT_BIT and not info.get("bitsandbytes"):
         # bitsandbytes counts steps in a Python int: no counter tensors at all
         counters = _rows_of_host_counters(profile, info.get("step_counters", []))
         profile = eight_bit_state(profile.replace(allocations=_without_rows(profile, counters)))

@@ -27,7 +27,19 @@ from .text import format_bytes, format_moment
 CATEGORY_COLORS: dict[str, str] = dict(
     zip(
         CATEGORIES,
-        ("#4C72B0", "#8172B3", "#DD8452", "#C44E52", "#937860", "#55A868", "#CCB974", "#8C8C8C"),
+        (
+            "#4C72B0",
+            "#A1C9F4",
+            "#64B5CD",
+            "#8172B3",
+            "#DD8452",
+            "#C44E52",
+            "#937860",
+            "#55A868",
+            "#DA8BC3",
+            "#CCB974",
+            "#8C8C8C",
+        ),
         strict=True,
     )
 )

@@ -29,6 +29,9 @@ def header_facts(profile: Profile) -> list[tuple[str, str]]:
     ]
     if t.peak_index >= 0:
         facts.append(("peak in", t.peak_phase))
+    weights = weights_fact(profile)
+    if weights:
+        facts.append(("weights at the peak", weights))
     if has_segments(profile):
         facts.append(("peak reserved", format_bytes(reserved_peak(profile))))
     if info.get("device_used") is not None:
@@ -77,6 +80,18 @@ def capacity_text(meta: dict[str, Any]) -> str | None:
     else:
         notes.append("context not counted (no NVML)")
     return f"{text} ({', '.join(notes)})"
+
+
+def weights_fact(profile: Profile) -> str:
+    """'14.0 KiB trainable, 165.2 KiB frozen, 16.1 KiB quant state': the split an adapter
+    (LoRA / QLoRA) user asks about first. Empty when every weight trains and none is
+    quantised: the breakdown's ``parameter`` says it all then."""
+    at_peak = profile.peak_breakdown()
+    frozen, state = at_peak.get("frozen_parameter", 0), at_peak.get("quant_state", 0)
+    if not frozen and not state:
+        return ""
+    parts = [(at_peak.get("parameter", 0), "trainable"), (frozen, "frozen"), (state, "quant state")]
+    return ", ".join(f"{format_bytes(n)} {what}" for n, what in parts if n or what == "trainable")
 
 
 #: How many of the variables holding memory before the cell the header names.
@@ -136,10 +151,17 @@ def warnings_html(profile: Profile) -> str:
 
 #: What each category holds, as the legends' tooltips and help lines say it.
 CATEGORY_HELP: dict[str, str] = {
-    "parameter": "weights and biases of a module (nn.Parameter)",
+    "parameter": "weights and biases of a module that train (nn.Parameter, requires_grad)",
+    "frozen_parameter": "weights that do not train (requires_grad=False): a LoRA / QLoRA "
+    "base model, a frozen backbone",
+    "quant_state": "what a quantised weight keeps besides its data: bitsandbytes' absmax and "
+    "code tables (QuantState), a quantised tensor subclass's scales",
     "buffer": "module buffers that are not trained, e.g. BatchNorm running statistics",
     "gradient": "the .grad of parameters, written by backward",
-    "optimizer_state": "what the optimizer keeps per parameter (Adam's moments, step counters)",
+    "optimizer_state": "what the optimizer keeps per parameter (Adam's moments, step counters; "
+    "8-bit optimizers' quantised moments and their absmax)",
+    "kv_cache": "keys and values a generate() or a forward with use_cache=True keeps between "
+    "steps (transformers' Cache objects, caches registered with jv.register_cache)",
     "input": "tensors fed into the model: the batch, labels, masks",
     "activation": "forward results autograd saved for backward; freed as backward runs",
     "temporary": "every other tensor made during the cell: intermediate results, outputs "
