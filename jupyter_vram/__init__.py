@@ -18,6 +18,7 @@ _display.register("estimate", _estimate_text)
 
 from ._leaks import release_leaks  # noqa: E402
 from ._model import CATEGORIES, Frame, Profile, ProfileFileError  # noqa: E402
+from ._planning import Option, Plan, plan  # noqa: E402
 from ._recording import Recording, record  # noqa: E402
 from ._rerun import RerunError, Variant, rerun, rerun_unavailable  # noqa: E402
 from ._session import last_profile  # noqa: E402
@@ -27,6 +28,8 @@ __all__ = [
     "Estimate",
     "Frame",
     "LaunchError",
+    "Option",
+    "Plan",
     "Profile",
     "ProfileFileError",
     "Recording",
@@ -35,6 +38,7 @@ __all__ = [
     "estimate",
     "last_profile",
     "launch",
+    "plan",
     "record",
     "release_leaks",
     "rerun",

@@ -34,6 +34,13 @@ BoolArray = npt.NDArray[np.bool_]
 #: The op name of rows a prediction adds (weight casts, an update's working copies).
 PREDICTED_OP = "(predicted)"
 
+#: Ops autocast runs in float32. Not batch norm: autocast leaves it out of its float32 lists
+#: (CPU and CUDA), and it returns its 16-bit input's dtype.
+AUTOCAST_FLOAT32_OPS = FLOAT32_OPS - {
+    "batch_norm", "native_batch_norm", "_native_batch_norm_legit",
+    "_native_batch_norm_legit_no_training",
+}  # fmt: skip
+
 #: Ops whose output autocast computes in 16 bits from 16-bit copies of their weights.
 MATMUL_OPS = frozenset(
     {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "convolution", "_convolution",
@@ -102,6 +109,8 @@ def block_activations(profile: Profile, blocks: Iterable[str]) -> dict[str, Bloc
     (blocks that made none are left out)."""
     a = profile.allocations
     made = (a.category == _ACTIVATION) & profile.timeline.device_mask & (a.alloc_seq >= 0)
+    if PREDICTED_OP in profile.ops:  # autocast's weight copies stay cached, checkpointed or not
+        made &= a.op != profile.ops.index(PREDICTED_OP)
     out: list[BlockActivations] = []
     for block in blocks:
         rows = np.flatnonzero(made & _under(profile, block))
@@ -217,14 +226,24 @@ def autocast(profile: Profile) -> Profile:
     half the bytes; those it keeps in float32 (norms, softmax, losses, reductions) do not. The
     16-bit copies of the weights a module's matmuls use are added (autocast caches them for
     backward): half its parameters, from its first forward allocation to the end of backward.
-    Casts of activations between float32 ops and matmuls are not counted."""
+    The backward of a float32 op (``_log_softmax_backward_data``, ``nll_loss_backward``)
+    works in float32 too. Casts of activations between float32 ops and matmuls are not
+    counted."""
     a = profile.allocations
-    low = np.array([name not in FLOAT32_OPS for name in profile.ops], dtype=bool)
+    low = np.array([not _float32_op(name) for name in profile.ops], dtype=bool)
     kinds = np.isin(a.category, [_ACTIVATION, _TEMPORARY])
     rows = kinds & low[a.op] & (a.alloc_seq >= 0) & np.isin(a.phase, [_FORWARD, _BACKWARD])
     columns = _columns(profile)
     columns["size"][rows] = -(-columns["size"][rows] // 2)
     return with_rows(_with(profile, columns), _weight_casts(profile))
+
+
+def _float32_op(name: str) -> bool:
+    """An op autocast keeps in float32, or the backward of one (``<op>_backward...``)."""
+    if name in AUTOCAST_FLOAT32_OPS:
+        return True
+    head, found, _ = name.partition("_backward")
+    return bool(found) and head in AUTOCAST_FLOAT32_OPS
 
 
 def _weight_casts(profile: Profile) -> list[dict[str, int]]:
