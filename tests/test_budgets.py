@@ -1,0 +1,55 @@
+"""Memory budgets that hold: `%%vram --max` (the cell runs, then fails past its limit),
+`jv.assert_fits` (an estimated step against a GPU, no GPU needed) and the pytest marker."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from .conftest import ipython_shell
+
+CELL = "kept = torch.zeros(1 << 16)  # 256 KiB\nprint('ran to the end')\n"
+
+
+@pytest.fixture(scope="module")
+def shell() -> Iterator[Any]:
+    ip = ipython_shell()
+    ip.run_line_magic("load_ext", "jupyter_vram")
+    ip.run_cell("import torch")
+    yield ip
+    ip.user_ns.pop("kept", None)
+    ip.user_ns.pop("_vram", None)
+
+
+def test_max_fails_a_cell_over_its_limit_after_the_cell_ran(
+    shell: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from jupyter_vram._magics import VramLimitExceeded
+
+    result = shell.run_cell("%%vram --text --max 100KiB\n" + CELL)
+    out = capsys.readouterr().out
+    assert isinstance(result.error_in_exec, VramLimitExceeded)
+    assert shell.user_ns["kept"].numel() == 1 << 16  # the cell ran to its end
+    message = str(result.error_in_exec)
+    # 65536 float32 = 262144 bytes live at the peak, the limit 102400
+    assert "256.0 KiB exceeded the limit 100.0 KiB" in message
+    assert "1. " in message and "zeros" in message  # the site that made the peak
+    ran, summary, error = (out.index(s) for s in ("ran to the end", "peak", "VramLimitExceeded"))
+    assert ran < summary < error  # the cell's output, the profile, then the error
+
+
+def test_max_passes_a_cell_under_its_limit(shell: Any) -> None:
+    result = shell.run_cell("%%vram --quiet --max 1MiB\n" + CELL)
+    assert result.success
+    assert shell.user_ns["_vram"].peak_bytes >= 1 << 18
+
+
+def test_a_bad_max_stops_the_cell_before_it_runs(
+    shell: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shell.user_ns.pop("kept", None)
+    result = shell.run_cell("%%vram --quiet --max lots\n" + CELL)
+    assert result.success and "kept" not in shell.user_ns
+    assert "the cell did not run" in capsys.readouterr().err
