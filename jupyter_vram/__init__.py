@@ -16,6 +16,7 @@ from ._profile_services import estimate_text as _estimate_text
 _model.install_services(_Services())
 _display.register("estimate", _estimate_text)
 
+from ._budgets import assert_fits  # noqa: E402
 from ._leaks import release_leaks  # noqa: E402
 from ._model import CATEGORIES, Frame, Profile, ProfileFileError  # noqa: E402
 from ._planning import Option, Plan, plan  # noqa: E402
@@ -35,6 +36,7 @@ __all__ = [
     "Recording",
     "RerunError",
     "Variant",
+    "assert_fits",
     "estimate",
     "last_profile",
     "launch",

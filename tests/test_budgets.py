@@ -53,3 +53,39 @@ def test_a_bad_max_stops_the_cell_before_it_runs(
     result = shell.run_cell("%%vram --quiet --max lots\n" + CELL)
     assert result.success and "kept" not in shell.user_ns
     assert "the cell did not run" in capsys.readouterr().err
+
+
+def test_assert_fits_passes_a_small_model_on_a_t4() -> None:
+    import jupyter_vram as jv
+    from tests.conftest import MLP
+
+    # 263k parameters: a few MiB of weights, gradients and state beside a 16 GB card
+    estimate = jv.assert_fits(MLP(), "8x256", gpu="T4", optimizer="adamw")
+    assert estimate.peak_bytes < 2**30
+
+
+@pytest.mark.slow
+def test_assert_fits_fails_a_7b_adamw_step_on_a_t4_naming_the_gpu() -> None:
+    import re
+
+    import torch
+
+    import jupyter_vram as jv
+
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert 6.5e9 < n_params < 7e9
+    with pytest.raises(AssertionError) as failure:
+        jv.assert_fits(model, "1x64", gpu="T4", optimizer="adamw")
+    message = str(failure.value)
+    assert "does not fit a T4" in message
+    assert "parameter" in message and "optimizer_state" in message
+    # fp32 AdamW holds 16 bytes a parameter (weights, gradients, two moments) at the least
+    found = re.search(r"predicted device memory ([0-9.]+) GiB", message)
+    assert found is not None and float(found.group(1)) >= 16 * n_params / 2**30 * 0.99
