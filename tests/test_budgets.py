@@ -57,7 +57,8 @@ def test_a_bad_max_stops_the_cell_before_it_runs(
 
 def test_assert_fits_passes_a_small_model_on_a_t4() -> None:
     import jupyter_vram as jv
-    from tests.conftest import MLP
+
+    from .conftest import MLP
 
     # 263k parameters: a few MiB of weights, gradients and state beside a 16 GB card
     estimate = jv.assert_fits(MLP(), "8x256", gpu="T4", optimizer="adamw")
@@ -89,3 +90,67 @@ def test_assert_fits_fails_a_7b_adamw_step_on_a_t4_naming_the_gpu() -> None:
     # fp32 AdamW holds 16 bytes a parameter (weights, gradients, two moments) at the least
     found = re.search(r"predicted device memory ([0-9.]+) GiB", message)
     assert found is not None and float(found.group(1)) >= 16 * n_params / 2**30 * 0.99
+
+
+MARKED_TESTS = """
+import pytest
+import torch
+
+
+@pytest.mark.vram(max="1MiB")
+def test_under():
+    kept = torch.zeros(1 << 16)  # 256 KiB
+    assert kept.sum() == 0
+
+
+@pytest.mark.vram(max="1MiB")
+def test_over():
+    kept = torch.zeros(1 << 19)  # 2 MiB
+    assert kept.sum() == 0
+
+
+def test_unmarked():
+    assert torch.zeros(1 << 20).sum() == 0  # 4 MiB, no limit
+"""
+
+
+def run_pytest(folder: Any, *args: str) -> Any:
+    """pytest in a fresh process on a temporary test file, loading the plugin as the entry
+    point does (``-p``: this checkout may not be the installed one)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (folder / "test_marked.py").write_text(MARKED_TESTS)
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    command = [sys.executable, "-m", "pytest", "-p", "jupyter_vram.pytest_plugin", "-q"]
+    return subprocess.run(
+        [*command, "-p", "no:cacheprovider", *args, str(folder / "test_marked.py")],
+        cwd=folder, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_marker_fails_an_over_limit_test_and_passes_an_under_limit_one(tmp_path: Any) -> None:
+    done = run_pytest(tmp_path, "--vram-report")
+    out = done.stdout
+    assert done.returncode == 1, out + done.stderr
+    assert "1 failed, 2 passed" in out
+    assert "FAILED test_marked.py::test_over" in out
+    # the failure says by how much, and where: 2 MiB of zeros against 1 MiB
+    assert "peak 2.0 MiB exceeded the limit 1.0 MiB" in out and "zeros" in out
+    report = out[out.index("vram peaks") :]
+    assert "ok" in report and "256.0 KiB" in report and "test_marked.py::test_under" in report
+    assert "over" in report and "test_marked.py::test_over" in report
+    assert "test_unmarked" not in report
+
+
+def test_the_plugin_is_registered_by_entry_point() -> None:
+    from pathlib import Path
+
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    entry = '[project.entry-points.pytest11]\njupyter_vram = "jupyter_vram.pytest_plugin"\n'
+    assert entry in pyproject
