@@ -12,7 +12,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._analysis.plan import CANNOT_PREDICT, Candidate, frontier, plan_candidates
+from ._analysis.plan import (
+    CANNOT_PREDICT,
+    NEEDS_OTHER_OPTIMIZER,
+    Candidate,
+    Prediction,
+    frontier,
+    largest_block_weights,
+    plan_candidates,
+)
 from ._model import Profile
 from ._rerun import Progress, RerunError
 from ._units import format_bytes
@@ -203,8 +211,41 @@ def plan(profile_or_estimate: Profile | Estimate, budget: int | float | str) -> 
     if not isinstance(profile, Profile):
         raise TypeError(f"plan needs a Profile or an Estimate, not {type(profile).__name__}")
     result = Plan(profile, nbytes, label, estimate)
-    ranked = plan_candidates(profile, nbytes)
+    ranked = plan_candidates(profile, nbytes, _what_ifs(profile))
     result.considered = tuple(Option.of(c, result) for c in ranked)
     shown = {c.name for c in frontier(ranked)}
     result.options = tuple(o for o in result.considered if o.name in shown)
     return result
+
+
+#: Data-parallel sizes the sharding options are predicted for.
+SHARD_GPUS = (2, 4, 8)
+
+
+def _what_ifs(profile: Profile) -> list[Prediction]:
+    """8-bit optimizer state and ZeRO / FSDP sharding, from the estimator's what-if
+    arithmetic on the run's rows (neither can be rerun in this kernel)."""
+    from ._analysis.plan import NUMERICS_8BIT
+    from ._estimator.whatif import SHARDINGS, eight_bit_state, sharded_peak
+    from ._model import CATEGORY_INDEX
+
+    out: list[Prediction] = []
+    if (profile.allocations.category == CATEGORY_INDEX["optimizer_state"]).any():
+        why = "Adam's moments quantized blockwise to 8 bits (bitsandbytes AdamW8bit)"
+        peak = eight_bit_state(profile).peak_bytes
+        changes = {"optimizer": "8bit"}
+        out.append(Prediction("8-bit optimizer state", changes, peak, 1.0, why,
+                              NEEDS_OTHER_OPTIMIZER, NUMERICS_8BIT))  # fmt: skip
+    unit = largest_block_weights(profile)
+    for sharding in SHARDINGS[1:]:
+        for gpus in SHARD_GPUS:
+            why = (
+                f"each of {gpus} GPUs keeps 1/{gpus} of the sharded states and runs its own "
+                "batch (communication time not predicted)"
+            )
+            cannot = f"needs {gpus} processes (jv.launch / torchrun): not rerun in this kernel"
+            peak = sharded_peak(profile, sharding, gpus, unit)
+            out.append(Prediction(f"{sharding.name} over {gpus} GPUs",
+                                  {"shard": (sharding.name, gpus)}, peak, 1.1, why, cannot,
+                                  charge=gpus))  # fmt: skip
+    return out

@@ -28,9 +28,10 @@ FORWARD_SHARE = 1 / 3
 MICRO_BATCHES = (2, 4, 8)
 #: Time added per halving of the batch (smaller kernels, more launches): a rule of thumb.
 MICRO_BATCH_OVERHEAD = 0.05
-SHARD_GPUS = (2, 4, 8)
 #: LoRA adapters' share of the weights assumed when nothing says which layers get them.
 LORA_SHARE = 0.01
+
+NEEDS_OTHER_OPTIMIZER = "changes the optimizer the notebook builds (bitsandbytes): not rerun"
 
 CANNOT_PREDICT = (
     "the allocator's cache, fragmentation and kernel workspaces (the budget is compared with "
@@ -70,8 +71,11 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
-def plan_candidates(profile: Profile, budget: int) -> list[Candidate]:
-    """Every option this run allows, ranked by cost (then by predicted peak)."""
+def plan_candidates(
+    profile: Profile, budget: int, extra: Sequence[Prediction] = ()
+) -> list[Candidate]:
+    """Every option this run allows, and ``extra`` ones for a training run, ranked by cost
+    (then by predicted peak)."""
     ctx = _Ctx(
         profile,
         int(budget),
@@ -83,11 +87,11 @@ def plan_candidates(profile: Profile, budget: int) -> list[Candidate]:
     out: list[Candidate] = []
     if trains:
         out += _rerunnable(ctx)
-        out += _optimizer_options(ctx)
-        out += _sharding_options(ctx)
+        out += _paged_option(ctx)
         out += _lora_option(ctx)
+        out += [_predicted(ctx, p) for p in extra]
     else:
-        out += _amp_options(ctx, fitting.autocast, {}, 1.0, "")
+        out += _amp_options(ctx, lambda p: p, {}, 1.0, "")
     return sorted(out, key=lambda c: (c.cost, c.predicted_peak_bytes, c.name))
 
 
@@ -256,55 +260,40 @@ def fewest_blocks(
 # -- options the cell would need changing for ------------------------------------------------------
 
 
-def _optimizer_options(ctx: _Ctx) -> list[Candidate]:
+def _paged_option(ctx: _Ctx) -> list[Candidate]:
     a = ctx.profile.allocations
     if not (a.category == CATEGORY_INDEX["optimizer_state"]).any():
         return []
-    from .._estimator.whatif import eight_bit_state
-
-    cannot = "changes the optimizer the notebook builds (bitsandbytes): not rerun"
-    eight = eight_bit_state(ctx.profile)
     return [
-        _candidate(ctx, "8-bit optimizer state", eight, {"optimizer": "8bit"},
-                   1.0, "Adam's moments quantized blockwise to 8 bits "
-                   "(bitsandbytes AdamW8bit); assumes Adam-like state", verifiable=cannot),
         _candidate(ctx, "paged optimizer state", fitting.paged_state(ctx.profile),
                    {"optimizer": "paged"}, 1.05, "optimizer state in unified memory, paged out "
                    "while forward and backward run (bitsandbytes paged optimizers)",
-                   verifiable=cannot),
+                   verifiable=NEEDS_OTHER_OPTIMIZER),
     ]  # fmt: skip
 
 
-def _sharding_options(ctx: _Ctx) -> list[Candidate]:
-    from .._estimator.whatif import SHARDINGS, sharded_peak
+@dataclass(frozen=True)
+class Prediction:
+    """An option predicted elsewhere (the estimator's what-ifs: 8-bit state, sharding), to
+    rank with the rest: ``charge`` is added to its time factor for what else it changes."""
 
-    unit = _largest_block_weights(ctx)
-    out: list[Candidate] = []
-    for sharding in SHARDINGS[1:]:
-        for gpus in SHARD_GPUS:
-            peak = sharded_peak(ctx.profile, sharding, gpus, unit)
-            out.append(
-                Candidate(
-                    f"{sharding.name} over {gpus} GPUs",
-                    {"shard": (sharding.name, gpus)},
-                    peak,
-                    peak <= ctx.budget,
-                    1.1,
-                    1.1 + gpus,  # more hardware: ranked after any single-GPU option
-                    f"each of {gpus} GPUs keeps 1/{gpus} of the sharded states and runs its "
-                    "own batch (communication time not predicted)",
-                    f"needs {gpus} processes (jv.launch / torchrun): not rerun in this kernel",
-                )
-            )
-    return out
+    name: str
+    changes: Mapping[str, Any]
+    peak_bytes: int
+    time_factor: float
+    why: str
+    verifiable: str | None
+    charge: float = 0.0
 
 
-def _largest_block_weights(ctx: _Ctx) -> int:
-    a = ctx.profile.allocations
-    params = (a.category == CATEGORY_INDEX["parameter"]) & ctx.profile.timeline.device_mask
+def largest_block_weights(profile: Profile) -> int:
+    """The parameter bytes of the largest repeated block (all parameters when there are no
+    blocks): what a sharded run gathers at a time."""
+    a = profile.allocations
+    params = (a.category == CATEGORY_INDEX["parameter"]) & profile.timeline.device_mask
     best = 0
-    for block in ctx.blocks or ("",):
-        inside = fitting._under(ctx.profile, block) if block else params
+    for block in fitting.repeated_blocks(profile) or [""]:
+        inside = fitting._under(profile, block) if block else params
         best = max(best, int(a.size[params & inside].sum()))
     return best
 
@@ -347,6 +336,13 @@ def _candidate(
         name, dict(changes), peak, peak <= ctx.budget, round(time, 3), cost, why, verifiable,
         notes,
     )  # fmt: skip
+
+
+def _predicted(ctx: _Ctx, p: Prediction) -> Candidate:
+    cost = round(p.time_factor + p.charge + _charges(p.changes, ctx), 3)
+    fits = p.peak_bytes <= ctx.budget
+    return Candidate(p.name, dict(p.changes), p.peak_bytes, fits, p.time_factor, cost, p.why,
+                     p.verifiable)  # fmt: skip
 
 
 def _charges(changes: Mapping[str, Any], ctx: _Ctx) -> float:
