@@ -208,6 +208,13 @@ def plan(profile_or_estimate: Profile | Estimate, budget: int | float | str) -> 
     nbytes, label = parse_budget(budget)
     estimate = None if isinstance(profile_or_estimate, Profile) else profile_or_estimate
     profile = profile_or_estimate if estimate is None else estimate.profile
+    if estimate is not None:  # options are peaks: leave room for what the estimate adds
+        extra = max(0, estimate.predicted_device_bytes - estimate.peak_bytes)
+        nbytes = max(1, nbytes - extra)
+        label += (
+            f", less {format_bytes(extra)} the estimate adds to the peak (allocator cache, "
+            "CUDA runtime)"
+        )
     if not isinstance(profile, Profile):
         raise TypeError(f"plan needs a Profile or an Estimate, not {type(profile).__name__}")
     result = Plan(profile, nbytes, label, estimate)
