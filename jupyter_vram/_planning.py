@@ -170,12 +170,14 @@ class Plan:
         )
 
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per option: predicted and (once verified) measured peak, the error, fits,
-        time factor, cost, why."""
+        """One row per option (and per verified option of ``considered``): predicted and
+        (once verified) measured peak, the error, fits, time factor, cost, why."""
         import pandas as pd
 
         rows = []
-        for o in self.options:
+        shown = [*self.options]
+        shown += [o for o in self.considered if o.name in self.measured and o not in shown]
+        for o in shown:
             measured = o.measured_peak_bytes
             error = None if measured is None else (o.predicted_peak_bytes - measured) / measured
             rows.append({"option": o.name, "predicted_bytes": o.predicted_peak_bytes,
