@@ -78,10 +78,21 @@ def test_a_micro_batch_shrinks_what_follows_the_batch(step: Profile) -> None:
 
 
 def test_autocast_halves_what_runs_in_16_bits_and_adds_weight_copies(step: Profile) -> None:
-    # 16-bit: a0 50, a1 100, b1 200, logits 250; layer norm's b0 stays 300. Weight copies
-    # (half of each module's weights) from its first forward matmul to the end of backward:
-    # h.0 200, h.1 200, head 100. At 10: 3000 + 50+100+300+200+250 + 500 + 1000 = 5400
-    assert fitting.autocast(step).peak_bytes == 5400
+    # forward, in order: a0 (relu on the float32 input) stays 100, a1 (mm) 100, b0 (layer
+    # norm) stays 300, b1 (mm) 200, logits (mm) 250. Weight copies (half of each module's
+    # weights) from its first forward matmul to the end of backward: h.0 200, h.1 200, head
+    # 100. At 10: 3000 + 100+100+300+200+250 + 500 + 1000 = 5450
+    assert fitting.autocast(step).peak_bytes == 5450
+
+
+def test_under_autocast_pointwise_ops_follow_the_output_made_before_them() -> None:
+    # linear (16-bit) -> gelu (16-bit, follows) -> layer norm (float32) -> relu (float32,
+    # follows): 400 -> 200, 400 -> 200, 400, 400
+    b = ProfileBuilder()
+    dev, net = b.devices("cpu"), b.modules("net")
+    for seq, op in enumerate(("addmm", "gelu", "native_layer_norm", "relu")):
+        b.add(400, seq, 0, dev, b.ops(op), net, -1, FWD, A)
+    assert fitting.autocast(b.build(device="cpu", source="test", wall_ns=10)).peak_bytes == 1200
 
 
 def test_offload_and_paged_state(step: Profile) -> None:

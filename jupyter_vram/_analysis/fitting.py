@@ -41,6 +41,10 @@ AUTOCAST_FLOAT32_OPS = FLOAT32_OPS - {
     "_native_batch_norm_legit_no_training",
 }  # fmt: skip
 
+#: Pointwise ops of the float32 list that, in a forward pass, are seen running on 16-bit
+#: inputs in 16 bits (CPU autocast: a GELU's ``pow`` after a matmul).
+FOLLOW_INPUT = frozenset({"pow", "exp", "log"})
+
 #: Ops whose output autocast computes in 16 bits from 16-bit copies of their weights.
 MATMUL_OPS = frozenset(
     {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "convolution", "_convolution",
@@ -221,21 +225,45 @@ def micro_batch(profile: Profile, parts: int, *, accumulate: bool = True) -> Pro
 
 
 def autocast(profile: Profile) -> Profile:
-    """The run under 16-bit autocast: the activations and the forward / backward temporaries
-    of ops autocast runs in 16 bits (matmul, conv and the elementwise ops after them) take
-    half the bytes; those it keeps in float32 (norms, softmax, losses, reductions) do not. The
-    16-bit copies of the weights a module's matmuls use are added (autocast caches them for
-    backward): half its parameters, from its first forward allocation to the end of backward.
-    The backward of a float32 op (``_log_softmax_backward_data``, ``nll_loss_backward``)
-    works in float32 too. Casts of activations between float32 ops and matmuls are not
-    counted."""
+    """The run under 16-bit autocast. Forward: outputs autocast makes in 16 bits take half
+    the bytes (see :func:`_sixteen_bit_forward`: matmul and conv outputs and the pointwise ops
+    that follow them; float32 ops such as norms, softmax and losses, and what follows them,
+    stay). Backward: every temporary and activation but those of float32 ops' backward
+    (``_log_softmax_backward_data``, ``nll_loss_backward``) is halved. The 16-bit copies of
+    the weights a module's matmuls use are added (autocast caches them for backward): half
+    its parameters, from its first forward allocation to the end of backward. The profile
+    has no dtypes: casts a model makes in its own code (``logits.float()``) and autocast's
+    casts of activations into a matmul are not counted."""
     a = profile.allocations
     low = np.array([not _float32_op(name) for name in profile.ops], dtype=bool)
     kinds = np.isin(a.category, [_ACTIVATION, _TEMPORARY])
-    rows = kinds & low[a.op] & (a.alloc_seq >= 0) & np.isin(a.phase, [_FORWARD, _BACKWARD])
+    rows = kinds & low[a.op] & (a.alloc_seq >= 0) & (a.phase == _BACKWARD)
+    rows |= _sixteen_bit_forward(profile)
     columns = _columns(profile)
     columns["size"][rows] = -(-columns["size"][rows] // 2)
     return with_rows(_with(profile, columns), _weight_casts(profile))
+
+
+def _sixteen_bit_forward(profile: Profile) -> BoolArray:
+    """Forward rows autocast makes in 16 bits, in the order they were made: a matmul's output
+    is 16-bit, a float32 op's is not, and any other op's output takes the dtype of the output
+    made just before it (elementwise ops follow their input: a GELU after a matmul is 16-bit,
+    the ops of a norm that upcasts in its own code stay float32)."""
+    a = profile.allocations
+    kinds = np.isin(a.category, [_ACTIVATION, _TEMPORARY])
+    forward = np.flatnonzero(kinds & (a.alloc_seq >= 0) & (a.phase == _FORWARD))
+    forward = forward[np.argsort(a.alloc_seq[forward], kind="stable")]
+    out = np.zeros(len(a), dtype=bool)
+    matmul = np.array([name in MATMUL_OPS for name in profile.ops], dtype=bool)
+    wide = np.array(
+        [_float32_op(name) and name not in FOLLOW_INPUT for name in profile.ops], dtype=bool
+    )
+    sixteen = False  # the run's inputs are float32
+    for row in forward:
+        op = a.op[row]
+        sixteen = bool(matmul[op]) or (sixteen and not wide[op])
+        out[row] = sixteen
+    return out
 
 
 def _float32_op(name: str) -> bool:
