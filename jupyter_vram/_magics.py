@@ -362,6 +362,12 @@ class VramMagics(Magics):
         if RECORDING_LOCK.locked():
             print("%%vram: already recording; this nested cell runs without its own recording")
             return
+        if args.max is not None:
+            print(
+                "%%vram: --max needs a cell without top-level await; this cell's peak is "
+                "recorded, not checked against it",
+                file=sys.stderr,
+            )
         assert self.shell is not None
         capacity = _capacity(args.capacity, "the cell runs unrecorded")
         if args.capacity is not None and capacity is None:
