@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from jupyter_vram._analysis import fitting
+from jupyter_vram._analysis.plan import Candidate, fewest_blocks, frontier
 from jupyter_vram._capture.builder import ProfileBuilder
 from jupyter_vram._model import CATEGORY_INDEX, PHASE_INDEX, Profile
 
@@ -110,3 +111,19 @@ def test_frozen_weights_with_small_adapters(step: Profile) -> None:
     # no gradients, state or optimizer temporaries; adapters of 10 B: +10 parameter, +20 state,
     # +10 gradient from backward: 1000 + 10 + 20 + 1500 + 10 = 2540
     assert fitting.frozen(step, trainable_bytes=10).peak_bytes == 2540
+
+
+def test_the_fewest_blocks_that_get_under_a_budget(step: Profile) -> None:
+    # h.1 gives up the most (b0, 300): alone it brings the peak to 5200 (see above)
+    assert fewest_blocks(step, ["net.h.0", "net.h.1"], 5200) == ("net.h.1",)
+    assert fewest_blocks(step, ["net.h.0", "net.h.1"], 5100) == ("net.h.0", "net.h.1")
+    assert fewest_blocks(step, ["net.h.0", "net.h.1"], 5099) == ()  # not even all of them
+
+
+def test_the_frontier_drops_options_that_cost_more_and_save_no_more() -> None:
+    def option(name: str, peak: int, cost: float) -> Candidate:
+        return Candidate(name, {}, peak, False, cost, cost, "")
+
+    ranked = [option("a", 900, 1.0), option("b", 950, 1.1), option("c", 800, 1.2),
+              option("d", 800, 1.3), option("e", 700, 2.0)]  # fmt: skip
+    assert [c.name for c in frontier(ranked)] == ["a", "c", "e"]
