@@ -16,8 +16,10 @@ from ._profile_services import estimate_text as _estimate_text
 _model.install_services(_Services())
 _display.register("estimate", _estimate_text)
 
+from ._budgets import assert_fits  # noqa: E402
 from ._leaks import release_leaks  # noqa: E402
 from ._model import CATEGORIES, Frame, Profile, ProfileFileError  # noqa: E402
+from ._planning import Option, Plan, plan  # noqa: E402
 from ._recording import Recording, record  # noqa: E402
 from ._rerun import RerunError, Variant, rerun, rerun_unavailable  # noqa: E402
 from ._session import last_profile  # noqa: E402
@@ -27,14 +29,18 @@ __all__ = [
     "Estimate",
     "Frame",
     "LaunchError",
+    "Option",
+    "Plan",
     "Profile",
     "ProfileFileError",
     "Recording",
     "RerunError",
     "Variant",
+    "assert_fits",
     "estimate",
     "last_profile",
     "launch",
+    "plan",
     "record",
     "register_cache",
     "release_leaks",

@@ -60,6 +60,28 @@ def _capacity(text: str | None, outcome: str = "the cell did not run") -> int | 
         return None
 
 
+class VramLimitExceeded(AssertionError):
+    """``%%vram --max``: the cell ran, and its peak passed the limit."""
+
+
+def _within(limit: int | None, value: Any, profile: Any) -> Any:
+    """``value`` when there is no limit or the peak kept to it; else show the value (the
+    cell's output comes first) and raise :class:`VramLimitExceeded` saying by how much."""
+    __tracebackhide__ = True
+    if limit is None or not isinstance(profile, Profile):
+        return value
+    from ._analysis.limits import over_limit
+
+    message = over_limit(profile, limit)
+    if message is None:
+        return value
+    if value is not None:
+        from IPython.display import display
+
+        display(value)
+    raise VramLimitExceeded(f"%%vram --max: {message}")
+
+
 def _stacks(args: Any) -> str:
     """The stack mode ``--stacks`` / ``--no-stacks`` ask for."""
     return "none" if args.no_stacks else str(args.stacks)
@@ -108,6 +130,12 @@ class VramMagics(Magics):
         "would the cell fit on a device this size?",
     )
     @argument(
+        "--max",
+        default=None,
+        help="a memory budget (2GiB, 512MiB, bytes): the cell runs to its end, then fails if "
+        "its peak passed this (with the top three sites)",
+    )
+    @argument(
         "--nproc",
         type=int,
         default=None,
@@ -134,6 +162,9 @@ class VramMagics(Magics):
         capacity = _capacity(args.capacity)
         if args.capacity is not None and capacity is None:
             return None
+        limit = _capacity(args.max)
+        if args.max is not None and limit is None:
+            return None
         if cell is None:
             from ._devices import memory_now
 
@@ -155,7 +186,10 @@ class VramMagics(Magics):
             self._show(profile, args)
 
         if args.amp or args.checkpoint or args.offload or args.compare:
-            return self._vram_changed(source, filename, number, args, show)
+            before = shell.user_ns.get("_vram")
+            value = self._vram_changed(source, filename, number, args, show)
+            after = shell.user_ns.get("_vram")
+            return _within(limit, value, after if after is not before else None)
         try:
             run = run_code(
                 source,
@@ -173,7 +207,7 @@ class VramMagics(Magics):
             return None
         if run.nested:
             print("%%vram: already recording; this nested cell ran without its own recording")
-        return shown_value(run.value, source)
+        return _within(limit, shown_value(run.value, source), run.profile)
 
     def _vram_ranks(self, source: str, filename: str, args: Any) -> None:
         """``--nproc N``: the cell defines main(); run it on N ranks, show the ranks."""
@@ -328,6 +362,12 @@ class VramMagics(Magics):
         if RECORDING_LOCK.locked():
             print("%%vram: already recording; this nested cell runs without its own recording")
             return
+        if args.max is not None:
+            print(
+                "%%vram: --max needs a cell without top-level await; this cell's peak is "
+                "recorded, not checked against it",
+                file=sys.stderr,
+            )
         assert self.shell is not None
         capacity = _capacity(args.capacity, "the cell runs unrecorded")
         if args.capacity is not None and capacity is None:

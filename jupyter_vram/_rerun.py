@@ -46,7 +46,8 @@ class Variant:
     ``amp``: the autocast dtype ("bf16" / "fp16") or None; ``checkpointed``: the module paths
     (as the profile names them) whose forward was checkpointed; ``offload``: activations saved
     to host memory; ``notes``: what the rerun could not keep equal (warnings) and what it cost;
-    ``baseline_cell``: the cell it reran (``In [5]``, or the cell's file name).
+    ``baseline_cell``: the cell it reran (``In [5]``, or the cell's file name);
+    ``micro_batch``: the run took 1 / this of the batch (1: all of it).
     """
 
     amp: str | None
@@ -54,6 +55,7 @@ class Variant:
     offload: bool
     notes: tuple[str, ...]
     baseline_cell: str | None
+    micro_batch: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -62,6 +64,7 @@ class Variant:
             "offload": self.offload,
             "notes": list(self.notes),
             "baseline_cell": self.baseline_cell,
+            "micro_batch": self.micro_batch,
         }
 
     @classmethod
@@ -74,6 +77,7 @@ class Variant:
             offload=bool(data.get("offload", False)),
             notes=tuple(str(n) for n in data.get("notes") or ()),
             baseline_cell=str(cell) if cell is not None else None,
+            micro_batch=max(1, int(data.get("micro_batch") or 1)),
         )
 
 
@@ -206,6 +210,7 @@ class _Plan:
     blocks: tuple[tuple[str, nn.Module], ...]  # (profile path, module) to checkpoint
     offload: bool
     facts: CellFacts
+    batch: BatchSplit | None = None
 
 
 def _roots(namespace: Mapping[str, Any]) -> dict[str, nn.Module]:
@@ -272,6 +277,7 @@ def _plan(
     amp: str | None,
     checkpoint: Checkpoint,
     offload: bool,
+    micro_batch: int | None = None,
 ) -> _Plan:
     from ._analysis.compare import activation_bytes_by_module
     from ._session import cell_of
@@ -336,6 +342,7 @@ def _plan(
             raise RerunError(
                 "the cell saved nothing for backward (no autograd): nothing to offload"
             )
+    batch = batch_split(cell.namespace, facts, micro_batch) if micro_batch else None
     tensor_names = [n for n in facts.names if n in cell.namespace]
     needed = host_bytes_needed(cell.namespace, tensor_names)
     # on the CPU the run itself needs host memory too: what the first run added at most
@@ -349,7 +356,7 @@ def _plan(
             f"not enough host memory to protect the notebook's state: the copy needs "
             f"{format_bytes(needed)}{run}, {format_bytes(available)} is available"
         )
-    return _Plan(cell, amp_name, tuple(blocks), bool(offload), facts)
+    return _Plan(cell, amp_name, tuple(blocks), bool(offload), facts, batch)
 
 
 def rerun_unavailable(
@@ -358,14 +365,90 @@ def rerun_unavailable(
     amp: str | None = None,
     checkpoint: Checkpoint = None,
     offload: bool = False,
+    micro_batch: int | None = None,
 ) -> str | None:
     """Why :func:`rerun` with these options cannot apply to ``profile`` (None: it can).
     Nothing runs; the app greys out a toggle with this line as its tooltip."""
     try:
-        _plan(profile, amp, checkpoint, offload)
+        _plan(profile, amp, checkpoint, offload, micro_batch)
     except RerunError as error:
         return str(error)
     return None
+
+
+# -- a micro-batch of the cell's batch -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BatchSplit:
+    """The batch tensors a cell reads (by name; a dict, list or tuple of tensors counts as
+    one) and the rows of them one micro-batch keeps."""
+
+    names: tuple[str, ...]
+    batch: int
+    rows: int
+    parts: int
+
+    def apply(self, namespace: dict[str, Any]) -> str:
+        """Bind each name in ``namespace`` (the rerun's copy) to its first rows (views: no
+        copy, the notebook's tensors untouched); the note that says so."""
+        for name in self.names:
+            namespace[name] = _first_rows(namespace[name], self.batch, self.rows)
+        return (
+            f"micro-batch 1/{self.parts}: ran on the first {self.rows} of {self.batch} rows of "
+            f"{', '.join(self.names)}; an accumulation loop keeps the effective batch by "
+            f"summing {self.parts} micro-batches' gradients before one optimizer step"
+        )
+
+
+def _first_rows(value: Any, batch: int, rows: int) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value[:rows] if value.dim() and value.shape[0] == batch else value
+    if isinstance(value, dict):
+        return type(value)((k, _first_rows(v, batch, rows)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return type(value)(_first_rows(v, batch, rows) for v in value)
+    return value
+
+
+def _leading_dims(value: Any) -> list[int]:
+    import torch
+    from torch import nn
+
+    if isinstance(value, nn.Parameter):
+        return []
+    if isinstance(value, torch.Tensor):
+        return [int(value.shape[0])] if value.dim() else []
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)) and len(value) <= 64:
+        return [d for v in value if isinstance(v, torch.Tensor) for d in _leading_dims(v)]
+    return []
+
+
+def batch_split(namespace: Mapping[str, Any], facts: CellFacts, parts: int) -> BatchSplit:
+    """The batch (the first dimension most of the cell's tensors share; the larger on a tie)
+    and the tensors that have it; RerunError when the cell reads no tensor from the notebook
+    (it builds its batch) or ``parts`` is not a whole number of at least 2."""
+    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 2:
+        raise RerunError(f"micro_batch: a whole number of at least 2, not {parts!r}")
+    dims = {n: _leading_dims(namespace[n]) for n in sorted(facts.names) if n in namespace}
+    counts: dict[int, int] = {}
+    for found in dims.values():
+        for d in set(found):
+            counts[d] = counts.get(d, 0) + 1
+    if not counts:
+        raise RerunError(
+            "micro-batch: the cell reads no tensor from the notebook (it builds its batch): "
+            "make the batch a notebook variable, or run a smaller batch yourself"
+        )
+    batch = max(counts, key=lambda d: (counts[d], d))
+    if batch < parts:
+        raise RerunError(f"micro-batch: the batch has {batch} rows, fewer than {parts} parts")
+    names = tuple(n for n, found in dims.items() if batch in found)
+    return BatchSplit(names, batch, -(-batch // parts), parts)
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -401,21 +484,24 @@ def rerun(
     progress: Progress | None = None,
     *,
     stacks: bool | str = False,
+    micro_batch: int | None = None,
 ) -> Profile:
     """Run the cell behind a `%%vram` profile again with a change, and return its profile.
 
     ``amp``: autocast dtype ("bf16" / "fp16"; CPU autocast on a CPU run). ``checkpoint``:
     "auto" (the repeated blocks that held the most activations in ``profile``) or module paths
     (``"model.transformer.h.0"``). ``offload``: keep activations in host memory
-    (``save_on_cpu``; pinned on CUDA). ``progress``: called with "saving state", "running",
-    "restoring". ``stacks``: Python source lines per allocation, off by default (the
-    comparison is by category, module and op): ``True`` records them as the first run did,
-    or name a mode (``"sampled"``, ``"full"``: see :func:`jupyter_vram.record`). The
-    returned profile's ``variant`` says what was applied and its notes what
-    could not be kept equal. Parameters, buffers, gradients, optimizer state, random streams,
-    modes and the names the cell binds are as they were before the call, even when the cell
-    raises (the error propagates) or is interrupted. Raises :class:`RerunError` when the change
-    cannot apply.
+    (``save_on_cpu``; pinned on CUDA). ``micro_batch``: run on ``1 / micro_batch`` of the
+    batch (the first rows of every tensor the cell reads whose first dimension is the batch),
+    as one micro-batch of a gradient accumulation loop would. ``progress``: called with
+    "saving state", "running", "restoring". ``stacks``: Python source lines per
+    allocation, off by default (the comparison is by category, module and op): ``True``
+    records them as the first run did, or name a mode (``"sampled"``, ``"full"``: see
+    :func:`jupyter_vram.record`). The returned profile's ``variant`` says what was applied
+    and its notes what could not be kept equal. Parameters, buffers, gradients, optimizer
+    state, random streams, modes and the names the cell binds are as they were before the
+    call, even when the cell raises (the error propagates) or is interrupted. Raises
+    :class:`RerunError` when the change cannot apply.
     """
     from ._capture import RECORDING_LOCK, interrupts_deferred
     from ._capture.cpu_recorder import discarded_on_error
@@ -423,7 +509,7 @@ def rerun(
     from ._transforms import state as state_module
 
     __tracebackhide__ = True
-    plan = _plan(profile, amp, checkpoint, offload)
+    plan = _plan(profile, amp, checkpoint, offload, micro_batch)
     if RECORDING_LOCK.locked():
         raise RerunError("a rerun cannot run inside another recording (%%vram / jv.record)")
     cell = plan.cell
@@ -448,6 +534,8 @@ def rerun(
             dropped = cell.start.put(namespace, plan.facts.bound)
             if dropped:
                 notes.append("started where the first run did: " + "; ".join(dropped))
+        if plan.batch is not None:
+            notes.append(plan.batch.apply(namespace))
         switch.start()
         say("running")
         with discarded_on_error():  # a raising rerun (Cancel) returns no profile: none is read
@@ -485,6 +573,7 @@ def rerun(
         offload=plan.offload,
         notes=tuple(notes),
         baseline_cell=cell.label or cell.filename,
+        micro_batch=plan.batch.parts if plan.batch is not None else 1,
     )
     meta = dict(result.meta)
     meta["variant"] = variant.to_dict()

@@ -178,6 +178,9 @@ def describe_change(profile: Profile) -> str:
         parts.append(f"{info['amp']} autocast")
     if info.get("offload"):
         parts.append("activation offload")
+    parts_of = info.get("micro_batch")
+    if isinstance(parts_of, int) and parts_of > 1:
+        parts.append(f"micro-batch 1/{parts_of}")
     return " + ".join(parts) or "a plain rerun"
 
 

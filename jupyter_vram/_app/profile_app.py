@@ -169,6 +169,7 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
 
             self._builders[len(titles)] = estimate_tab
             titles.append(TITLE)
+        self._add_fit(profile, titles, estimate, gpu)
         oom_tab = self._add_oom_and_leaks(profile, titles, estimate is None)
         self.tabs = w.Tab(children=[_placeholder() for _ in titles])
         for i, title in enumerate(titles):
@@ -183,6 +184,22 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         self.add_class("jv-app")
         displayed_in_this_cell(self)
         self.open_tab(0 if oom_tab is None else oom_tab)
+
+    def _add_fit(
+        self, profile: Profile, titles: list[str], estimate: Estimate | None, gpu: Any
+    ) -> None:
+        """The Make-it-fit tab, for a measured run and for an estimate (planned at once for
+        a GPU it does not fit)."""
+        if profile.source == "estimate" and estimate is None:
+            return
+        from .fit_view import TITLE, fit_tab
+
+        budget = ""
+        if estimate is not None and gpu is not None and not estimate.fits(gpu):
+            budget = gpu if isinstance(gpu, str) else gpu.name
+        handle = self._handle
+        self._builders[len(titles)] = lambda p: fit_tab(handle, self.estimate, budget)
+        titles.append(TITLE)
 
     def _add_oom_and_leaks(self, profile: Profile, titles: list[str], leaks: bool) -> int | None:
         """An OOM post-mortem's header line and tab, and the Leaks tab (built when opened);
