@@ -23,18 +23,11 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from ._analysis.oom import OomReport
-    from ._analysis.timeline import Timeline
     from ._model import Profile
-    from ._rerun import Variant
 
 
 class Services:
     """:class:`~jupyter_vram._model.ProfileServices`, each method one call to its layer."""
-
-    def replay(self, profile: Profile) -> Timeline:
-        from ._analysis.timeline import replay
-
-        return replay(profile)
 
     def allocations_frame(self, profile: Profile) -> pd.DataFrame:
         from ._analysis.tables import allocations_frame
@@ -64,11 +57,6 @@ class Services:
         from ._render.html import write_report
 
         return write_report(profile, path, resources=resources)
-
-    def variant(self, info: Mapping[str, Any]) -> Variant:
-        from ._rerun import Variant
-
-        return Variant.from_dict(info)
 
     def compare(
         self, baseline: Profile, other: Profile, by: Literal["category", "module", "op"]

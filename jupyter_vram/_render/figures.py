@@ -19,8 +19,7 @@ from bokeh.plotting import figure
 from bokeh.transform import stack
 
 from .._analysis.flame import FlameNode
-from .._analysis.timeline import Timeline
-from .._model import CATEGORIES
+from .._model import CATEGORIES, Timeline
 from .text import format_bytes, format_moment
 
 #: One colour per category (colour-blind-safe set), in CATEGORIES order.

@@ -25,172 +25,39 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import stat
-import zlib
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-import numpy as np
-import numpy.typing as npt
-
-from ._units import format_bytes
+from .._units import format_bytes
+from .columns import (
+    CATEGORIES,
+    COLUMNS,
+    MAX_BYTES,
+    MAX_FILE_BYTES,
+    MAX_SEQ,
+    PHASES,
+    Allocations,
+    Frame,
+    ProfileFileError,
+    SegmentEvents,
+    category_remap,
+)
+from .files import Checker, read_limited, refuse_constant
+from .timeline import Timeline, replay
+from .variant import Variant
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ._analysis.oom import OomReport
-    from ._analysis.timeline import Timeline
-    from ._rerun import Variant
+    from .._analysis.oom import OomReport
 
 SCHEMA_VERSION = 1
-
-#: Category names, strongest role first: an allocation that played several roles (a parameter
-#: that autograd also saved) takes the first one here.
-#: ``parameter`` is a parameter that trains (requires grad), ``frozen_parameter`` one that
-#: does not (a LoRA / QLoRA base model's weights); ``quant_state`` the tensors a quantised
-#: weight carries besides its data (bitsandbytes' QuantState absmax and code tables, a tensor
-#: subclass's scales); ``kv_cache`` a cache kept between generation steps (after
-#: ``activation``: in a training step, keys and values autograd saved are activations).
-CATEGORIES: tuple[str, ...] = (
-    "parameter",
-    "frozen_parameter",
-    "quant_state",
-    "buffer",
-    "gradient",
-    "optimizer_state",
-    "input",
-    "activation",
-    "kv_cache",
-    "temporary",
-    "other",
-)
-CATEGORY_INDEX: dict[str, int] = {name: i for i, name in enumerate(CATEGORIES)}
-#: Parameters, trainable or not: what a model's weights are.
-PARAMETER_CATEGORIES: tuple[str, ...] = ("parameter", "frozen_parameter")
-#: The category table of files written before ``frozen_parameter``, ``quant_state`` and
-#: ``kv_cache`` existed (their rows keep their meaning: :func:`category_remap`).
-LEGACY_CATEGORIES: tuple[str, ...] = (
-    "parameter", "buffer", "gradient", "optimizer_state", "input", "activation", "temporary",
-    "other",
-)  # fmt: skip
-
-
-def category_remap(names: Sequence[str]) -> npt.NDArray[np.int8]:
-    """Index in a file's category table -> index in :data:`CATEGORIES` (files written by an
-    older version name fewer categories, in another order). Raises :class:`ProfileFileError`
-    for a name this version does not know."""
-    unknown = [n for n in names if n not in CATEGORY_INDEX]
-    if unknown:
-        raise ProfileFileError(f"profile uses unknown categories {unknown[:3]!r:.80}")
-    return np.array([CATEGORY_INDEX[n] for n in names], dtype=np.int8)
-
-
-PHASES: tuple[str, ...] = ("other", "forward", "backward", "optimizer")
-PHASE_INDEX: dict[str, int] = {name: i for i, name in enumerate(PHASES)}
-
-Int64Array = npt.NDArray[np.int64]
-Int32Array = npt.NDArray[np.int32]
-Int8Array = npt.NDArray[np.int8]
-
-
-class ProfileFileError(ValueError):
-    """A saved profile that cannot be read: the message names the file and the problem."""
-
-
-#: Default limit on a profile file's JSON text (decompressed). A recorded step of a million
-#: allocations is about 100 MB of JSON; parsing takes several times the text's size in memory.
-MAX_FILE_BYTES = 1 << 30
-MAX_BYTES = 1 << 50  # no single allocation, segment or baseline is a petabyte
-MAX_SEQ = 1 << 62  # sequence numbers, times and counts: far from int64 overflow
-_CHUNK = 1 << 20
-
-_COLUMNS: dict[str, type[np.generic]] = {
-    "size": np.int64,
-    "alloc_seq": np.int64,
-    "free_seq": np.int64,
-    "alloc_ns": np.int64,
-    "free_ns": np.int64,
-    "device": np.int32,
-    "op": np.int32,
-    "module": np.int32,
-    "stack": np.int32,
-    "phase": np.int8,
-    "category": np.int8,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """One Python frame of an allocation's stack."""
-
-    filename: str
-    line: int
-    name: str
-
-    def __str__(self) -> str:
-        """``name (file:line)``; line 0 means "somewhere in this function" (an op reached
-        through an operator, or a sampled stack whose neighbours' lines differ). The file's
-        last part is cut from the string (``pathlib`` would intern every part of the path,
-        growing the interpreter's table of interned strings with every stack shown)."""
-        where = self.filename.rpartition("/")[2]
-        return f"{self.name} ({where}:{self.line})" if self.line else f"{self.name} ({where})"
-
-
-@dataclass(frozen=True)
-class Allocations:
-    """Column arrays, one entry per allocation (see the module docstring)."""
-
-    size: Int64Array
-    alloc_seq: Int64Array
-    free_seq: Int64Array
-    alloc_ns: Int64Array
-    free_ns: Int64Array
-    device: Int32Array
-    op: Int32Array
-    module: Int32Array
-    stack: Int32Array
-    phase: Int8Array
-    category: Int8Array
-
-    def __post_init__(self) -> None:
-        lengths = {len(getattr(self, name)) for name in _COLUMNS}
-        if len(lengths) > 1:
-            raise ValueError(f"allocation columns have different lengths: {sorted(lengths)}")
-
-    def __len__(self) -> int:
-        return len(self.size)
-
-    @classmethod
-    def from_columns(cls, columns: Mapping[str, Sequence[int] | npt.NDArray[Any]]) -> Allocations:
-        missing = set(_COLUMNS) - set(columns)
-        if missing:
-            raise ValueError(f"allocation columns missing: {sorted(missing)}")
-        return cls(**{name: np.asarray(columns[name], dtype=dt) for name, dt in _COLUMNS.items()})
-
-    @classmethod
-    def empty(cls) -> Allocations:
-        return cls.from_columns({name: [] for name in _COLUMNS})
-
-    def to_columns(self) -> dict[str, list[int]]:
-        return {name: getattr(self, name).tolist() for name in _COLUMNS}
-
-
-@dataclass(frozen=True)
-class SegmentEvents:
-    """Reserved memory over time (CUDA caching allocator segments): +size / -size at a seq."""
-
-    seq: Int64Array = field(default_factory=lambda: np.zeros(0, np.int64))
-    delta: Int64Array = field(default_factory=lambda: np.zeros(0, np.int64))
-    baseline: int = 0  # bytes reserved before recording started
 
 
 class ProfileServices(Protocol):
     """What the layers above the data model do for :class:`Profile`'s conveniences."""
 
-    def replay(self, profile: Profile) -> Timeline: ...
     def allocations_frame(self, profile: Profile) -> pd.DataFrame: ...
     def top_sites(
         self, profile: Profile, limit: int, by: Literal["peak", "allocated"]
@@ -200,7 +67,6 @@ class ProfileServices(Protocol):
     def write_report(
         self, profile: Profile, path: str | Path, resources: Literal["inline", "cdn"]
     ) -> Path: ...
-    def variant(self, info: Mapping[str, Any]) -> Variant: ...
     def compare(
         self, baseline: Profile, other: Profile, by: Literal["category", "module", "op"]
     ) -> pd.DataFrame: ...
@@ -313,13 +179,19 @@ class Profile:
         if self.device not in self.devices:
             raise ValueError(f"profile device {self.device!r} has no allocations table entry")
 
+    @property
+    def device_index(self) -> int:
+        """The profile's device in the ``device`` column (-1: it has no allocations table
+        entry, which only an empty profile may lack)."""
+        return self.devices.index(self.device) if self.device in self.devices else -1
+
     # -- analysis facade -------------------------------------------------------------------
 
     @property
     def timeline(self) -> Timeline:
         """Live bytes per category after every event on the profile's device (cached)."""
         if self._timeline is None:
-            self._timeline = _the_services().replay(self)
+            self._timeline = replay(self.allocations, self.device_index)
         return self._timeline
 
     @property
@@ -367,7 +239,7 @@ class Profile:
         info = self.meta.get("variant")
         if not isinstance(info, Mapping):
             return None
-        return _the_services().variant(info)
+        return Variant.from_dict(info)
 
     def compare(
         self, other: Profile, by: Literal["category", "module", "op"] = "category"
@@ -421,7 +293,7 @@ class Profile:
         """A profile from :meth:`to_dict`'s output. Everything is checked first (types, value
         ranges, ids pointing into their tables, alloc before free): a bad document raises
         :class:`ProfileFileError` naming the first problem."""
-        check = _Checker()
+        check = Checker()
         if not isinstance(data, Mapping) or data.get("schema") != "jupyter_vram.profile":
             raise ProfileFileError("not a jupyter_vram profile")
         version = data.get("version")
@@ -449,7 +321,7 @@ class Profile:
             len(stacks),
         )  # fmt: skip
         if remap is not None:
-            columns = {k: getattr(allocations, k) for k in _COLUMNS}
+            columns = {k: getattr(allocations, k) for k in COLUMNS}
             allocations = Allocations.from_columns(
                 {**columns, "category": remap[columns["category"]]}
             )
@@ -538,9 +410,9 @@ class Profile:
         problem.
         """
         try:
-            text = _read_limited(Path(path), max_bytes)
+            text = read_limited(Path(path), max_bytes)
             try:
-                data = json.loads(text, parse_constant=_refuse_constant)
+                data = json.loads(text, parse_constant=refuse_constant)
             except ProfileFileError:
                 raise
             except json.JSONDecodeError as exc:
@@ -553,250 +425,3 @@ class Profile:
             return cls.from_dict(data)
         except ProfileFileError as exc:
             raise ProfileFileError(f"{path}: {exc}") from exc.__cause__
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ProfileFileError(f"JSON holds {name}, which no profile field can take")
-
-
-def open_regular_file(path: Path) -> BinaryIO:
-    """``path`` opened for reading in binary, if it is a regular file; ProfileFileError for
-    a device (``/dev/zero`` reads forever), a FIFO (blocks until a writer comes), a socket or
-    a folder. Opened without blocking, then checked on the open file itself, so a path that
-    changes in between cannot slip through."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        raise ProfileFileError(f"cannot read the file ({exc.strerror or exc})") from exc
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = "a folder" if stat.S_ISDIR(mode) else "a device, FIFO or socket"
-            raise ProfileFileError(f"not a regular file ({kind}): only files are read")
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _read_limited(path: Path, max_bytes: int) -> bytes | bytearray:
-    """The file's bytes, gunzipped when it is gzip, refusing anything past ``max_bytes``
-    (plain text is read to one byte past the limit at most, whatever the file claims)."""
-    too_big = f"over the {max_bytes:,}-byte limit (raise it with Profile.load(path, max_bytes=...))"
-    try:
-        with open_regular_file(path) as fh:
-            head = fh.read(2)
-            if head != b"\x1f\x8b":
-                size = os.fstat(fh.fileno()).st_size
-                if size > max_bytes:
-                    raise ProfileFileError(f"file is {size:,} bytes, {too_big}")
-                text: bytes = head + fh.read(max(max_bytes + 1 - len(head), 0))
-                if len(text) > max_bytes:  # it grew since
-                    raise ProfileFileError(f"file is {too_big}")
-                return text
-            fh.seek(0)
-            return _gunzip_limited(fh, max_bytes)
-    except OSError as exc:
-        raise ProfileFileError(f"cannot read the file ({exc.strerror or exc})") from exc
-
-
-def _gunzip_limited(fh: Any, max_bytes: int) -> bytearray:
-    """Inflate the gzip members read from ``fh``, refusing output past ``max_bytes``.
-
-    A first pass only counts the inflated bytes (one chunk in memory at a time), so a small
-    file that inflates to gigabytes is refused without holding any of it; the second pass
-    keeps the text.
-    """
-    total = 0
-    for chunk in _inflate(fh, max_bytes):
-        total += len(chunk)
-    fh.seek(0)
-    out = bytearray()
-    for chunk in _inflate(fh, total):
-        out += chunk
-    return out
-
-
-def _inflate(fh: Any, max_bytes: int) -> Iterator[bytes]:
-    """The inflated chunks of the gzip members in ``fh`` (ProfileFileError past the limit,
-    on corrupt data or on a truncated member)."""
-    inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
-    pending = b""
-    in_member = False
-    total = 0
-    try:
-        while True:
-            if not pending:
-                pending = fh.read(_CHUNK)
-                if not pending:
-                    break
-            in_member = True
-            room = max_bytes - total + 1  # one byte past the limit says it went over
-            chunk = inflater.decompress(pending, min(room, _CHUNK))
-            total += len(chunk)
-            if total > max_bytes:
-                raise ProfileFileError(
-                    f"gzip data inflates past the {max_bytes:,}-byte limit (raise it with "
-                    "Profile.load(path, max_bytes=...))"
-                )
-            yield chunk
-            if inflater.eof:  # a member ended; gzip allows another to follow
-                pending = inflater.unused_data
-                inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
-                in_member = False
-            else:
-                pending = inflater.unconsumed_tail
-    except zlib.error as exc:
-        raise ProfileFileError(f"corrupt gzip data ({exc})") from exc
-    if in_member:
-        raise ProfileFileError("gzip data is truncated")
-
-
-class _Checker:
-    """Type and range checks of a profile document, each failure a ProfileFileError."""
-
-    def mapping(
-        self, data: Mapping[str, Any], key: str, *, required: bool = True
-    ) -> Mapping[str, Any]:
-        value = data.get(key)
-        if value is None and not required:
-            return {}
-        if not isinstance(value, Mapping):
-            raise ProfileFileError(f"{key!r} must be a JSON object")
-        return value
-
-    def list(self, data: Mapping[str, Any], key: str) -> list[Any]:
-        value = data.get(key)
-        if not isinstance(value, list):
-            raise ProfileFileError(f"{key!r} must be a list")
-        return value
-
-    def string(self, data: Mapping[str, Any], key: str) -> str:
-        value = data.get(key)
-        if not isinstance(value, str):
-            raise ProfileFileError(f"{key!r} must be a string")
-        return value
-
-    def strings(self, data: Mapping[str, Any], key: str) -> tuple[str, ...]:
-        values = self.list(data, key)
-        if not all(isinstance(v, str) for v in values):
-            raise ProfileFileError(f"{key!r} must be a list of strings")
-        return tuple(values)
-
-    def integer(
-        self, data: Mapping[str, Any], key: str, where: str, *, low: int, high: int,
-        default: int | None = None,
-    ) -> int:  # fmt: skip
-        value = data.get(key, default)
-        if type(value) is not int:
-            raise ProfileFileError(f"{where}: {key!r} must be an integer")
-        if not low <= value <= high:
-            raise ProfileFileError(f"{where}: {key!r} = {value} is out of range")
-        return value
-
-    def frame(self, index: int, value: Any) -> tuple[str, int, str]:
-        if (
-            not isinstance(value, list)
-            or len(value) != 3
-            or not isinstance(value[0], str)
-            or type(value[1]) is not int
-            or not isinstance(value[2], str)
-        ):
-            raise ProfileFileError(f"frame {index} must be [filename, line, name]")
-        if not 0 <= value[1] < 1 << 31:
-            raise ProfileFileError(f"frame {index}: line {value[1]} is out of range")
-        return value[0], value[1], value[2]
-
-    def stack(self, index: int, value: Any, frames: int) -> tuple[int, ...]:
-        if not isinstance(value, list) or not all(type(f) is int for f in value):
-            raise ProfileFileError(f"stack {index} must be a list of frame ids")
-        if value and (min(value) < 0 or max(value) >= frames):
-            raise ProfileFileError(
-                f"stack {index} points to a frame that does not exist ({frames} frames)"
-            )
-        return tuple(value)
-
-    def column(
-        self, data: Mapping[str, Any], key: str, where: str, *, low: int, high: int = MAX_SEQ,
-        required: bool = True,
-    ) -> Int64Array:  # fmt: skip
-        values = data.get(key)
-        if values is None and not required:
-            return np.zeros(0, np.int64)
-        if not isinstance(values, list):
-            raise ProfileFileError(f"{where}: {key!r} must be a list of integers")
-        try:
-            array = np.asarray(values)
-        except (ValueError, OverflowError, TypeError) as exc:
-            raise ProfileFileError(f"{where}: {key!r} must be a list of integers") from exc
-        if len(values) == 0:
-            return np.zeros(0, np.int64)
-        if array.ndim != 1 or array.dtype.kind not in "iu":
-            raise ProfileFileError(f"{where}: {key!r} must be a list of integers")
-        bad = (array < low) | (array > high)
-        if bad.any():
-            row = int(np.argmax(bad))
-            raise ProfileFileError(
-                f"{where}: {key!r} of row {row} is {int(array[row])}, out of range"
-            )
-        return array.astype(np.int64)
-
-    def allocations(
-        self, data: Mapping[str, Any], tables: Mapping[str, int], stacks: int
-    ) -> Allocations:
-        where = "allocations"
-        limits = {
-            "size": (0, MAX_BYTES),
-            "alloc_seq": (-1, MAX_SEQ),
-            "free_seq": (-1, MAX_SEQ),
-            "alloc_ns": (-1, MAX_SEQ),
-            "free_ns": (-1, MAX_SEQ),
-            "device": (0, tables["device"] - 1),
-            "op": (0, tables["op"] - 1),
-            "module": (0, tables["module"] - 1),
-            "stack": (-1, stacks - 1),
-            "phase": (0, len(PHASES) - 1),
-            "category": (0, tables.get("category", len(CATEGORIES)) - 1),
-        }
-        columns = {
-            name: self.column(data, name, where, low=low, high=high)
-            for name, (low, high) in limits.items()
-        }
-        if len({len(c) for c in columns.values()}) > 1:
-            raise ProfileFileError("allocation columns have different lengths")
-        a = Allocations.from_columns(columns)
-        if int(a.size.sum(dtype=np.float64)) > MAX_SEQ:
-            raise ProfileFileError("allocation sizes add up past any real memory")
-        freed_first = (a.alloc_seq >= 0) & (a.free_seq >= 0) & (a.free_seq <= a.alloc_seq)
-        if freed_first.any():
-            row = int(np.argmax(freed_first))
-            raise ProfileFileError(
-                f"allocation {row} is freed (seq {int(a.free_seq[row])}) before it is "
-                f"allocated (seq {int(a.alloc_seq[row])})"
-            )
-        return a
-
-    def device_info(self, data: Mapping[str, Any]) -> dict[str, Any]:
-        info = dict(self.mapping(data, "device_info", required=False))
-        for key in ("allocated", "reserved", "device_used", "total", "used", "free"):
-            if info.get(key) is not None:
-                self.integer(info, key, "device_info", low=0, high=MAX_BYTES)
-        if info.get("name") is not None and not isinstance(info["name"], str):
-            raise ProfileFileError("device_info: 'name' must be a string")
-        return info
-
-    def meta(self, data: Mapping[str, Any]) -> dict[str, Any]:
-        meta = dict(self.mapping(data, "meta", required=False))
-        if meta.get("estimate") is not None:
-            info = self.mapping(meta, "estimate")
-            for key, low in (("batch_size", 1), ("parameters", 0), ("unit_parameter_bytes", 0)):
-                if key in info:
-                    self.integer(info, key, "meta.estimate", low=low, high=MAX_SEQ)
-            settings = info.get("settings")
-            if settings is not None and not isinstance(settings, Mapping):
-                raise ProfileFileError("meta.estimate: 'settings' must be a JSON object")
-        if meta.get("allocator_model") is not None:
-            model = self.mapping(meta, "allocator_model")
-            self.integer(model, "peak_reserved", "meta.allocator_model", low=0, high=MAX_SEQ)
-        return meta
