@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ._analysis.oom import OomReport
     from ._model import Profile
+    from ._model.oom import OomReport
 
 
 class Services:

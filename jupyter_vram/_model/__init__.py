@@ -2,9 +2,10 @@
 package (nothing here imports any other jupyter_vram module but the leaf ``_units``).
 
 Bottom first: :mod:`.columns` (category and phase names, the allocation columns, segment
-events, limits), :mod:`.timeline` (the replay of a profile's events into live bytes) and
-:mod:`.variant` (what a rerun changed), :mod:`.files` (a saved profile read and checked),
-:mod:`.profile` (the Profile). This package re-exports their names.
+events, limits); :mod:`.timeline` (the replay of a profile's events into live bytes),
+:mod:`.variant` (what a rerun changed), :mod:`.oom` (the facts of an OOM post-mortem) and
+:mod:`.files` (a saved profile read and checked); :mod:`.profile` (the Profile). This package
+re-exports their names.
 """
 
 from __future__ import annotations

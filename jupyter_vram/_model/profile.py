@@ -50,7 +50,7 @@ from .variant import Variant
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .._analysis.oom import OomReport
+    from .oom import OomReport
 
 SCHEMA_VERSION = 1
 

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from .._units import format_bytes as format_bytes  # noqa: PLC0414
 
 if TYPE_CHECKING:
-    from .._analysis.oom import OomReport
     from .._model import Profile
+    from .._model.oom import OomReport
 
 
 SOURCE_NAMES = {
