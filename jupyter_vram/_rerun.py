@@ -307,7 +307,7 @@ def _plan(
     running = profile.peak_bytes - profile.timeline.baseline_bytes if profile.device == "cpu" else 0
     available = available_host_bytes()
     if available is not None and needed + running > HOST_MEMORY_MARGIN * available:
-        from ._render.text import format_bytes
+        from ._units import format_bytes
 
         run = f" and the run {format_bytes(running)}" if running else ""
         raise RerunError(

@@ -20,7 +20,8 @@ from bokeh.transform import stack
 
 from .._analysis.flame import FlameNode
 from .._model import CATEGORIES, Timeline
-from .text import format_bytes, format_moment
+from .._units import format_bytes
+from .text import format_moment
 
 #: One colour per category (colour-blind-safe set), in CATEGORIES order.
 CATEGORY_COLORS: dict[str, str] = dict(
