@@ -10,7 +10,7 @@ from ._model import profile as _profile_module
 from ._profile_services import Services as _Services
 from ._profile_services import estimate_text as _estimate_text
 
-# Profile's conveniences come from the layers above the data model (see _model.py), and an
+# Profile's conveniences come from the layers above the data (see _model/profile.py), and an
 # Estimate's text view from the renderer (see _display.py): install them before anything
 # else of the package runs.
 _profile_module.install_services(_Services())

@@ -1,7 +1,7 @@
 """The services behind :class:`~jupyter_vram._model.Profile`'s conveniences.
 
 The data model declares ``peak_bytes``, ``to_dataframe()``, ``to_html()``, ``compare()`` ...
-but imports nothing above it (see ``_model.py``); this module, part of the public API layer,
+but imports nothing above it (see ``_model/profile.py``); this module, part of the public API layer,
 provides them from analysis/, render/, leaks, rerun, capture's snapshot files and the
 distributed files, and ``jupyter_vram/__init__.py`` installs it when the package is imported
 (with :func:`estimate_text`, the text view an Estimate shows in IPython: ``_display.py``).

@@ -10,15 +10,14 @@ played. Sequence numbers are shared by alloc and free events of one run, so sort
 replays the run. Allocations that existed before recording started have ``alloc_seq == -1``
 (the baseline); allocations still alive at the end have ``free_seq == -1``.
 
-The data model is the bottom of the package: at run time it imports no other jupyter_vram
-module but the leaf ``_units``. Its conveniences (``peak_bytes``, ``peak_breakdown()``,
-``to_dataframe()``, ``to_html()``, ``compare()``, ``leaks()``, ``from_snapshot()`` ...) are
-declared here, where users look for them, and delegate to :class:`ProfileServices`: the
-layers above (analysis, render, capture's snapshot files) provide them, and the package
-installs them when it is imported (``jupyter_vram/_profile_services.py``, from
-``jupyter_vram/__init__.py``; importing any ``jupyter_vram.*`` module imports the package
-first). So the arrows run one way, the methods keep their names and signatures, and mypy
-checks the services against the Protocol.
+The data model is the bottom of the package: it imports its siblings in ``_model/`` and the
+leaf ``_units``, nothing else of jupyter_vram. ``timeline``, ``peak_bytes``,
+``peak_breakdown()`` and ``variant`` are computed here from the columns. The conveniences that
+need a layer above (``to_dataframe()``, ``to_html()``, ``compare()``, ``leaks()``,
+``from_snapshot()`` ...) are declared here, where users look for them, and delegate to
+:class:`ProfileServices`: the layers above provide them, and the package installs them when
+it is imported (``jupyter_vram/_profile_services.py``, from ``jupyter_vram/__init__.py``;
+importing any ``jupyter_vram.*`` module imports the package first).
 """
 
 from __future__ import annotations
