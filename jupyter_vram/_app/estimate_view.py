@@ -24,8 +24,7 @@ from .._estimator.whatif import variants, what_if_fits
 from .._model import CATEGORIES, Profile
 from .._render.estimate_text import MODELLED, NOT_MODELLED, format_count, settings_text
 from .._render.html import facts_html
-from .._render.text import format_bytes
-from .._units import format_change, format_column
+from .._units import format_bytes, format_change, format_column
 from .export import CsvLink
 
 if TYPE_CHECKING:
