@@ -14,6 +14,8 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
+#: what the kernel wrote to stderr (an old app's close raising at garbage collection lands here)
+ERRORS: list[str] = []
 CELL = "%%vram --no-stacks\nx = torch.ones(64, 64)\ny = x * 2\n"
 #: widgets and apps the kernel holds now, counted by ipywidgets' own registry and the gc
 COUNT = """
@@ -59,6 +61,8 @@ def run(client: Any, code: str, cell_id: str | None = None, timeout: float = 120
             break
         if io["parent_header"].get("msg_id") != msg_id or io["msg_type"] != "stream":
             continue
+        if io["content"]["name"] == "stderr":
+            ERRORS.append(io["content"]["text"])
         if io["content"]["name"] == "stdout":
             out.append(io["content"]["text"])
     return "".join(out)
@@ -77,6 +81,7 @@ def test_rerunning_one_cell_keeps_one_app(kernel: Any) -> None:
     for _ in range(29):
         run(kernel, CELL, cell_id="cell-a")
     assert counts(kernel) == (one_widgets, 1)
+    assert not [e for e in ERRORS if "Exception ignored" in e or "Traceback" in e]
     # another cell's app is its own; re-running the first leaves it alone
     run(kernel, CELL, cell_id="cell-b")
     run(kernel, CELL, cell_id="cell-a")

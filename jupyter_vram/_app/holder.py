@@ -109,6 +109,7 @@ def close_tree(root: Any) -> None:
     ipywidgets keeps each one in the kernel until it is closed, and ``close`` is not
     recursive."""
     import ipywidgets as w
+    from jupyter_bokeh import BokehModel
 
     todo = [root]
     seen: set[int] = set()
@@ -123,4 +124,10 @@ def close_tree(root: Any) -> None:
                 todo.append(value)
             elif isinstance(value, (list, tuple)):
                 todo.extend(v for v in value if isinstance(v, w.Widget))
-        widget.close()
+        if isinstance(widget, BokehModel):
+            # jupyter_bokeh's close is not idempotent (a second one, from ``__del__`` at
+            # garbage collection, raises KeyError into the cell's output): close the comm
+            # only, and leave the document's callback to that final close
+            w.Widget.close(widget)
+        else:
+            widget.close()
