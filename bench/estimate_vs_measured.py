@@ -195,6 +195,45 @@ def opt() -> nn.Module:
     return model
 
 
+def mixtral() -> nn.Module:
+    """A Mixtral-style sparse MoE decoder: 4 experts, 2 per token (transformers' grouped_mm
+    experts path, float32)."""
+    t = _transformers()
+    config = t.MixtralConfig(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, vocab_size=8192,
+        max_position_embeddings=128,
+    )  # fmt: skip
+    model: nn.Module = t.MixtralForCausalLM(config)
+    return model
+
+
+def whisper() -> nn.Module:
+    """A Whisper-style encoder-decoder: a conv front end over log-mel features, a
+    non-causal encoder, a causal decoder with cross-attention."""
+    t = _transformers()
+    config = t.WhisperConfig(
+        d_model=256, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024, num_mel_bins=80,
+        max_source_positions=200, max_target_positions=64, vocab_size=8192,
+        decoder_start_token_id=1, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    model: nn.Module = t.WhisperForConditionalGeneration(config)
+    return model
+
+
+def vit_base_patch() -> nn.Module:
+    """ViT at its usual resolution and patch size (224 / 16: 197 tokens with the class
+    token), narrow and shallow to stay small."""
+    t = _transformers()
+    config = t.ViTConfig(
+        image_size=224, patch_size=16, hidden_size=192, num_hidden_layers=4,
+        num_attention_heads=3, intermediate_size=768, num_labels=1000,
+    )  # fmt: skip
+    model: nn.Module = t.ViTForImageClassification(config)
+    return model
+
+
 class RecurrentClassifier(nn.Module):
     """A stacked LSTM / GRU over a sequence of feature vectors, classified from every step."""
 
@@ -380,6 +419,9 @@ CASES: dict[str, Case] = {
         Case("moe-amp-bf16", moe, "8x64x128", amp="bf16"),
         Case("torch-encoder", torch_encoder, "8x64x128"),
         Case("three-heads", ThreeHeads, "512x256"),
+        Case("mixtral", mixtral, "4x128"),
+        Case("whisper", whisper, "input_features=4x80x400,labels=4x32"),
+        Case("vit-224", vit_base_patch, "8x3x224x224"),
     ]
 }
 

@@ -130,8 +130,12 @@ class DispatchRecorder:
                 if row is None or not isinstance(first, torch.Tensor):
                     return
                 storage = first.untyped_storage()
+                # autograd sums in place only into a buffer it holds the last reference to;
+                # a view (a folded matmul's gradient, a transposed weight gradient) keeps its
+                # base alive, so it never qualifies (aten's InputBuffer accumulate)
                 whole = (
-                    first.storage_offset() == 0
+                    not first._is_view()
+                    and first.storage_offset() == 0
                     and storage.nbytes() == first.numel() * first.element_size()
                     and (
                         first.is_contiguous()

@@ -42,6 +42,7 @@ from .kernels import (
     RnnCalls,
     bitsandbytes_cpu_update,
     cuda_kernels,
+    grouped_mm_any_dtype,
     onednn_scratch,
     rnn_workspaces,
 )
@@ -139,7 +140,7 @@ class Simulator:
             )
             calls = RnnCalls()
             rnn = rnn_workspaces(settings.target_type, calls) if self._may_run_rnn else None
-            with mode, rnn or contextlib.nullcontext(), attention:
+            with mode, rnn or contextlib.nullcontext(), attention, grouped_mm_any_dtype():
                 args, kwargs = batch.build(FAKE_RUN_DEVICE, float_dtype(settings, self.model))
                 if optimizer is None:  # else the state a warm-up makes exists (see _Kept)
                     optimizer = make_optimizer(settings, self.model, self.job.optimizer_factory)
