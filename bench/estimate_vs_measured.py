@@ -58,8 +58,12 @@ class Case:
     checkpoint: bool = False
     seed: int = 0
     notes: dict[str, Any] = field(default_factory=dict)
+    generate: int = 0  # > 0: model.generate() of that many new tokens instead of a step
+    cache: str = "dynamic"
 
     def variant_label(self) -> str:
+        if self.generate:
+            return f"generate {self.generate}, {self.cache} cache"
         parts = [self.optimizer]
         if self.dtype:
             parts.append(f"dtype={self.dtype}")
@@ -128,6 +132,17 @@ def t5() -> nn.Module:
         pad_token_id=0,
     )
     model: nn.Module = t.T5ForConditionalGeneration(config)
+    return model
+
+
+def llama_long() -> nn.Module:
+    """The llama case's model with room for a prompt and its continuation (1024 positions)."""
+    t = _transformers()
+    config = t.LlamaConfig(
+        hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=16384, max_position_embeddings=1024,
+    )  # fmt: skip
+    model: nn.Module = t.LlamaForCausalLM(config)
     return model
 
 
@@ -422,6 +437,10 @@ CASES: dict[str, Case] = {
         Case("mixtral", mixtral, "4x128"),
         Case("whisper", whisper, "input_features=4x80x400,labels=4x32"),
         Case("vit-224", vit_base_patch, "8x3x224x224"),
+        Case("llama-generate-b1", llama_long, "input_ids=1x128", generate=64),
+        Case("llama-generate-b4", llama_long, "input_ids=4x128", generate=64),
+        Case("llama-generate-static", llama_long, "input_ids=4x128", generate=64, cache="static"),
+        Case("t5-generate", t5, "input_ids=4x128", generate=32),
     ]
 }
 
@@ -452,7 +471,9 @@ def settings_of(case: Case, device: str = "cpu") -> Any:
     from jupyter_vram._estimator.step import StepSettings
 
     return StepSettings(device=device, dtype=case.dtype, amp=case.amp,
-                        checkpoint=case.checkpoint, optimizer=case.optimizer)  # fmt: skip
+                        checkpoint=case.checkpoint, optimizer=case.optimizer,
+                        inference=bool(case.generate), generate=case.generate,
+                        cache=case.cache)  # fmt: skip
 
 
 def build(case: Case, device: str = "cpu") -> nn.Module:
@@ -469,6 +490,8 @@ def measure(case: Case) -> dict[str, Any]:
     from jupyter_vram._estimator.step import make_optimizer, training_step
     from jupyter_vram._transforms.checkpointing import enable_checkpointing
 
+    if case.generate:
+        return measure_generation(case)
     settings = settings_of(case)
     model = build(case)
     if case.dtype:
@@ -493,6 +516,31 @@ def measure(case: Case) -> dict[str, Any]:
         "parameters": sum(p.numel() for p in model.parameters()),
         "input": spec.describe(),
         "seconds": round(seconds, 3),
+    }
+
+
+def measure_generation(case: Case) -> dict[str, Any]:
+    """One real ``generate()`` call (after a warm-up one) measured as :func:`measure` measures a
+    step: the estimator's own call (greedy, exactly ``case.generate`` new tokens)."""
+    from jupyter_vram._estimator.generation import generate_step
+    from jupyter_vram._estimator.inputs import make_batch_spec
+
+    model = build(case).eval()
+    spec = make_batch_spec(model, case.inputs)
+    args, kwargs = spec.build("cpu", torch.float32)
+    started = time.perf_counter()
+    generate_step(model, args, kwargs, case.generate, case.cache)
+    before = before_step(model, None, (args, kwargs))
+    rise = allocator_peak_rise(lambda: generate_step(model, args, kwargs, case.generate,
+                                                     case.cache))  # fmt: skip
+    return {
+        "case": case.name,
+        "peak_bytes": sum(before.values()) + rise,
+        "breakdown": before,
+        "rise_bytes": rise,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "input": spec.describe(),
+        "seconds": round(time.perf_counter() - started, 3),
     }
 
 
@@ -585,6 +633,12 @@ def run_estimate(case: Case, device: str = "cpu") -> tuple[Any, float]:
 
     model = build(case, "meta")
     started = time.perf_counter()
+    if case.generate:
+        from jupyter_vram._estimator import estimate_generate
+
+        result = estimate_generate(model, case.inputs, case.generate, cache=case.cache,
+                                   device=device, dtype=case.dtype)  # fmt: skip
+        return result, time.perf_counter() - started
     result = estimate(model, case.inputs, optimizer=case.optimizer, device=device,
                       dtype=case.dtype, amp=case.amp, checkpoint=case.checkpoint)  # fmt: skip
     return result, time.perf_counter() - started

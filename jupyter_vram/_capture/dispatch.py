@@ -14,13 +14,13 @@ import itertools
 import sys
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import FrameType
 from typing import Any
 
 import torch
 
-from .._model import Profile
+from .._model import CATEGORY_INDEX, Profile
 from .builder import BASELINE_OP, OTHER, TEMPORARY, ProfileBuilder
 from .modes import ObservingMode
 from .stacks import StackSampler
@@ -107,6 +107,13 @@ class DispatchRecorder:
             return self._live.get(tensor.untyped_storage()._cdata)
         except Exception:  # noqa: BLE001 - sparse / wrapper tensors have no plain storage
             return None
+
+    def mark_inputs(self, tensors: Iterable[Any]) -> None:
+        """Count ``tensors`` as the run's inputs (a caller that feeds the model through a
+        loop of its own, e.g. ``generate()``, never passes them to the model as they are)."""
+        for tensor in tensors:
+            if isinstance(tensor, torch.Tensor):
+                self._on_role(tensor, CATEGORY_INDEX["input"], 0)
 
     def mark(self) -> int:
         """The next event sequence number: a point in the event order to refer to later."""
