@@ -1,9 +1,12 @@
 """How close ``jv.estimate()`` comes to a measured CPU training step.
 
 Cases cover transformers models (GPT-2, BERT, ViT, T5, Llama, ResNet, MobileNetV2, ConvNeXt,
-DistilBERT, OPT), recurrent nets (LSTM, bidirectional LSTM, GRU), conv nets (depthwise
-separable, BatchNorm, channels_last), embeddings (Embedding, EmbeddingBag), a mixture of
-experts with top-1 routing, and torch's own TransformerEncoder.
+DistilBERT, OPT, a Mixtral-style MoE, Whisper), recurrent nets (LSTM, bidirectional LSTM, GRU),
+conv nets (depthwise separable, BatchNorm, channels_last), embeddings (Embedding,
+EmbeddingBag), a mixture of experts with top-1 routing, torch's own TransformerEncoder;
+fine-tuning (LoRA and QLoRA NF4 with peft and bitsandbytes, bitsandbytes' AdamW8bit); and
+``generate()`` with a KV cache (``jv.estimate_generate``: Llama at batch 1 and 4, a static
+cache, T5), measured as one ``generate()`` call after a warm-up one.
 
 The truth is independent of jupyter_vram's recorders: each measured step runs in a fresh Python
 process (the real model, one warm-up step, then the measured one — the same ``training_step``
@@ -60,6 +63,9 @@ class Case:
     notes: dict[str, Any] = field(default_factory=dict)
     generate: int = 0  # > 0: model.generate() of that many new tokens instead of a step
     cache: str = "dynamic"
+    # where the estimated model is built: "meta" (shapes only), or "cpu" for a model that
+    # needs values to exist (bitsandbytes quantises real weights)
+    estimate_from: str = "meta"
 
     def variant_label(self) -> str:
         if self.generate:
@@ -208,6 +214,41 @@ def opt() -> nn.Module:
     )  # fmt: skip
     model: nn.Module = t.OPTForCausalLM(config)
     return model
+
+
+def _lora(model: nn.Module, r: int = 16) -> nn.Module:
+    import peft
+
+    config = peft.LoraConfig(r=r, lora_alpha=2 * r, target_modules=["q_proj", "v_proj"])
+    wrapped: nn.Module = peft.get_peft_model(model, config)
+    return wrapped
+
+
+def llama_lora() -> nn.Module:
+    """The llama case with LoRA r=16 on q and v (peft): a frozen base, trainable adapters."""
+    return _lora(llama())
+
+
+def llama_qlora() -> nn.Module:
+    """QLoRA: the llama case's decoder linear layers as bitsandbytes NF4 ``Linear4bit``
+    (quantised on the CPU), then LoRA r=16 on q and v."""
+    import bitsandbytes as bnb
+
+    model = llama()
+    for layer in model.model.layers:  # type: ignore[union-attr]
+        for parent in list(layer.modules()):
+            for name, child in list(parent.named_children()):
+                if type(child) is nn.Linear:
+                    q = bnb.nn.Linear4bit(
+                        child.in_features, child.out_features, bias=False,
+                        compute_dtype=torch.float32, quant_type="nf4",
+                    )  # fmt: skip
+                    q.weight = bnb.nn.Params4bit(
+                        child.weight.data, requires_grad=False, quant_type="nf4"
+                    )
+                    setattr(parent, name, q.to("cpu"))
+    model.requires_grad_(False)
+    return _lora(model)
 
 
 def mixtral() -> nn.Module:
@@ -437,6 +478,9 @@ CASES: dict[str, Case] = {
         Case("mixtral", mixtral, "4x128"),
         Case("whisper", whisper, "input_features=4x80x400,labels=4x32"),
         Case("vit-224", vit_base_patch, "8x3x224x224"),
+        Case("llama-lora", llama_lora, "8x128", estimate_from="cpu"),
+        Case("llama-qlora", llama_qlora, "8x128", estimate_from="cpu"),
+        Case("llama-adamw8bit", llama, "8x128", optimizer="adamw8bit"),
         Case("llama-generate-b1", llama_long, "input_ids=1x128", generate=64),
         Case("llama-generate-b4", llama_long, "input_ids=4x128", generate=64),
         Case("llama-generate-static", llama_long, "input_ids=4x128", generate=64, cache="static"),
@@ -561,6 +605,7 @@ def before_step(model: nn.Module, optimizer: Any, batch: Any) -> dict[str, int]:
     state = [] if optimizer is None else [optimizer.state[p] for p in optimizer.state]
     groups = {
         "parameter": list(model.parameters()),
+        "quant_state": [t for p in model.parameters() for t in _quant_state(p)],
         "buffer": list(model.buffers()),
         "optimizer_state": _tensors(state),
         "input": _tensors(batch),
@@ -574,6 +619,17 @@ def before_step(model: nn.Module, optimizer: Any, batch: Any) -> dict[str, int]:
                 total += storage.nbytes()
         out[name] = total
     return out
+
+
+def _quant_state(param: Any) -> list[torch.Tensor]:
+    """The tensors a bitsandbytes 4-bit weight keeps beside its packed data (its QuantState:
+    absmax, code table, the nested state of double quantisation), read from its attributes."""
+    state = getattr(param, "quant_state", None)
+    found: list[torch.Tensor] = []
+    while state is not None:
+        found += [v for v in vars(state).values() if isinstance(v, torch.Tensor)]
+        state = getattr(state, "state2", None)
+    return found
 
 
 def allocator_peak_rise(step: Callable[[], None]) -> int:
@@ -631,7 +687,7 @@ def run_estimate(case: Case, device: str = "cpu") -> tuple[Any, float]:
     """The estimate of ``case`` from a meta-device model, and its wall time in seconds."""
     from jupyter_vram._estimator import estimate
 
-    model = build(case, "meta")
+    model = build(case, case.estimate_from)
     started = time.perf_counter()
     if case.generate:
         from jupyter_vram._estimator import estimate_generate
@@ -668,6 +724,8 @@ def compare(case: Case) -> Row:
     from jupyter_vram._model import CATEGORIES
 
     estimated_before = {name: int(before[CATEGORIES.index(name)]) for name in measured["breakdown"]}
+    # the measurement's parameters are all of model.parameters(), frozen or not
+    estimated_before["parameter"] += int(before[CATEGORIES.index("frozen_parameter")])
     return Row(case, int(measured["parameters"]), est.input, int(measured["peak_bytes"]),
                est.peak_bytes, seconds, measured["breakdown"], estimated_before)  # fmt: skip
 
@@ -683,7 +741,7 @@ def table(rows: list[Row]) -> str:
         "|---|---|---|---|---|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
-        model = type(build(r.case, "meta")).__name__
+        model = type(build(r.case, r.case.estimate_from)).__name__
         lines.append(
             f"| {r.case.name} | {model} | {_params(r.parameters)} | {r.input} "
             f"| {r.case.variant_label()} | {r.measured / MIB:.1f} | {r.estimated / MIB:.1f} "
@@ -728,7 +786,11 @@ def intro() -> str:
         f"Made by `python bench/estimate_vs_measured.py --readme` with torch {torch.__version__}, "
         f"transformers {transformers.__version__}, Python {platform.python_version()}, on "
         f"{os.cpu_count()} CPU cores. Estimate time is the wall time of the whole `estimate()` "
-        "call (starting the estimator process included); the model is built on the meta device."
+        "call (starting the estimator process included); the model is built on the meta device "
+        "(QLoRA and LoRA on the CPU: bitsandbytes quantises real weights). Generation rows "
+        '(step "generate N") are `jv.estimate_generate(model, prompt, N, device="cpu")` '
+        "against one real `generate()` call of N greedy tokens, measured the same way. Peaks of "
+        "the fine-tuning rows include the frozen base weights and QuantState tensors."
     )
 
 
