@@ -102,3 +102,32 @@ def test_a_generate_that_reads_values_to_loop_is_refused() -> None:
     model = bench.build(bench.CASES["whisper"], "meta")
     with pytest.raises(EstimateError, match="did not decode token by token"):
         jv.estimate_generate(model, "input_features=1x80x400", 4, device="cpu")
+
+
+def test_magic_generate(capsys: pytest.CaptureFixture[str]) -> None:
+    """``%vram_estimate model --generate N``: ``--input`` is the prompt (a bare number is its
+    length), ``--batch-size`` the sequences at once; the estimate is bound as usual."""
+    from .conftest import ipython_shell
+
+    shell = ipython_shell()
+    assert shell is not None
+    shell.run_line_magic("load_ext", "jupyter_vram")
+    shell.run_cell(
+        "import transformers, torch\n"
+        "cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128,"
+        " num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=256,"
+        " max_position_embeddings=128)\n"
+        "with torch.device('meta'):\n    tiny = transformers.LlamaForCausalLM(cfg)"
+    )
+    capsys.readouterr()
+    line = "%vram_estimate tiny --generate 8 --input 16 --batch-size 2 --device cpu --text"
+    assert shell.run_cell(line).success
+    out = capsys.readouterr().out
+    assert "model.generate() of 8 new tokens after the prompt" in out, out
+    assert "dynamic KV cache" in out
+    est = shell.user_ns["_vram_estimate"]
+    assert est.settings.generate == 8 and est.batch_size == 2
+    # 2 layers x 2 KV heads x 16 dims x (16 + 8 - 1) positions x 2 sequences x K, V x 4 B
+    assert _most(est.profile, "kv_cache") >= 2 * 2 * 16 * 23 * 2 * 2 * 4
+    assert shell.run_cell(f"{line} --what-if").success
+    assert "does not apply to --generate" in capsys.readouterr().out
