@@ -1,6 +1,7 @@
 """``estimate()`` on the model families users bring beyond plain decoders: a Mixtral-style
 sparse MoE (transformers' grouped_mm experts path), a ViT at 224 / 16 and a Whisper-style
-encoder-decoder (conv front end, non-causal encoder, cross-attention, tied output weights).
+encoder-decoder (conv front end, non-causal encoder, cross-attention, tied output weights);
+and the fine-tuning set-ups (LoRA, QLoRA NF4, AdamW8bit) against the same independent truth.
 
 The truth is independent of the estimator: each step is measured in a fresh interpreter by the
 CPU allocator's own events under torch.profiler (``bench/estimate_vs_measured.py --measure``),
@@ -72,3 +73,27 @@ def test_whisper_encoder_decoder_is_estimated() -> None:
     breakdown = estimate.peak_breakdown()
     assert breakdown["frozen_parameter"] == 200 * 256 * 4  # max_source_positions x d_model
     assert breakdown["input"] == 4 * 80 * 400 * 4 + 4 * 32 * 8  # features fp32, labels int64
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama-lora", "llama-qlora", "llama-adamw8bit"])
+def test_fine_tuning_against_the_allocator(name: str) -> None:
+    """LoRA r=16, QLoRA NF4 + LoRA and bitsandbytes' AdamW8bit on the bench's Llama, against
+    the allocator's events in a fresh process (tests/test_estimate_finetune.py holds the same
+    estimates against the recorder, with the bytes by hand). What exists before the step is
+    exact: all weights (frozen ones and QuantState included), optimizer state, inputs."""
+    if name != "llama-lora":
+        pytest.importorskip("bitsandbytes")
+    pytest.importorskip("peft")
+    measured, estimate = _compare(name)
+    _within(measured, estimate)
+    before = estimate.profile.timeline.baseline_by_category()
+    from jupyter_vram._model import CATEGORIES
+
+    def at(category: str) -> int:
+        return int(before[CATEGORIES.index(category)])
+
+    weights = at("parameter") + at("frozen_parameter")
+    assert weights == measured["breakdown"]["parameter"]
+    assert at("quant_state") == measured["breakdown"]["quant_state"]
+    assert at("optimizer_state") == measured["breakdown"]["optimizer_state"]
