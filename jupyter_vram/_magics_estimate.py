@@ -125,8 +125,6 @@ def _generate(args: Namespace, model: Any, namespace: Mapping[str, Any]) -> Esti
     its length in tokens, default 128)."""
     from ._estimator.api import estimate_generate
 
-    if args.what_if:
-        raise InputError("--what-if compares training set-ups; it does not apply to --generate")
     prompt = resolve_inputs(args.input, namespace)
     if prompt is None:
         prompt = 128

@@ -129,5 +129,7 @@ def test_magic_generate(capsys: pytest.CaptureFixture[str]) -> None:
     assert est.settings.generate == 8 and est.batch_size == 2
     # 2 layers x 2 KV heads x 16 dims x (16 + 8 - 1) positions x 2 sequences x K, V x 4 B
     assert _most(est.profile, "kv_cache") >= 2 * 2 * 16 * 23 * 2 * 2 * 4
+    # what-ifs of a generation: the same call with bf16 weights, autocast, the other cache
     assert shell.run_cell(f"{line} --what-if").success
-    assert "does not apply to --generate" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "static KV cache" in out and "bf16 weights" in out and "checkpointing" not in out
