@@ -133,3 +133,24 @@ def test_magic_generate(capsys: pytest.CaptureFixture[str]) -> None:
     assert shell.run_cell(f"{line} --what-if").success
     out = capsys.readouterr().out
     assert "static KV cache" in out and "bf16 weights" in out and "checkpointing" not in out
+
+
+def test_prompt_forms() -> None:
+    """A length, 1-D ids (one prompt, ``batch`` copies), 2-D ids and named shapes all become
+    token-id batches of the right shape (no run needed)."""
+    from jupyter_vram._estimator.api import _prompt_spec
+
+    model = bench.build(bench.CASES["llama-generate-b1"], "meta")
+    vocab = model.config.vocab_size
+
+    def ids(spec: Any) -> tuple[tuple[int, ...], torch.dtype | None, int]:
+        t = spec.kwargs.get("input_ids") or spec.args[0]
+        return t.shape, t.dtype, t.high
+
+    assert ids(_prompt_spec(model, 512, 4)) == ((4, 512), torch.int64, vocab)
+    assert ids(_prompt_spec(model, 512, None))[0] == (1, 512)
+    assert ids(_prompt_spec(model, torch.tensor([1, 2, 3]), 2))[0] == (2, 3)
+    assert ids(_prompt_spec(model, torch.ones(3, 7, dtype=torch.long), None))[0] == (3, 7)
+    assert ids(_prompt_spec(model, "input_ids=2x64", None)) == ((2, 64), torch.int64, vocab)
+    with pytest.raises(EstimateError, match="positive length"):
+        _prompt_spec(model, 0, None)
