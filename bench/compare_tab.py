@@ -21,8 +21,8 @@ import torch
 
 import jupyter_vram as jv
 from jupyter_vram._app.compare_view import CompareView
-from jupyter_vram._render.text import format_bytes
 from jupyter_vram._transforms.checkpointing import enable_checkpointing
+from jupyter_vram._units import format_bytes
 
 
 def widget_bytes(widget: Any) -> int:

@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from readme_section import write_section
 
 import jupyter_vram as jv
-from jupyter_vram._render.text import format_bytes
 from jupyter_vram._session import run_code
 from jupyter_vram._transforms import state
+from jupyter_vram._units import format_bytes
 
 STEP = (
     "loss = model(input_ids=ids, labels=ids).loss\nloss.backward()\nopt.step()\nopt.zero_grad()\n"

@@ -6,22 +6,22 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _display
-from . import _model as _model
+from ._model import profile as _profile_module
 from ._profile_services import Services as _Services
 from ._profile_services import estimate_text as _estimate_text
 
-# Profile's conveniences come from the layers above the data model (see _model.py), and an
+# Profile's conveniences come from the layers above the data (see _model/profile.py), and an
 # Estimate's text view from the renderer (see _display.py): install them before anything
 # else of the package runs.
-_model.install_services(_Services())
+_profile_module.install_services(_Services())
 _display.register("estimate", _estimate_text)
 
 from ._budgets import assert_fits  # noqa: E402
 from ._leaks import release_leaks  # noqa: E402
-from ._model import CATEGORIES, Frame, Profile, ProfileFileError  # noqa: E402
+from ._model import CATEGORIES, Frame, Profile, ProfileFileError, Variant  # noqa: E402
 from ._planning import Option, Plan, plan  # noqa: E402
 from ._recording import Recording, record  # noqa: E402
-from ._rerun import RerunError, Variant, rerun, rerun_unavailable  # noqa: E402
+from ._rerun import RerunError, rerun, rerun_unavailable  # noqa: E402
 from ._session import last_profile  # noqa: E402
 
 __all__ = [

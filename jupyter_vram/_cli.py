@@ -104,7 +104,7 @@ def _write_html(profile: Profile, out: str, progress: Progress) -> Path:
 
 
 def cmd_report(args: argparse.Namespace, progress: Progress) -> int:
-    from ._render.text import format_bytes
+    from ._units import format_bytes
 
     profile = load_profile(args.input, device=args.device, progress=progress)
     path = _write_html(profile, args.output, progress)
@@ -122,7 +122,7 @@ def compare_tables(a: Profile, b: Profile) -> list[tuple[str, pd.DataFrame]]:
 def cmd_compare(args: argparse.Namespace, progress: Progress) -> int:
     import html
 
-    from ._render.text import format_bytes
+    from ._units import format_bytes
 
     a = load_profile(args.a, device=args.device, progress=progress)
     b = load_profile(args.b, device=args.device, progress=progress)
@@ -172,7 +172,7 @@ def _script_context(script: Path, argv: Sequence[str]) -> Iterator[None]:
 def cmd_run(args: argparse.Namespace, progress: Progress) -> int:
     from ._capture import RecordingError, parse_device
     from ._recording import record
-    from ._render.text import format_bytes
+    from ._units import format_bytes
 
     script = Path(args.script)
     if not script.is_file():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._render.text import format_bytes
+from ._units import format_bytes
 
 
 def memory_now(device: str | None = None) -> str:

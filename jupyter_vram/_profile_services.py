@@ -1,7 +1,7 @@
 """The services behind :class:`~jupyter_vram._model.Profile`'s conveniences.
 
 The data model declares ``peak_bytes``, ``to_dataframe()``, ``to_html()``, ``compare()`` ...
-but imports nothing above it (see ``_model.py``); this module, part of the public API layer,
+but imports nothing above it (see ``_model/profile.py``); this module, part of the public API layer,
 provides them from analysis/, render/, leaks, rerun, capture's snapshot files and the
 distributed files, and ``jupyter_vram/__init__.py`` installs it when the package is imported
 (with :func:`estimate_text`, the text view an Estimate shows in IPython: ``_display.py``).
@@ -22,19 +22,12 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ._analysis.oom import OomReport
-    from ._analysis.timeline import Timeline
     from ._model import Profile
-    from ._rerun import Variant
+    from ._model.oom import OomReport
 
 
 class Services:
     """:class:`~jupyter_vram._model.ProfileServices`, each method one call to its layer."""
-
-    def replay(self, profile: Profile) -> Timeline:
-        from ._analysis.timeline import replay
-
-        return replay(profile)
 
     def allocations_frame(self, profile: Profile) -> pd.DataFrame:
         from ._analysis.tables import allocations_frame
@@ -64,11 +57,6 @@ class Services:
         from ._render.html import write_report
 
         return write_report(profile, path, resources=resources)
-
-    def variant(self, info: Mapping[str, Any]) -> Variant:
-        from ._rerun import Variant
-
-        return Variant.from_dict(info)
 
     def compare(
         self, baseline: Profile, other: Profile, by: Literal["category", "module", "op"]

@@ -155,7 +155,7 @@ class Recording:
 
             if isinstance(exc, torch.OutOfMemoryError) and watch is not None:
                 failure = limit.failure if limit is not None else None
-                from ._analysis.oom import META_KEY
+                from ._model.oom import META_KEY
 
                 facts = watch.facts(exc, failure, self._capacity, profile.meta.get("oom"))
                 if failure is not None:

@@ -10,7 +10,8 @@ from jupyter_vram._analysis.groups import live_at_peak
 from jupyter_vram._analysis.tables import top_sites
 from jupyter_vram._capture.builder import ProfileBuilder
 from jupyter_vram._model import CATEGORY_INDEX, PHASE_INDEX, Frame, Profile
-from jupyter_vram._render.text import format_bytes, summary
+from jupyter_vram._render.text import summary
+from jupyter_vram._units import format_bytes
 
 P, G, A, T = (CATEGORY_INDEX[c] for c in ("parameter", "gradient", "activation", "temporary"))
 FWD, BWD = PHASE_INDEX["forward"], PHASE_INDEX["backward"]

@@ -17,7 +17,7 @@ from jupyter_vram._app import ProfileApp
 from jupyter_vram._app.flame_view import FlameView
 from jupyter_vram._app.timeline_view import TimelineView
 from jupyter_vram._render.figures import CRUMB_SEP, PATH_SEP
-from jupyter_vram._render.text import format_bytes
+from jupyter_vram._units import format_bytes
 
 from .conftest import MLP
 

@@ -13,7 +13,7 @@ from jupyter_vram._app.timeline_view import TimelineView
 from jupyter_vram._capture.cuda_convert import profile_from_snapshot
 from jupyter_vram._model import Profile
 from jupyter_vram._render.html import header_facts
-from jupyter_vram._render.text import format_bytes
+from jupyter_vram._units import format_bytes
 
 FIXTURE = Path(__file__).parent / "fixtures" / "cuda_snapshot_mlp.json"
 GIB = 2**30

@@ -23,8 +23,8 @@ from jupyter_vram._app.flame_view import FlameView
 from jupyter_vram._app.rerun_view import AUTO, RerunBar
 from jupyter_vram._model import CATEGORIES
 from jupyter_vram._render.compare_figures import GROW, SAME
-from jupyter_vram._render.text import format_bytes
 from jupyter_vram._rerun import rerun_unavailable
+from jupyter_vram._units import format_bytes
 
 from .conftest import interrupts_raise, ipython_shell
 

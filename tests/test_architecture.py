@@ -1,39 +1,25 @@
-"""The import graph keeps data flowing one way: capture -> Profile -> analysis -> render ->
-app -> magics, with the estimator beside analysis.
+"""The import graph keeps data flowing one way, and every module of the package has a place in
+it.
 
 The imports are read from the source with ``ast`` (nothing is imported), every one of them:
 at module level, inside functions and methods (lazy imports run too, just later), and under
-``if TYPE_CHECKING:`` (type-only: never run, but a lower layer naming an upper layer's
-classes is still an arrow running back up).
+``if TYPE_CHECKING:`` (type-only: never run, but a lower layer naming an upper layer's classes
+is still an arrow running back up, and a cycle through one is still two modules that cannot be
+read apart). All three kinds count alike, for the layers and for cycles.
 
-Layers, bottom first (a module may import its own layer and the layers listed for it):
+Layers, bottom first (:data:`LAYERS`). A module belongs to the layer whose prefix names it most
+closely (``jupyter_vram._distributed.files`` sits below the rest of ``_distributed``), and may
+import its own layer and the layers below. Each module must be in a layer: a new file is given
+its place here, or the test fails.
 
-* leaves, which import nothing of the package and any layer may use: ``_allocator_rules.py``
-  (the caching allocator's rules), ``_blas_workspaces.py`` (the cuBLAS / cuBLASLt workspaces
-  PyTorch keeps, which the recorder names and the estimator adds), ``_units.py`` (byte
-  sizes in words) and ``_display.py`` (the text view an upper layer registers for a lower
-  layer's class, e.g. an Estimate's summary).
-* ``_model.py``: the data. At run time it imports only ``_units``; under
-  TYPE_CHECKING it may name the three result types its conveniences return
-  (:data:`MODEL_TYPE_ONLY`). Its analysis conveniences are filled in from above at package
-  import (see ``jupyter_vram/_profile_services.py``).
-* ``capture/``: model only.
-* ``analysis/``: model only.
-* ``estimator/``: model, capture, analysis, transforms, recording. Never render, app or the
-  magics: it returns data.
-* ``render/``: model, analysis. Never the estimator: what it formats of an estimate it reads
-  through the Protocols it declares itself (``_render/estimate_text.py``).
-* ``app/``: anything but the magics.
-
-Cycles: the graph of run-time imports (module level and function level; type-only imports
-excluded, as they never run) has no cycle. A lazy import inside a function is still an
-arrow: a cycle through one only hides until the function is called.
+The checker is tested on small made-up packages written to a temporary folder: a planted
+type-only cycle, an upward import from each layer and a module in no layer each fail it.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,45 +28,54 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "jupyter_vram"
 ROOT = "jupyter_vram"
 
-#: The only type-only imports _model.py makes: the return types of its conveniences
-#: (``Profile.timeline``, ``Profile.oom``, ``Profile.variant``), and the Protocol of the
-#: services that provide them.
-MODEL_TYPE_ONLY = frozenset(
-    {"jupyter_vram._analysis.timeline", "jupyter_vram._analysis.oom", "jupyter_vram._rerun"}
-)
 
-#: Layer -> the layers (module-name prefixes) it may import besides itself.
-LEAF = "jupyter_vram._units"
-LEAVES = (
-    LEAF,
-    "jupyter_vram._display",
-    "jupyter_vram._allocator_rules",
-    "jupyter_vram._blas_workspaces",
-)
-ALLOWED: dict[str, tuple[str, ...]] = {
-    **{leaf: () for leaf in LEAVES},
-    "jupyter_vram._model": (LEAF,),
-    "jupyter_vram._capture": (*LEAVES, "jupyter_vram._model"),
-    "jupyter_vram._analysis": (*LEAVES, "jupyter_vram._model"),
-    "jupyter_vram._estimator": (
-        *LEAVES,
-        "jupyter_vram._model",
-        "jupyter_vram._capture",
-        "jupyter_vram._analysis",
-        "jupyter_vram._transforms",
-        "jupyter_vram._recording",
-    ),
-    "jupyter_vram._render": (*LEAVES, "jupyter_vram._model", "jupyter_vram._analysis"),
-}
-#: Layer -> what it must never import (for layers that may import most of the package).
-FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "jupyter_vram._app": ("jupyter_vram._magics", "jupyter_vram._magics_estimate"),
-}
+def _names(*names: str) -> tuple[str, ...]:
+    return tuple(f"{ROOT}.{n}" if n else ROOT for n in names)
+
+
+Layers = tuple[tuple[str, tuple[str, ...]], ...]
+
+#: (layer, module-name prefixes), bottom first. Why each sits where it does:
+LAYERS: Layers = (
+    # import nothing of the package: byte units, the caching allocator's rules, the cuBLAS
+    # workspaces PyTorch keeps, and the text view an Estimate shows (_display.py)
+    ("leaves", _names("_units", "_allocator_rules", "_blas_workspaces", "_display")),
+    # the data every layer passes: the Profile's columns and tables, its timeline replay,
+    # what a rerun changed (Variant)
+    ("data", _names("_model")),
+    # recorders and snapshot readers: they build Profiles
+    ("capture", _names("_capture")),
+    # numpy / pandas over a Profile: peaks, groups, flame tree, allocator model, compare
+    ("analysis", _names("_analysis")),
+    # what a rerun applies to a model (AMP, checkpointing, offload)
+    ("transforms", _names("_transforms")),
+    # text, figures, HTML, mime bundles
+    ("render", _names("_render")),
+    # reading what a run left behind: per-rank profile files, tensors still alive
+    ("files", _names("_distributed.files", "_leaks")),
+    # the user-facing Profile: the data plus its conveniences (compare, leaks, to_html ...)
+    ("profile", _names("_profile", "_profile_services")),
+    # jv.record
+    ("recording", _names("_recording")),
+    # jv.estimate: a recording of a simulated run
+    ("estimator", _names("_estimator")),
+    # the kernel's state: the last profile, the cell run under recording
+    ("session", _names("_session", "_async_cells")),
+    # what runs a cell again or elsewhere: reruns, ranks, devices
+    ("reruns", _names("_rerun", "_distributed", "_devices")),
+    # make it fit: plans over estimates and reruns
+    ("planning", _names("_planning", "_budgets")),
+    # the widgets
+    ("app", _names("_app")),
+    # entry points: the package, magics, CLI, pytest plugin, server extension
+    ("entry", _names("", "__main__", "_magics", "_magics_estimate", "_cli", "run",
+                     "pytest_plugin", "_server", "examples")),
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Import:
-    """One imported jupyter_vram module, where it is imported, and how."""
+    """One imported package module, where it is imported, and how."""
 
     source: str  # the importing module
     target: str  # the imported module (a submodule when ``from pkg import submodule``)
@@ -88,15 +83,16 @@ class Import:
     kind: str  # "module" (runs at import), "function" (runs when called), "typing"
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def all_modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+def read_modules(package: Path) -> dict[str, Path]:
+    """Module name -> file, for every ``.py`` file under ``package`` (its folder name is the
+    root of the names)."""
+    found = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -106,7 +102,7 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 def _targets(node: ast.Import | ast.ImportFrom, name: str, is_package: bool,
-             modules: dict[str, Path]) -> Iterator[str]:  # fmt: skip
+             modules: Mapping[str, Path]) -> Iterator[str]:  # fmt: skip
     if isinstance(node, ast.Import):
         for alias in node.names:
             yield alias.name
@@ -122,8 +118,9 @@ def _targets(node: ast.Import | ast.ImportFrom, name: str, is_package: bool,
         yield full if full in modules else parent
 
 
-def imports_of(name: str, path: Path, modules: dict[str, Path]) -> list[Import]:
-    """Every jupyter_vram import in one module, with its kind."""
+def imports_of(name: str, path: Path, modules: Mapping[str, Path]) -> list[Import]:
+    """Every import of the package in one module, with its kind."""
+    root = name.split(".", maxsplit=1)[0]
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     is_package = path.name == "__init__.py"
     found: list[Import] = []
@@ -132,63 +129,67 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> list[Import]:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.Import, ast.ImportFrom)):
                 for target in _targets(child, name, is_package, modules):
-                    if target == ROOT or target.startswith(ROOT + "."):
+                    if target == root or target.startswith(root + "."):
                         found.append(Import(name, target, child.lineno, kind))
                 continue
             if isinstance(child, ast.If) and _is_type_checking(child.test):
                 for stmt in child.body:
-                    visit_stmt(stmt, "typing")
+                    visit(ast.Module(body=[stmt], type_ignores=[]), "typing")
                 for stmt in child.orelse:
-                    visit_stmt(stmt, kind)
+                    visit(ast.Module(body=[stmt], type_ignores=[]), kind)
                 continue
             inner = kind
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 inner = "typing" if kind == "typing" else "function"
             visit(child, inner)
 
-    def visit_stmt(stmt: ast.stmt, kind: str) -> None:
-        wrapper = ast.Module(body=[stmt], type_ignores=[])
-        visit(wrapper, kind)
-
     visit(tree, "module")
     return found
 
 
-def import_graph() -> list[Import]:
-    modules = all_modules()
+def import_graph(modules: Mapping[str, Path]) -> list[Import]:
     return [i for name, path in modules.items() for i in imports_of(name, path, modules)]
 
 
 def _within(module: str, prefix: str) -> bool:
-    return module == prefix or module.startswith(prefix + ".")
+    """``module`` is ``prefix`` or inside it (the root names only the package's own
+    ``__init__``, not everything in it)."""
+    return module == prefix or (prefix != ROOT and module.startswith(prefix + "."))
 
 
-def layer_violations(graph: list[Import]) -> list[str]:
-    """Each import that runs against the layers (see the module docstring)."""
+def layer_of(module: str, layers: Layers = LAYERS) -> int | None:
+    """The index (bottom 0) of the layer whose prefix names ``module`` most closely."""
+    best: tuple[int, int] | None = None  # (prefix length, layer)
+    for index, (_, prefixes) in enumerate(layers):
+        for prefix in prefixes:
+            if _within(module, prefix) and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), index)
+    return None if best is None else best[1]
+
+
+def unplaced(modules: Mapping[str, Path], layers: Layers = LAYERS) -> list[str]:
+    """The modules in no layer."""
+    return [m for m in modules if layer_of(m, layers) is None]
+
+
+def layer_violations(graph: list[Import], layers: Layers = LAYERS) -> list[str]:
+    """Each import, of any kind, of a module in a higher layer than the importer's."""
     problems = []
     for imp in graph:
-        where = f"{imp.source}:{imp.line} imports {imp.target} ({imp.kind})"
-        if imp.source == "jupyter_vram._model" and imp.kind == "typing":
-            if imp.target not in MODEL_TYPE_ONLY:
-                problems.append(where)
-            continue
-        for layer, allowed in ALLOWED.items():
-            inside = _within(imp.source, layer) and not _within(imp.target, layer)
-            if inside and not any(_within(imp.target, ok) for ok in allowed):
-                problems.append(where)
-        for layer, forbidden in FORBIDDEN.items():
-            if _within(imp.source, layer) and any(_within(imp.target, f) for f in forbidden):
-                problems.append(where)
+        source, target = layer_of(imp.source, layers), layer_of(imp.target, layers)
+        if source is None or target is None or target > source:
+            where = f"{imp.source}:{imp.line} imports {imp.target} ({imp.kind})"
+            names = [layers[i][0] if i is not None else "no layer" for i in (source, target)]
+            problems.append(f"{where}: {names[0]} -> {names[1]}")
     return problems
 
 
 def cycles(graph: list[Import]) -> list[list[str]]:
-    """The strongly connected components (more than one module, or a module importing
-    itself) of the run-time import graph."""
+    """The strongly connected components (more than one module, or a module importing itself)
+    of the graph of every import, type-only and lazy ones included."""
     edges: dict[str, set[str]] = {}
     for imp in graph:
-        if imp.kind != "typing":
-            edges.setdefault(imp.source, set()).add(imp.target)
+        edges.setdefault(imp.source, set()).add(imp.target)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -222,9 +223,43 @@ def cycles(graph: list[Import]) -> list[list[str]]:
     return found
 
 
+def problems(package: Path) -> list[str]:
+    """Everything this test refuses in ``package``: modules in no layer, upward imports,
+    cycles."""
+    modules = read_modules(package)
+    graph = import_graph(modules)
+    return (
+        [f"{m} is in no layer" for m in unplaced(modules)]
+        + layer_violations(graph)
+        + [f"import cycle: {' <-> '.join(c)}" for c in cycles(graph)]
+    )
+
+
+# -- the checker, on made-up packages ---------------------------------------------------------
+
+
+def write_package(where: Path, files: Mapping[str, str]) -> Path:
+    """A package named ``jupyter_vram`` under ``where``: module name -> source. Each module is
+    written as ``name.py`` (the root as ``__init__.py``), every folder on the way gets an empty
+    ``__init__.py``."""
+    package = where / ROOT
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").touch()
+    for name, source in files.items():
+        parts = name.split(".")[1:]
+        path = package.joinpath(*parts).with_suffix(".py") if parts else package / "__init__.py"
+        folder = path.parent
+        while folder != package:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "__init__.py").touch()
+            folder = folder.parent
+        path.write_text(source)
+    return package
+
+
 def test_the_reader_sees_every_kind_of_import(tmp_path: Path) -> None:
-    """The checks below are only as good as the reader: a hand-written module with one import
-    of each kind comes back with each import and its kind."""
+    """The checks are only as good as the reader: a hand-written module with one import of each
+    kind comes back with each import and its kind."""
     source = (
         "from __future__ import annotations\n"
         "from typing import TYPE_CHECKING\n"
@@ -234,14 +269,18 @@ def test_the_reader_sees_every_kind_of_import(tmp_path: Path) -> None:
         "import numpy\n"
         "if TYPE_CHECKING:\n"
         "    from ._estimator.api import Estimate\n"
+        "else:\n"
+        "    from ._units import format_bytes\n"
         "def f() -> None:\n"
         "    from ._app import profile_app\n"
         "class C:\n"
         "    from ._magics import VramMagics\n"
         "    def g(self) -> None:\n"
         "        from ._render.text import format_bytes\n"
+        "        if TYPE_CHECKING:\n"
+        "            from ._session import Session\n"
     )
-    path = tmp_path / "jupyter_vram" / "probe.py"
+    path = tmp_path / ROOT / "probe.py"
     path.parent.mkdir(parents=True)
     path.write_text(source)
     modules = {m: Path() for m in ("jupyter_vram._render", "jupyter_vram._app.profile_app")}
@@ -251,55 +290,132 @@ def test_the_reader_sees_every_kind_of_import(tmp_path: Path) -> None:
         ("jupyter_vram._render", "module"),
         ("jupyter_vram._analysis.timeline", "module"),
         ("jupyter_vram._estimator.api", "typing"),
+        ("jupyter_vram._units", "module"),
         ("jupyter_vram._app.profile_app", "function"),
         ("jupyter_vram._magics", "module"),
         ("jupyter_vram._render.text", "function"),
+        ("jupyter_vram._session", "typing"),
     ]
 
 
-def test_the_checks_catch_an_arrow_running_back_up() -> None:
-    """A made-up graph with one upward import of each forbidden kind, and a cycle through a
-    lazy import, is caught; the real graph without them is not."""
-    fake = [
-        Import("jupyter_vram._model", "jupyter_vram._render.text", 1, "function"),
-        Import("jupyter_vram._analysis.oom", "jupyter_vram._render.text", 2, "module"),
-        Import("jupyter_vram._capture.stacks", "jupyter_vram", 3, "function"),
-        Import("jupyter_vram._render.mime", "jupyter_vram._estimator.api", 4, "typing"),
-        Import("jupyter_vram._estimator.api", "jupyter_vram._render.estimate_text", 5, "function"),
-        Import("jupyter_vram._app.profile_app", "jupyter_vram._magics", 6, "function"),
+def test_a_planted_type_only_cycle_fails(tmp_path: Path) -> None:
+    """Two modules of one layer, one naming the other only for type checking: still a cycle."""
+    package = write_package(
+        tmp_path,
+        {
+            "jupyter_vram._analysis.a": "from .b import g\n",
+            "jupyter_vram._analysis.b": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n"
+                "    from .a import A\n"
+                "def g() -> None: ...\n"
+            ),
+        },
+    )
+    assert problems(package) == [
+        "import cycle: jupyter_vram._analysis.a <-> jupyter_vram._analysis.b"
     ]
-    assert len(layer_violations(fake)) == len(fake)
-    loop = [
-        Import("jupyter_vram.a", "jupyter_vram.b", 1, "module"),
-        Import("jupyter_vram.b", "jupyter_vram.a", 2, "function"),
-        Import("jupyter_vram.c", "jupyter_vram.a", 3, "typing"),
-        Import("jupyter_vram.a", "jupyter_vram.c", 4, "module"),
+
+
+def test_a_lazy_cycle_fails(tmp_path: Path) -> None:
+    package = write_package(
+        tmp_path,
+        {
+            "jupyter_vram._capture.a": "def f():\n    from .b import g\n",
+            "jupyter_vram._capture.b": "from .a import f\n",
+        },
+    )
+    assert problems(package) == [
+        "import cycle: jupyter_vram._capture.a <-> jupyter_vram._capture.b"
     ]
-    assert cycles(loop) == [["jupyter_vram.a", "jupyter_vram.b"]]
+
+
+UPWARD_KINDS = {
+    "module": "from {target} import x\n",
+    "function": "def f():\n    from {target} import x\n",
+    "typing": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from {target} import x\n",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(UPWARD_KINDS))
+@pytest.mark.parametrize("layer", [name for name, _ in LAYERS[:-1]])
+def test_an_upward_import_from_any_layer_fails(tmp_path: Path, layer: str, kind: str) -> None:
+    """A module of each layer (but the top) importing, in each way, a module of the layer
+    above: one violation, naming both layers."""
+    at = [name for name, _ in LAYERS].index(layer)
+    below, above = LAYERS[at][1][0], LAYERS[at + 1][1][0]
+    source_name = f"{below}.probe" if below != ROOT else f"{ROOT}.probe"
+    target_name = f"{above}.target" if above != ROOT else ROOT
+    files = {source_name: UPWARD_KINDS[kind].format(target=target_name)}
+    if target_name != ROOT:
+        files[target_name] = "x = 1\n"
+    found = problems(write_package(tmp_path, files))
+    assert len(found) == 1, found
+    assert found[0].startswith(f"{source_name}:") and found[0].endswith(
+        f"({kind}): {layer} -> {LAYERS[at + 1][0]}"
+    )
+
+
+def test_a_module_in_no_layer_fails(tmp_path: Path) -> None:
+    package = write_package(
+        tmp_path,
+        {"jupyter_vram._units": "x = 1\n", "jupyter_vram._stray": "from ._units import x\n"},
+    )
+    assert problems(package) == [
+        "jupyter_vram._stray is in no layer",
+        "jupyter_vram._stray:1 imports jupyter_vram._units (module): no layer -> leaves",
+    ]
+
+
+def test_a_clean_made_up_package_passes(tmp_path: Path) -> None:
+    """Downward imports of every kind, in a package where every module has a layer: nothing."""
+    package = write_package(
+        tmp_path,
+        {
+            "jupyter_vram": "def f():\n    from ._app import view\n",
+            "jupyter_vram._units": "x = 1\n",
+            "jupyter_vram._model": "from ._units import x\n",
+            "jupyter_vram._app.view": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n"
+                "    from .._model import x\n"
+                "def g():\n"
+                "    from .._units import x\n"
+            ),
+        },
+    )
+    assert problems(package) == []
+
+
+# -- the package ------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def graph() -> list[Import]:
-    found = import_graph()
+def modules() -> dict[str, Path]:
+    return read_modules(PACKAGE)
+
+
+@pytest.fixture(scope="module")
+def graph(modules: dict[str, Path]) -> list[Import]:
+    found = import_graph(modules)
     assert len(found) > 100  # the reader found the package's imports
     return found
+
+
+def test_every_module_is_in_a_layer(modules: dict[str, Path]) -> None:
+    assert len(modules) > 100
+    assert unplaced(modules) == []
 
 
 def test_no_layer_imports_from_a_layer_above(graph: list[Import]) -> None:
     assert layer_violations(graph) == []
 
 
-def test_model_imports_nothing_above_it_at_run_time(graph: list[Import]) -> None:
-    run_time = {i.target for i in graph if i.source == "jupyter_vram._model" and i.kind != "typing"}
-    assert run_time <= {LEAF}
-
-
-def test_render_knows_no_estimator(graph: list[Import]) -> None:
+def test_the_data_imports_only_leaves(graph: list[Import]) -> None:
+    """The bottom holds what every layer passes around; it needs nothing but the leaves."""
+    data = [name for name, _ in LAYERS].index("data")
     assert [
-        i
-        for i in graph
-        if _within(i.source, "jupyter_vram._render")
-        and _within(i.target, "jupyter_vram._estimator")
+        i for i in graph if layer_of(i.source) == data and (layer_of(i.target) or 0) > data
     ] == []
 
 

@@ -13,7 +13,7 @@ import pytest
 
 import jupyter_vram as jv
 from jupyter_vram import _cli as cli
-from jupyter_vram._render.text import format_bytes
+from jupyter_vram._units import format_bytes
 
 ROOT = Path(__file__).parent.parent
 H200 = Path(__file__).parent / "fixtures" / "h200"

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_vram._capture.cuda_convert import profile_from_snapshot
+from jupyter_vram._capture.snapshot_file import _raw_roles
 from jupyter_vram._model import CATEGORIES
 
 HERE = Path(__file__).parent / "fixtures" / "h200"
@@ -28,7 +29,7 @@ def convert(name: str):  # type: ignore[no-untyped-def]
         raw["snapshot"],
         device_index=raw.get("device_index", 0),
         baseline=raw["baseline"],
-        roles=raw["roles"],
+        roles=_raw_roles(raw),  # recorded in the category table of their day
         modules=raw["modules"],
         max_entries=raw["max_entries"],
         boundary=raw["boundary"],

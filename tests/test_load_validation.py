@@ -204,10 +204,10 @@ def _capture(load: Callable[[str], Any], path: str, errors: list[BaseException])
 def test_plain_reads_stop_past_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A plain (not gzip) file is read to one byte past ``max_bytes`` at most, whatever its
     size said: here a file that never ends (``/dev/zero`` behind a regular file's name)."""
-    from jupyter_vram import _model
+    from jupyter_vram._model import files
 
     path = write(tmp_path, "{}")
-    monkeypatch.setattr(_model, "open_regular_file", lambda _: open("/dev/zero", "rb"))  # noqa: SIM115
+    monkeypatch.setattr(files, "open_regular_file", lambda _: open("/dev/zero", "rb"))  # noqa: SIM115
     tracemalloc.start()
     try:
         with pytest.raises(ProfileFileError, match="file is over the 4,096-byte limit"):

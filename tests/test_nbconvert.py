@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from jupyter_vram._render.figures import CRUMB_SEP
-from jupyter_vram._render.text import format_bytes
+from jupyter_vram._units import format_bytes
 
 IN, HIDDEN, OUT, BATCH, FP32 = 1024, 2048, 10, 256, 4
 LINEAR0_PARAMS = FP32 * (IN * HIDDEN + HIDDEN)  # weight + bias, alive before the cell

@@ -326,7 +326,7 @@ def test_inference_of_the_model_does_not_match_a_training_estimate(
 
 def test_comparison_text_says_what_was_left_out(two_layer: tuple[nn.Module, Any]) -> None:
     from jupyter_vram._render.estimate_text import comparison_text
-    from jupyter_vram._render.text import format_bytes
+    from jupyter_vram._units import format_bytes
 
     model, est = two_layer
     measured = with_other_model(measured_step(model, torch.randn(32, 64)), [1 << 22])
@@ -450,7 +450,7 @@ def test_an_fp32_model_needs_no_second_run_for_pre_ampere_cards() -> None:
 
 def test_text_marks_the_runtime_allowance_as_a_guess() -> None:
     from jupyter_vram._render.estimate_text import estimate_summary
-    from jupyter_vram._render.text import format_bytes
+    from jupyter_vram._units import format_bytes
 
     est = estimate(CausalAttention(), "2x128x64")
     assert est.runtime_overhead.guessed and est.runtime_overhead.bytes == 2**30

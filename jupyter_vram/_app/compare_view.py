@@ -27,9 +27,8 @@ from .._render.compare_figures import (
     diff_tree,
 )
 from .._render.figures import CATEGORY_COLORS, flame_height
-from .._render.text import format_bytes
 from .._render.theme import apply_theme
-from .._units import format_change
+from .._units import format_bytes, format_change
 
 if TYPE_CHECKING:
     import pandas as pd

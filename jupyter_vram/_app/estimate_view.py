@@ -16,16 +16,22 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import ipywidgets as w
 
-from .._estimator.api import RUNTIME_OVERHEAD, Allowance, Estimate, RunSummary, model_weights
+from .._estimator.api import (
+    RUNTIME_OVERHEAD,
+    Allowance,
+    Estimate,
+    RunSummary,
+    model_weights,
+    what_if_fits,
+)
 from .._estimator.gpus import GPUS, RUNTIME_HIDDEN_BYTES, Gpu, find_gpu
 from .._estimator.search import format_batch
 from .._estimator.step import StepSettings
-from .._estimator.whatif import variants, what_if_fits
+from .._estimator.whatif import variants
 from .._model import CATEGORIES, Profile
 from .._render.estimate_text import MODELLED, NOT_MODELLED, format_count, settings_text
 from .._render.html import facts_html
-from .._render.text import format_bytes
-from .._units import format_change, format_column
+from .._units import format_bytes, format_change, format_column
 from .export import CsvLink
 
 if TYPE_CHECKING:

@@ -25,8 +25,8 @@ from .._render.figures import (
 from .._render.html import legend_html
 from .._render.mime import module_types
 from .._render.svg_flame import display_name
-from .._render.text import format_bytes
 from .._render.theme import apply_theme
+from .._units import format_bytes
 from .holder import GONE, ProfileHandle, handle_of
 
 HIERARCHIES: dict[str, Hierarchy] = {"module → op": "module", "Python stack": "stack"}

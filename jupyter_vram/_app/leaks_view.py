@@ -11,7 +11,7 @@ import ipywidgets as w
 import pandas as pd
 
 from .._leaks import after_release, find_leaks, group_leaks, release_leaks
-from .._render.text import format_bytes
+from .._units import format_bytes
 from .export import CsvLink
 from .holder import GONE, ProfileHandle
 

@@ -7,8 +7,8 @@ import html
 
 import ipywidgets as w
 
-from .._analysis.oom import OomReport
-from .._render.text import format_bytes
+from .._model.oom import OomReport
+from .._units import format_bytes
 
 TITLE = "Out of memory"
 

@@ -31,8 +31,9 @@ from .._render.html import (
     legend_html,
     sites_html,
 )
-from .._render.text import format_bytes, run_word, summary
+from .._render.text import run_word, summary
 from .._render.theme import apply_theme
+from .._units import format_bytes
 from .comms import opens_outside_the_cell
 from .export import CsvLink
 from .flame_view import FlameView

@@ -12,7 +12,7 @@ import ipywidgets as w
 
 from .._distributed.summary import imbalance, rank_difference, rank_peaks, ranks_text
 from .._model import Profile
-from .._render.text import format_bytes
+from .._units import format_bytes
 from .comms import opens_outside_the_cell
 from .holder import displayed_in_this_cell
 from .profile_app import STYLE, ProfileApp

@@ -17,8 +17,9 @@ from .._analysis.groups import group
 from .._model import Profile
 from .._render.figures import byte_unit, timeline_data, timeline_figure
 from .._render.html import breakdown_table, groups_table, legend_html
-from .._render.text import format_bytes, format_moment
+from .._render.text import format_moment
 from .._render.theme import apply_theme
+from .._units import format_bytes
 from .flame_view import on_click
 from .holder import GONE, ProfileHandle, handle_of
 

@@ -19,17 +19,15 @@ list (whose slot gets its interned stack id, for the frees that refer to it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from .snapshot_columns import ACTION_CODE, UnsupportedPickle
+from .snapshot_reader import CHUNK, Layout, Reader
 
-if TYPE_CHECKING:
-    from .snapshot_stream import _Layout, _Reader
-
-__all__ = ["read_run"]
+__all__ = ["BulkReader", "read_run"]
 
 U8 = npt.NDArray[np.uint8]
 I64 = npt.NDArray[Any]  # integer arrays (positions, opcodes, values)
@@ -147,7 +145,7 @@ def _long1(words: _Words, p: I64) -> I64:
     return np.where(n == 0, 0, value)
 
 
-def read_run(reader: _Reader, layout: _Layout, target: list[Any]) -> bool:
+def read_run(reader: Reader, layout: Layout, target: list[Any]) -> bool:
     """Decode the run of entries starting at ``reader.pos``; True if it read any."""
     buf, start = reader.buf, reader.pos
     window = len(buf) if reader.eof else len(buf) - (64 << 10)
@@ -205,7 +203,7 @@ class _Template:
     are checked by comparing masked 8-byte words at once and decoded by reading columns at
     fixed offsets; their frames (a reference, or a new list) are told apart row by row."""
 
-    def __init__(self, buf: bytes, s: int, layout: _Layout) -> None:
+    def __init__(self, buf: bytes, s: int, layout: Layout) -> None:
         fixed: dict[int, int] = {}  # offset -> byte every entry of this shape has there
 
         def put(offset: int, data: bytes) -> None:
@@ -318,7 +316,7 @@ def _decode_ref(block: U8, offset: int, op: int) -> I64:
 _MAX_TEMPLATES = 24
 
 
-def _templated(reader: _Reader, layout: _Layout, arr: U8, cand: I64, window: int) -> _Run | None:
+def _templated(reader: Reader, layout: Layout, arr: U8, cand: I64, window: int) -> _Run | None:
     """The candidates whose bytes fit one of the shapes seen before (see :class:`_Template`);
     None when the first fits none and has no shape of its own (the general path reads it)."""
     buf = reader.buf
@@ -539,7 +537,7 @@ def _chain(arr: U8, cand: I64, run: _Run, window: int) -> npt.NDArray[np.bool_]:
 
 
 def _general(
-    reader: _Reader, layout: _Layout, arr: U8, words: _Words, cand: I64, window: int
+    reader: Reader, layout: Layout, arr: U8, words: _Words, cand: I64, window: int
 ) -> _Run:
     """Every candidate walked field by field in lockstep (any layout of values)."""
     run = _Run(len(cand))
@@ -612,7 +610,7 @@ def _general(
     return run
 
 
-def _finish(reader: _Reader, target: list[Any], buf: bytes, cand: I64, got: _Run) -> bool:
+def _finish(reader: Reader, target: list[Any], buf: bytes, cand: I64, got: _Run) -> bool:
     """Write the run that chains from the reader's position to the columns and the memo."""
     start = reader.pos
     chained = got.ok
@@ -777,3 +775,25 @@ def _walk_frames(
         np.where(marked, q - p, np.where(single, 3 + one, 2)),
     )
     return marked, single, size
+
+
+class BulkReader(Reader):
+    """The interpreter with the bulk path: long runs of regular entries go to :func:`read_run`."""
+
+    def bulk_entries(self, target: list[Any]) -> bool:
+        """Read the run of entries at ``pos`` with array operations (:func:`read_run`).
+        After it fails several times in a row (irregular entries), it waits a while longer
+        each time before it tries again (each try looks at a whole window)."""
+        if not self.bulk_ready or self.consumed + self.pos < self.bulk_retry:
+            return False
+        if len(self.buf) - self.pos < CHUNK // 8 and not self.eof:
+            self.fill(CHUNK)
+        if self.list_table is None:
+            self.list_table = _ListTable()
+        layout = next(iter(self.patterns.values()))
+        if read_run(self, layout, target):
+            self.bulk_backoff = 0
+            return True
+        self.bulk_retry = self.consumed + self.pos + 1 + self.bulk_backoff
+        self.bulk_backoff = min(max(2 * self.bulk_backoff, 1 << 10), 256 << 10)
+        return False

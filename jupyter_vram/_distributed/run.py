@@ -88,7 +88,7 @@ def run_local(
     into ``out``; prints each rank's peak. Returns torchrun's exit code."""
     import subprocess
 
-    from .._render.text import format_bytes
+    from .._units import format_bytes
     from .files import load_ranks
     from .launcher import launch_problem
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._model import CATEGORIES, Profile
-from .._render.text import format_bytes
+from .._units import format_bytes
 
 #: What the app calls each distributed kind (_capture/distributed_roles.py names them).
 KIND_NAMES: dict[str, str] = {

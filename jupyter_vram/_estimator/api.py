@@ -27,6 +27,7 @@ from .job import Job
 from .runner import DEFAULT_TIMEOUT_S, EstimateError, EstimatorProcess, pack_job
 from .search import largest_fitting
 from .step import LossFn, OptimizerFactory, StepSettings, check_optimizer
+from .whatif import SHARDINGS, check_gpus, sharded_peak, variants
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -276,8 +277,6 @@ class Estimate:
 
     def what_ifs(self, *, gpus: int = 8, progress: Progress | None = None) -> pd.DataFrame:
         """The same step under other precision, checkpointing, optimizer and sharding."""
-        from .whatif import what_if_table
-
         return what_if_table(self, data_parallel=gpus, progress=progress)
 
     def matches(self, measured: Profile) -> bool:
@@ -659,3 +658,82 @@ __all__ = [
     "estimate_generate",
     "model_weights",
 ]
+
+
+# -- what-ifs: the estimate simulated again under other settings, or sharded by arithmetic --
+
+
+def what_if_table(estimate: Estimate, *, data_parallel: int = 8,
+                  progress: Callable[[str], None] | None = None) -> pd.DataFrame:  # fmt: skip
+    """Every what-if in one table: simulated variants, then data-parallel sharding.
+
+    Columns: ``what_if``, ``kind`` ("simulated" / "arithmetic"), ``peak_bytes``,
+    ``reserved_bytes``, ``predicted_device_bytes``, ``change`` (peak vs the estimate's peak) and
+    ``note`` (why a variant could not run: its numbers are NaN).
+    """
+    import pandas as pd
+
+    from .runner import EstimateError
+
+    data_parallel = check_gpus(data_parallel)
+    base = estimate.settings
+    rows: list[dict[str, Any]] = []
+
+    def add(name: str, kind: str, peak: float, reserved: float, used: float,
+            note: str = "") -> None:  # fmt: skip
+        change = (peak - estimate.peak_bytes) / max(estimate.peak_bytes, 1)
+        rows.append({"what_if": name, "kind": kind, "peak_bytes": peak,
+                     "reserved_bytes": reserved, "predicted_device_bytes": used,
+                     "change": change, "note": note})  # fmt: skip
+
+    summary = estimate.summary
+    add("as estimated: " + base.describe(), "simulated", summary.peak_bytes,
+        summary.reserved_bytes, summary.predicted_device_bytes)  # fmt: skip
+    with estimate.session():
+        for name, settings in variants(base):
+            if progress is not None:
+                progress(f"simulating {name} ...")
+            try:
+                run = estimate.run(settings)
+            except EstimateError as error:  # e.g. nothing to checkpoint: a row that says so
+                nan = float("nan")
+                add(name, "simulated", nan, nan, nan, note=str(error).splitlines()[0])
+                continue
+            add(name, "simulated", run.peak_bytes, run.reserved_bytes, run.predicted_device_bytes)
+    if not base.inference:
+        unit = int(estimate.profile.meta.get("estimate", {}).get("unit_parameter_bytes", 0))
+        ratio = summary.reserved_bytes / max(summary.peak_bytes, 1)
+        overhead = summary.predicted_device_bytes - summary.reserved_bytes
+        for sharding in SHARDINGS:
+            peak = sharded_peak(estimate.profile, sharding, data_parallel, unit)
+            reserved = int(peak * ratio)
+            add(f"{sharding.name} on {data_parallel} GPUs (per GPU)", "arithmetic", peak,
+                reserved, reserved + overhead)  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def what_if_fits(estimate: Estimate, frame: pd.DataFrame, gpu: Gpu) -> list[bool | None]:
+    """Whether each row of :func:`what_if_table`'s ``frame`` fits ``gpu``, by the fit rule
+    (:meth:`Gpu.fits`).
+
+    The estimated step: :meth:`Estimate.fits`. A simulated variant: its device used on that
+    card (:meth:`Estimate.used_on` with its settings: that card's attention kernel and cuBLAS
+    workspaces). An arithmetic row (sharding), computed from the estimated step: its device
+    used plus what that card adds to the estimated step's. A row that could not run: None.
+    """
+    settings = {f"as estimated: {estimate.settings.describe()}": estimate.settings}
+    settings.update(variants(estimate.settings))
+    card_extra = estimate.used_on(gpu) - estimate.predicted_device_bytes
+    answers: list[bool | None] = []
+    for row in frame.to_dict("records"):
+        used = row["predicted_device_bytes"]
+        chosen = settings.get(str(row["what_if"]))
+        if row.get("note") or used != used:  # could not run (NaN)
+            answers.append(None)
+        elif chosen == estimate.settings:
+            answers.append(estimate.fits(gpu))
+        elif chosen is not None and row["kind"] == "simulated":
+            answers.append(gpu.fits(estimate.used_on(gpu, settings=chosen)))
+        else:
+            answers.append(gpu.fits(int(used) + card_extra))
+    return answers

@@ -7,9 +7,8 @@ per-category timeline. Each function says what it assumes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,10 +16,7 @@ from .._model import CATEGORY_INDEX, PHASE_INDEX, Allocations, Profile
 from .step import StepSettings
 
 if TYPE_CHECKING:
-    import pandas as pd
-
-    from .api import Estimate
-    from .gpus import Gpu
+    pass
 
 _STATE = CATEGORY_INDEX["optimizer_state"]
 _TEMPORARY = CATEGORY_INDEX["temporary"]
@@ -146,55 +142,6 @@ def check_gpus(gpus: object) -> int:
     return int(gpus)
 
 
-def what_if_table(estimate: Estimate, *, data_parallel: int = 8,
-                  progress: Callable[[str], None] | None = None) -> pd.DataFrame:  # fmt: skip
-    """Every what-if in one table: simulated variants, then data-parallel sharding.
-
-    Columns: ``what_if``, ``kind`` ("simulated" / "arithmetic"), ``peak_bytes``,
-    ``reserved_bytes``, ``predicted_device_bytes``, ``change`` (peak vs the estimate's peak) and
-    ``note`` (why a variant could not run: its numbers are NaN).
-    """
-    import pandas as pd
-
-    from .runner import EstimateError
-
-    data_parallel = check_gpus(data_parallel)
-    base = estimate.settings
-    rows: list[dict[str, Any]] = []
-
-    def add(name: str, kind: str, peak: float, reserved: float, used: float,
-            note: str = "") -> None:  # fmt: skip
-        change = (peak - estimate.peak_bytes) / max(estimate.peak_bytes, 1)
-        rows.append({"what_if": name, "kind": kind, "peak_bytes": peak,
-                     "reserved_bytes": reserved, "predicted_device_bytes": used,
-                     "change": change, "note": note})  # fmt: skip
-
-    summary = estimate.summary
-    add("as estimated: " + base.describe(), "simulated", summary.peak_bytes,
-        summary.reserved_bytes, summary.predicted_device_bytes)  # fmt: skip
-    with estimate.session():
-        for name, settings in variants(base):
-            if progress is not None:
-                progress(f"simulating {name} ...")
-            try:
-                run = estimate.run(settings)
-            except EstimateError as error:  # e.g. nothing to checkpoint: a row that says so
-                nan = float("nan")
-                add(name, "simulated", nan, nan, nan, note=str(error).splitlines()[0])
-                continue
-            add(name, "simulated", run.peak_bytes, run.reserved_bytes, run.predicted_device_bytes)
-    if not base.inference:
-        unit = int(estimate.profile.meta.get("estimate", {}).get("unit_parameter_bytes", 0))
-        ratio = summary.reserved_bytes / max(summary.peak_bytes, 1)
-        overhead = summary.predicted_device_bytes - summary.reserved_bytes
-        for sharding in SHARDINGS:
-            peak = sharded_peak(estimate.profile, sharding, data_parallel, unit)
-            reserved = int(peak * ratio)
-            add(f"{sharding.name} on {data_parallel} GPUs (per GPU)", "arithmetic", peak,
-                reserved, reserved + overhead)  # fmt: skip
-    return pd.DataFrame(rows)
-
-
 def variants(base: StepSettings) -> list[tuple[str, StepSettings]]:
     """The simulated what-ifs that differ from ``base``."""
     options = [
@@ -221,30 +168,3 @@ def variants(base: StepSettings) -> list[tuple[str, StepSettings]]:
             seen.add(settings)
             kept.append((name, settings))
     return kept
-
-
-def what_if_fits(estimate: Estimate, frame: pd.DataFrame, gpu: Gpu) -> list[bool | None]:
-    """Whether each row of :func:`what_if_table`'s ``frame`` fits ``gpu``, by the fit rule
-    (:meth:`Gpu.fits`).
-
-    The estimated step: :meth:`Estimate.fits`. A simulated variant: its device used on that
-    card (:meth:`Estimate.used_on` with its settings: that card's attention kernel and cuBLAS
-    workspaces). An arithmetic row (sharding), computed from the estimated step: its device
-    used plus what that card adds to the estimated step's. A row that could not run: None.
-    """
-    settings = {f"as estimated: {estimate.settings.describe()}": estimate.settings}
-    settings.update(variants(estimate.settings))
-    card_extra = estimate.used_on(gpu) - estimate.predicted_device_bytes
-    answers: list[bool | None] = []
-    for row in frame.to_dict("records"):
-        used = row["predicted_device_bytes"]
-        chosen = settings.get(str(row["what_if"]))
-        if row.get("note") or used != used:  # could not run (NaN)
-            answers.append(None)
-        elif chosen == estimate.settings:
-            answers.append(estimate.fits(gpu))
-        elif chosen is not None and row["kind"] == "simulated":
-            answers.append(gpu.fits(estimate.used_on(gpu, settings=chosen)))
-        else:
-            answers.append(gpu.fits(int(used) + card_extra))
-    return answers

@@ -15,7 +15,7 @@ from bokeh.plotting import figure
 
 from .._analysis.flame import FlameNode
 from .._model import CATEGORIES
-from .._units import format_change
+from .._units import format_bytes, format_change
 from .figures import (
     CATEGORY_COLORS,
     CRUMB_SEP,
@@ -26,7 +26,6 @@ from .figures import (
     fit_label,
     icicle_figure,
 )
-from .text import format_bytes
 
 GROW = (0xC4, 0x4E, 0x52)  # the error red of the app's "up" numbers
 SHRINK = (0x2A, 0x7A, 0x2A)  # the success green of its "down" numbers

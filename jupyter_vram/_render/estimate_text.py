@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from .._units import format_change, format_column
-from .text import format_bytes
+from .._units import format_bytes, format_change, format_column
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -19,9 +19,9 @@ from bokeh.plotting import figure
 from bokeh.transform import stack
 
 from .._analysis.flame import FlameNode
-from .._analysis.timeline import Timeline
-from .._model import CATEGORIES
-from .text import format_bytes, format_moment
+from .._model import CATEGORIES, Timeline
+from .._units import format_bytes
+from .text import format_moment
 
 #: One colour per category (colour-blind-safe set), in CATEGORIES order.
 CATEGORY_COLORS: dict[str, str] = dict(

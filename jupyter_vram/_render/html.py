@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from .._analysis.allocator import has_segments, reserved_peak
 from .._analysis.groups import Group
 from .._model import CATEGORIES
-from .text import SOURCE_NAMES, format_bytes, run_word
+from .._units import format_bytes
+from .text import SOURCE_NAMES, run_word
 
 if TYPE_CHECKING:
     from .._model import Profile

@@ -92,7 +92,7 @@ TOP = 20  # rows of the top-modules and top-sites lists
 def profile_payload(profile: Profile, estimate: EstimateData | None = None) -> dict[str, Any]:
     """The saved profile (schema in the module docstring); ``estimate``: the Estimate behind
     an estimate's profile, for its summary and predicted reserved / device-used bytes."""
-    from .text import format_bytes
+    from .._units import format_bytes
 
     t = profile.timeline
     info = profile.device_info

@@ -16,10 +16,10 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._units import format_bytes
 from .html import site_label
 from .mime import profile_payload
 from .svg_flame import category_bar_svg, flame_svg, timeline_svg
-from .text import format_bytes
 
 if TYPE_CHECKING:
     from .._model import Profile

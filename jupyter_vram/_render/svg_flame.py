@@ -13,8 +13,8 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._units import format_bytes
 from .figures import BLOCK_LINE, CRUMB_SEP, ROOT_COLOR, fit_label
-from .text import format_bytes
 
 ROW_PX = 20  # height of one flame level
 FONT = "font-family='-apple-system,BlinkMacSystemFont,Segoe UI,Helvetica,Arial,sans-serif'"

@@ -6,11 +6,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 # re-exported (PEP 484's `as` form): the renderers and users import it from here
-from .._units import format_bytes as format_bytes  # noqa: PLC0414
+from .._units import format_bytes
 
 if TYPE_CHECKING:
-    from .._analysis.oom import OomReport
     from .._model import Profile
+    from .._model.oom import OomReport
 
 
 SOURCE_NAMES = {

@@ -1,18 +1,19 @@
-"""Replay a profile's alloc/free events into live bytes over time, and find the peak."""
+"""Replay a profile's alloc/free events into live bytes over time, and find the peak.
+
+Numpy over the allocation columns alone (not the Profile), so it sits at the bottom with the
+columns: the Profile caches its replay (``Profile.timeline``) and every layer reads it.
+"""
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from .._model import CATEGORIES, PHASES, Int64Array
-
-if TYPE_CHECKING:
-    from .._model import Profile
+from .columns import CATEGORIES, PHASES, Allocations, Int64Array
 
 BoolArray = npt.NDArray[np.bool_]
 
@@ -25,7 +26,7 @@ class Timeline:
     function that takes an event index accepts it.
     """
 
-    profile: Profile = field(repr=False)
+    allocations: Allocations = field(repr=False)  # the profile's
     device_mask: BoolArray = field(repr=False)  # allocations on the profile's device
     seq: Int64Array  # event sequence numbers, ascending
     time_ns: Int64Array  # event times, relative to the start of recording
@@ -44,14 +45,14 @@ class Timeline:
 
     def live_mask(self, index: int) -> BoolArray:
         """Allocations (rows of the profile) live right after event ``index``."""
-        a = self.profile.allocations
+        a = self.allocations
         s = self.seq_at(index)
         alive = (a.alloc_seq <= s) & ((a.free_seq < 0) | (a.free_seq > s))
         return alive & self.device_mask
 
     def breakdown_at(self, index: int) -> dict[str, int]:
         """Category -> live bytes after event ``index``; sums to the total at that point."""
-        a = self.profile.allocations
+        a = self.allocations
         mask = self.live_mask(index)
         sums = np.bincount(a.category[mask], weights=a.size[mask], minlength=len(CATEGORIES))
         return {name: int(round(v)) for name, v in zip(CATEGORIES, sums, strict=True)}
@@ -65,7 +66,7 @@ class Timeline:
         if self.peak_index < 0:
             return "baseline"
         row = int(self.alloc_index[self.peak_index])
-        return PHASES[int(self.profile.allocations.phase[row])]
+        return PHASES[int(self.allocations.phase[row])]
 
     def index_at_seq(self, seq: int) -> int:
         """The last event at or before sequence number ``seq`` (-1 if none)."""
@@ -78,7 +79,7 @@ class Timeline:
     def by_category(self, indices: npt.NDArray[np.int64] | None = None) -> npt.NDArray[np.int64]:
         """Live bytes per category after each event (or after the events at ``indices``):
         shape (events, categories)."""
-        a = self.profile.allocations
+        a = self.allocations
         n_cat = len(CATEGORIES)
         rows = len(self.seq) if indices is None else len(indices)
         out = np.zeros((rows, n_cat), np.int64)
@@ -180,16 +181,15 @@ class Timeline:
         return np.asarray(x), np.asarray(index, np.int64)
 
     def baseline_by_category(self) -> Int64Array:
-        a = self.profile.allocations
+        a = self.allocations
         mask = (a.alloc_seq < 0) & self.device_mask
         sums = np.bincount(a.category[mask], weights=a.size[mask], minlength=len(CATEGORIES))
         return np.rint(sums).astype(np.int64)
 
 
-def replay(profile: Profile) -> Timeline:
-    """Sort the profile's events on its device by sequence and accumulate live bytes."""
-    a = profile.allocations
-    device_id = profile.devices.index(profile.device) if profile.device in profile.devices else -1
+def replay(a: Allocations, device_id: int) -> Timeline:
+    """Sort the events of the allocations on device ``device_id`` (an index into the
+    profile's devices table) by sequence and accumulate live bytes."""
     on_device = a.device == device_id
     rows = np.arange(len(a), dtype=np.int64)
 
@@ -210,7 +210,7 @@ def replay(profile: Profile) -> Timeline:
     else:
         peak_index, peak = -1, baseline
     return Timeline(
-        profile=profile,
+        allocations=a,
         device_mask=on_device,
         seq=seq,
         time_ns=times,
