@@ -85,11 +85,13 @@ def generation_kwargs(model: nn.Module, new_tokens: int, cache: str) -> dict[str
 def generate_step(
     model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], new_tokens: int, cache: str
 ) -> None:
-    """One ``generate()`` call of ``new_tokens`` tokens; its result is dropped at once."""
+    """One ``generate()`` call of ``new_tokens`` tokens; its result is dropped at once. A
+    positional input is the model's main input (``input_ids``, Whisper's ``input_features``);
+    token ids get an attention mask of ones."""
     inputs = dict(kwargs)
-    ids = inputs.get("input_ids", args[0] if args else None)
     if args:
-        inputs.setdefault("input_ids", args[0])
+        inputs.setdefault(str(getattr(model, "main_input_name", "input_ids")), args[0])
+    ids = inputs.get("input_ids")
     if isinstance(ids, torch.Tensor) and not ids.is_floating_point():
         inputs.setdefault("attention_mask", torch.ones_like(ids))
     with torch.no_grad():
