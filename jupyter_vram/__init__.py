@@ -38,6 +38,7 @@ __all__ = [
     "Variant",
     "assert_fits",
     "estimate",
+    "estimate_generate",
     "last_profile",
     "launch",
     "plan",
@@ -58,13 +59,13 @@ if TYPE_CHECKING:
     from ._analysis.compare import verdict
     from ._capture.tagging import register_cache, unregister_cache
     from ._distributed import LaunchError, launch
-    from ._estimator import Estimate, estimate
+    from ._estimator import Estimate, estimate, estimate_generate
 else:
 
     def __getattr__(name: str) -> Any:
         """``jv.estimate`` / ``jv.Estimate`` load the estimator (and torch), ``jv.launch`` /
         ``jv.LaunchError`` the distributed launcher, on first use."""
-        if name in ("estimate", "Estimate"):
+        if name in ("estimate", "Estimate", "estimate_generate"):
             from . import _estimator as estimator
 
             return getattr(estimator, name)

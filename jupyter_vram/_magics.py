@@ -420,6 +420,15 @@ class VramMagics(Magics):
     @argument("--amp", default=None, help="autocast dtype: bf16 or fp16")
     @argument("--checkpoint", action="store_true", help="activation checkpointing")
     @argument("--inference", action="store_true", help="forward only, under no_grad")
+    @argument(
+        "--generate",
+        type=int,
+        default=None,
+        metavar="N",
+        help="model.generate() of N new tokens with a KV cache instead of a training step "
+        "(--input: the prompt, a length such as 512 or a shape such as 4x512)",
+    )
+    @argument("--cache", default="dynamic", help="with --generate: dynamic (default) or static")
     @argument("--device", default="cuda", help="device to predict: cuda (default) or cpu")
     @argument("--gpu", default=None, help="a GPU to check (e.g. A100-80GB): fit + largest batch")
     @argument("--what-if", action="store_true", help="also show the what-if table")
@@ -428,7 +437,8 @@ class VramMagics(Magics):
     @argument("--text", action="store_true", help="print text instead of the app")
     @line_magic
     def vram_estimate(self, line: str) -> None:
-        """Predict a training step's memory without a GPU, and what it fits on."""
+        """Predict a training step's (or a generate() call's) memory without a GPU, and what
+        it fits on."""
         from ._magics_estimate import run_estimate_magic
 
         args = parse_argstring(self.vram_estimate, line)

@@ -61,18 +61,22 @@ def run_estimate_magic(args: Namespace, namespace: dict[str, Any]) -> Estimate |
         model = resolve(args.model, namespace, "the model")
         gpu = find_gpu(unquote(args.gpu)) if args.gpu else None
         progress(f"estimating {type(model).__name__} on fake tensors ...")
-        result = estimate(
-            model,
-            resolve_inputs(args.input, namespace),
-            optimizer=unquote(args.optimizer),
-            device=unquote(args.device),
-            dtype=unquote(args.dtype) if args.dtype else None,
-            amp=unquote(args.amp) if args.amp else None,
-            checkpoint=args.checkpoint,
-            batch_size=args.batch_size,
-            inference=args.inference,
-            loss_fn=resolve(args.loss, namespace, "the loss") if args.loss else None,
-            timeout_s=args.timeout,
+        result = (
+            _generate(args, model, namespace)
+            if args.generate is not None
+            else estimate(
+                model,
+                resolve_inputs(args.input, namespace),
+                optimizer=unquote(args.optimizer),
+                device=unquote(args.device),
+                dtype=unquote(args.dtype) if args.dtype else None,
+                amp=unquote(args.amp) if args.amp else None,
+                checkpoint=args.checkpoint,
+                batch_size=args.batch_size,
+                inference=args.inference,
+                loss_fn=resolve(args.loss, namespace, "the loss") if args.loss else None,
+                timeout_s=args.timeout,
+            )
         )
         namespace["_vram_estimate"] = result
         remember_estimate(result)
@@ -91,6 +95,10 @@ def run_estimate_magic(args: Namespace, namespace: dict[str, Any]) -> Estimate |
         from ._render.estimate_text import estimate_summary, what_if_text
 
         print(estimate_summary(result))
+        if result.settings.generate:
+            s = result.settings
+            print(f"simulated: model.generate() of {s.generate} new tokens after the prompt "
+                  f"(greedy), {s.cache} KV cache (category kv_cache)")  # fmt: skip
         if what_ifs is not None:
             print(what_if_text(what_ifs))
         if gpu is not None and largest is not None:
@@ -110,6 +118,28 @@ def run_estimate_magic(args: Namespace, namespace: dict[str, Any]) -> Estimate |
 
             print(what_if_text(what_ifs))
     return result
+
+
+def _generate(args: Namespace, model: Any, namespace: Mapping[str, Any]) -> Estimate:
+    """``--generate N``: ``estimate_generate`` with ``--input`` as the prompt (a bare number is
+    its length in tokens, default 128)."""
+    from ._estimator.api import estimate_generate
+
+    prompt = resolve_inputs(args.input, namespace)
+    if prompt is None:
+        prompt = 128
+    elif isinstance(prompt, str) and prompt.isdigit():
+        prompt = int(prompt)
+    return estimate_generate(
+        model,
+        prompt,
+        args.generate,
+        batch=args.batch_size,
+        cache=unquote(args.cache),
+        device=unquote(args.device),
+        dtype=unquote(args.dtype) if args.dtype else None,
+        timeout_s=args.timeout,
+    )
 
 
 def _progress_line() -> Callable[[str], None]:

@@ -14,13 +14,13 @@ import itertools
 import sys
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import FrameType
 from typing import Any
 
 import torch
 
-from .._model import Profile
+from .._model import CATEGORY_INDEX, Profile
 from .builder import BASELINE_OP, OTHER, TEMPORARY, ProfileBuilder
 from .modes import ObservingMode
 from .stacks import StackSampler
@@ -108,6 +108,13 @@ class DispatchRecorder:
         except Exception:  # noqa: BLE001 - sparse / wrapper tensors have no plain storage
             return None
 
+    def mark_inputs(self, tensors: Iterable[Any]) -> None:
+        """Count ``tensors`` as the run's inputs (a caller that feeds the model through a
+        loop of its own, e.g. ``generate()``, never passes them to the model as they are)."""
+        for tensor in tensors:
+            if isinstance(tensor, torch.Tensor):
+                self._on_role(tensor, CATEGORY_INDEX["input"], 0)
+
     def mark(self) -> int:
         """The next event sequence number: a point in the event order to refer to later."""
         return next(self._seq)
@@ -130,8 +137,12 @@ class DispatchRecorder:
                 if row is None or not isinstance(first, torch.Tensor):
                     return
                 storage = first.untyped_storage()
+                # autograd sums in place only into a buffer it holds the last reference to;
+                # a view (a folded matmul's gradient, a transposed weight gradient) keeps its
+                # base alive, so it never qualifies (aten's InputBuffer accumulate)
                 whole = (
-                    first.storage_offset() == 0
+                    not first._is_view()
+                    and first.storage_offset() == 0
                     and storage.nbytes() == first.numel() * first.element_size()
                     and (
                         first.is_contiguous()

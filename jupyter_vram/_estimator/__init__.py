@@ -1,6 +1,6 @@
 """Predict a training step's memory without a GPU: fake-tensor runs in a separate process."""
 
-from .api import Comparison, Estimate, RunSummary, estimate
+from .api import Comparison, Estimate, RunSummary, estimate, estimate_generate
 from .gpus import GPUS, Gpu, find_gpu
 from .inputs import InputError
 from .runner import EstimateError
@@ -16,5 +16,6 @@ __all__ = [
     "RunSummary",
     "StepSettings",
     "estimate",
+    "estimate_generate",
     "find_gpu",
 ]

@@ -563,6 +563,73 @@ def estimate(
     return Estimate(profile, settings, payload, timeout_s=timeout_s)
 
 
+def estimate_generate(
+    model: nn.Module | Callable[[], nn.Module],
+    prompt: Any = 128,
+    new_tokens: int = 128,
+    batch: int | None = None,
+    cache: str = "dynamic",
+    device: str = "cuda",
+    dtype: str | None = None,
+    gpu: str | Gpu | None = None,
+    *,
+    stacks: bool = True,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    torch_version: str | None = None,
+) -> Estimate:
+    """Predict the memory of ``model.generate()``: greedy decoding of ``new_tokens`` tokens
+    after ``prompt``, with a KV cache (the weights, the cache as it grows, each step's
+    temporaries; the cache is category ``kv_cache``).
+
+    ``model``: a transformers model with ``generate()`` (anywhere, the meta device included),
+    or a function that builds one. ``prompt``: a length in tokens, token ids (a tensor), or
+    named shapes as in :func:`estimate` (``"input_features=1x80x3000"`` for Whisper).
+    ``batch``: sequences generated at once (default 1; with a length or 1-D ids).
+    ``cache``: "dynamic" (grows by concatenation) or "static" (allocated for the whole
+    length at once); a quantised cache is refused, not guessed. ``gpu``: a GPU name, which
+    implies ``device="cuda"`` with that card's attention kernel.
+    """
+    from .generation import GenerationError, check_cache, check_generates
+
+    if not isinstance(new_tokens, int) or new_tokens < 1:
+        raise EstimateError(f"new_tokens must be a positive number of tokens, not {new_tokens!r}")
+    try:
+        check_cache(cache)
+        probe = _probe(model)
+        check_generates(probe)
+    except GenerationError as error:
+        raise EstimateError(str(error)) from None
+    flash = True
+    if gpu is not None:
+        device, flash = "cuda", _gpu(gpu).flash_attention
+    if device not in ("cuda", "cpu") and not device.startswith("cuda:"):
+        raise EstimateError(f"device must be 'cuda' or 'cpu', not {device!r}")
+    spec = _prompt_spec(probe, prompt, batch)
+    settings = StepSettings(device=device, dtype=dtype, optimizer="none", inference=True,
+                            stacks=stacks, flash_attention=flash, torch_version=torch_version,
+                            generate=new_tokens, cache=cache)  # fmt: skip
+    payload = pack_job(Job(model, spec))
+    with EstimatorProcess(payload, timeout_s=timeout_s) as process:
+        profile = process.run(settings, None)
+    return Estimate(profile, settings, payload, timeout_s=timeout_s)
+
+
+def _prompt_spec(model: nn.Module, prompt: Any, batch: int | None) -> Any:
+    """The prompt as a batch: a length -> ``batch`` rows of token ids; 1-D ids -> ``batch``
+    copies; anything else as :func:`estimate` reads inputs (``batch`` sets dim 0)."""
+    import torch
+
+    if isinstance(prompt, bool) or (isinstance(prompt, int) and prompt < 1):
+        raise EstimateError(f"prompt must be a positive length, token ids or shapes: {prompt!r}")
+    if isinstance(prompt, int):
+        return make_batch_spec(model, {"input_ids": (batch or 1, prompt)})
+    if isinstance(prompt, torch.Tensor) and prompt.dim() == 1:
+        return make_batch_spec(model, {"input_ids": (batch or 1, int(prompt.shape[0]))})
+    if isinstance(prompt, torch.Tensor):
+        return make_batch_spec(model, {"input_ids": prompt}, batch)
+    return make_batch_spec(model, prompt, batch)
+
+
 def _probe(model: nn.Module | Callable[[], nn.Module]) -> nn.Module:
     """The model itself, or one built by the factory on the meta device (no memory)."""
     if isinstance(model, nn.Module):
@@ -588,6 +655,7 @@ __all__ = [
     "FirstFit",
     "RunSummary",
     "estimate",
+    "estimate_generate",
     "model_weights",
 ]
 

@@ -51,6 +51,12 @@ from the real kernel in what else it returns:
   the fused CUDA kernel, but the CPU kernel is Python that dequantises both moments, copies
   the gradient and the weight to fp32 and computes the denominator (five fp32 tensors the size
   of the parameter). :func:`bitsandbytes_cpu_update` runs that Python on the fake tensors.
+- **Grouped matrix products (MoE experts).** transformers runs mixture-of-experts layers
+  (Mixtral, Qwen-MoE, ...) through ``aten._grouped_mm``; its meta implementation accepts only
+  bf16 inputs, although the CPU kernel (and CUDA's on recent torch) multiplies fp32 and fp16
+  too, so a float32 MoE model could not be estimated. :func:`grouped_mm_any_dtype` gives the
+  fake run the same output (shape and dtype by the meta implementation's own rule) for any
+  float dtype.
 """
 
 from __future__ import annotations
@@ -407,3 +413,33 @@ def bitsandbytes_cpu_update(target_type: str) -> Iterator[None]:
         yield
     finally:
         functional.optimizer_update_8bit_blockwise = original  # type: ignore[union-attr]
+
+
+@contextlib.contextmanager
+def grouped_mm_any_dtype() -> Iterator[None]:
+    """Within the block, fake ``aten._grouped_mm`` accepts any float dtype (see the module
+    docstring); bf16 and scaled calls still take torch's own meta implementation."""
+    from torch._meta_registrations import _create_grouped_mm_output_tensor
+    from torch._subclasses import fake_impls
+    from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
+
+    op = torch.ops.aten._grouped_mm.default
+    table = fake_impls.op_implementations_dict
+    if op in table:  # torch has a rule of its own now: keep it
+        yield
+        return
+
+    def grouped_mm(fake_mode: Any, func: Any, mat_a: torch.Tensor, mat_b: torch.Tensor,
+                   offs: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                   out_dtype: torch.dtype | None = None) -> Any:  # fmt: skip
+        if mat_a.dtype == torch.bfloat16 or bias is not None or offs is None:
+            return NotImplemented  # the meta implementation's own checks and result
+        with in_kernel_invocation_manager(fake_mode):
+            out = _create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype)  # type: ignore[no-untyped-call]
+        return FakeTensor(fake_mode, out, mat_a.device)
+
+    table[op] = grouped_mm
+    try:
+        yield
+    finally:
+        table.pop(op, None)

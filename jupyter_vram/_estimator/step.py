@@ -45,6 +45,8 @@ class StepSettings:
     # the torch the step will run under (its library workspaces differ by version); None:
     # this process's torch
     torch_version: str | None = None
+    generate: int = 0  # > 0: a generate() call of that many new tokens instead of a step
+    cache: str = "dynamic"  # the KV cache generate() uses (generation.CACHES)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,7 +61,10 @@ class StepSettings:
             parts.append(f"AMP {self.amp}")
         if self.checkpoint:
             parts.append("checkpointing")
-        parts.append("inference" if self.inference else f"optimizer {self.optimizer}")
+        if self.generate:
+            parts.append(f"generate {self.generate} tokens, {self.cache} KV cache")
+        else:
+            parts.append("inference" if self.inference else f"optimizer {self.optimizer}")
         if self.target_type == "cuda" and not self.flash_attention:
             parts.append("no flash attention (pre-Ampere GPU)")
         return ", ".join(parts)

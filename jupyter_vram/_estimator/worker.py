@@ -42,6 +42,7 @@ from .kernels import (
     RnnCalls,
     bitsandbytes_cpu_update,
     cuda_kernels,
+    grouped_mm_any_dtype,
     onednn_scratch,
     rnn_workspaces,
 )
@@ -102,25 +103,14 @@ class Simulator:
         from .._recording import FakeRunRecording
         from .._transforms.checkpointing import enable_checkpointing
 
+        if settings.generate:
+            return self._run_generation(settings, batch_size)
         batch = self.batch.with_batch_size(batch_size) if batch_size else self.batch
         cast = parse_dtype(settings.dtype) if settings.dtype else None
         mode, optimizer = self._take_kept(settings)
-
-        def fake(descriptor: TensorDescriptor) -> torch.Tensor:
-            is_float = descriptor.dtype.is_floating_point
-            dtype = cast if cast is not None and is_float else descriptor.dtype
-            with mode:
-                tensor = torch.empty_strided(
-                    descriptor.shape, descriptor.stride, dtype=dtype, device=FAKE_RUN_DEVICE
-                )
-            if descriptor.parameter:
-                param = nn.Parameter(tensor, requires_grad=descriptor.requires_grad)
-                return descriptor.dress(param)
-            return tensor
-
         if mode is None:  # before checkpointing: it looks for blocks by their parameters
             mode = fake_mode()
-            self.slots.fill(fake)
+            self.slots.fill(_fake_factory(mode, cast))
         try:
             undo = enable_checkpointing(self.model) if settings.checkpoint else None
         except BaseException:
@@ -139,7 +129,7 @@ class Simulator:
             )
             calls = RnnCalls()
             rnn = rnn_workspaces(settings.target_type, calls) if self._may_run_rnn else None
-            with mode, rnn or contextlib.nullcontext(), attention:
+            with mode, rnn or contextlib.nullcontext(), attention, grouped_mm_any_dtype():
                 args, kwargs = batch.build(FAKE_RUN_DEVICE, float_dtype(settings, self.model))
                 if optimizer is None:  # else the state a warm-up makes exists (see _Kept)
                     optimizer = make_optimizer(settings, self.model, self.job.optimizer_factory)
@@ -194,6 +184,57 @@ class Simulator:
         raw, in_sums = canonical_baseline(rec.profile, first, watch.sums)
         raw, sums = accumulate_in_place(raw, watch.segments, in_sums)
         info["in_place_sums"] = sums
+        return finish_profile(canonical_bursts(raw), settings, info)
+
+    def _run_generation(self, settings: StepSettings, batch_size: int | None) -> Profile:
+        """Record one ``generate()`` call of ``settings.generate`` tokens on fake tensors (no
+        warm-up: generation keeps no state between calls). Its prompt is the job's input as
+        given (no labels added)."""
+        from .._capture.fake import fake_mode
+        from .._recording import FakeRunRecording
+        from .generation import decoding_steps, generate_step, ordinary_prompt_reads
+
+        self._kept = None  # a training run's fake tensors are not reused here
+        batch = self.job.batch.with_batch_size(batch_size) if batch_size else self.job.batch
+        cast = parse_dtype(settings.dtype) if settings.dtype else None
+        mode = fake_mode()
+        self.slots.fill(_fake_factory(mode, cast))
+        position_checks = check_positions(self.model)
+        lazy_state = _attribute_tensors(self.model)
+        started = time.perf_counter()
+        try:
+            self.model.eval()
+            cuda = settings.target_type == "cuda"
+            attention = (
+                cuda_kernels(flash=settings.flash_attention) if cuda else contextlib.nullcontext()
+            )
+            with mode, attention, grouped_mm_any_dtype():
+                args, kwargs = batch.build(FAKE_RUN_DEVICE, float_dtype(settings, self.model))
+                with FakeRunRecording(device="meta", stacks=settings.stacks) as rec:
+                    recorder = cast_recorder(rec.recorder)
+                    first = rows_of(recorder, _held_tensors(self.slots, None, args, kwargs))
+                    recorder.mark_inputs(iter_tensors((args, kwargs)))
+                    with ordinary_prompt_reads(), decoding_steps(self.model, settings.generate):
+                        generate_step(self.model, args, kwargs, settings.generate, settings.cache)
+                del args, kwargs
+        finally:
+            for handle in position_checks:
+                handle.remove()
+            _restore_attribute_tensors(self.model, lazy_state)
+            self.slots.clear()
+        info = {
+            "settings": settings.to_dict(),
+            "batch_size": batch.batch_size,
+            "input": batch.describe(),
+            "model": type(self.model).__name__,
+            "parameters": self.parameter_count,
+            "trainable_parameters": self.trainable_count,
+            "seconds": round(time.perf_counter() - started, 3),
+            "new_tokens": settings.generate,
+            "cache": settings.cache,
+            "simulated_on": "fake tensors (torch FakeTensorMode) on the CPU",
+        }
+        raw, _ = canonical_baseline(rec.profile, first, {})
         return finish_profile(canonical_bursts(raw), settings, info)
 
     def _take_kept(self, settings: StepSettings) -> tuple[Any, Any]:
@@ -317,6 +358,26 @@ class Simulator:
                 optimizer_context=scalars_read_as_one,
                 backward_context=backward_context,
             )
+
+
+def _fake_factory(
+    mode: Any, cast: torch.dtype | None
+) -> Callable[[TensorDescriptor], torch.Tensor]:
+    """Makes the fake tensor for a model slot (float ones cast to ``cast`` when given)."""
+
+    def fake(descriptor: TensorDescriptor) -> torch.Tensor:
+        is_float = descriptor.dtype.is_floating_point
+        dtype = cast if cast is not None and is_float else descriptor.dtype
+        with mode:
+            tensor = torch.empty_strided(
+                descriptor.shape, descriptor.stride, dtype=dtype, device=FAKE_RUN_DEVICE
+            )
+        if descriptor.parameter:
+            param = nn.Parameter(tensor, requires_grad=descriptor.requires_grad)
+            return descriptor.dress(param)
+        return tensor
+
+    return fake
 
 
 @dataclass(frozen=True)

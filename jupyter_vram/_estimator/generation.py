@@ -1,0 +1,176 @@
+"""``generate()`` on fake tensors: inference with a KV cache, token by token.
+
+The estimate runs the model's own ``generate()`` (transformers' decoding loop, its cache
+classes, logits processors and masks), so what it allocates is what the real call allocates.
+Two things a fake run cannot do by itself, because ``generate()`` reads tensor values:
+
+- **When to stop.** After each token it reads whether every sequence has finished (an end of
+  sequence token, or the length limit). The estimate asks for exactly ``new_tokens`` tokens
+  (``min_new_tokens = max_new_tokens``, so an end-of-sequence token is never chosen) and ends
+  the loop after that many steps itself (:func:`decoding_steps`), as the real call ends it.
+- **Other reads** (is there padding, does the mask hide anything, is a pad token also an end
+  token). :class:`_OrdinaryPromptReads` answers them as for a batch of ordinary prompts: an
+  ``all()`` is true (every mask position is set), anything else false (no padding, no special
+  token found). The real call is made the same way: an attention mask of ones is passed.
+
+The step is the same code for the fake run and for a measured real run
+(:func:`generate_step`), as :func:`~.step.training_step` is for training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+#: Cache kinds the estimate simulates (transformers' ``cache_implementation`` names).
+CACHES = ("dynamic", "static")
+
+
+class GenerationError(ValueError):
+    """The model cannot be estimated generating as asked (no ``generate()``, a cache kind
+    that is not simulated)."""
+
+
+def check_cache(cache: str) -> str:
+    """The cache kind, or :class:`GenerationError` naming the reason for one not simulated."""
+    if cache in CACHES:
+        return cache
+    if "quant" in cache:
+        raise GenerationError(
+            f"cache={cache!r}: a quantised cache's size depends on its backend (quanto / HQQ "
+            "packing and residual length), which the estimate does not simulate; use 'dynamic' "
+            "or 'static'"
+        )
+    raise GenerationError(f"cache={cache!r} is not simulated; use one of {', '.join(CACHES)}")
+
+
+def check_generates(model: nn.Module) -> None:
+    """Refuse a model without transformers' ``generate()`` (the decoding loop the estimate
+    runs), naming what is missing."""
+    if not callable(getattr(model, "generate", None)) or getattr(model, "config", None) is None:
+        raise GenerationError(
+            f"{type(model).__name__} has no transformers generate(): estimate_generate runs "
+            "a transformers model's own decoding loop; estimate a plain forward with "
+            "jv.estimate(model, inputs, inference=True)"
+        )
+
+
+def generation_kwargs(model: nn.Module, new_tokens: int, cache: str) -> dict[str, Any]:
+    """The arguments of the ``generate()`` call estimated and measured: greedy decoding of
+    exactly ``new_tokens`` tokens with a cache."""
+    config = getattr(model, "generation_config", None) or getattr(model, "config", None)
+    pad = getattr(config, "pad_token_id", None)
+    if pad is None:
+        eos = getattr(config, "eos_token_id", None)
+        pad = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+    kwargs: dict[str, Any] = {
+        "max_new_tokens": new_tokens,
+        "min_new_tokens": new_tokens,
+        "do_sample": False,
+        "num_beams": 1,
+        "use_cache": True,
+        "pad_token_id": 0 if pad is None else pad,
+    }
+    if cache != "dynamic":
+        kwargs["cache_implementation"] = cache
+    return kwargs
+
+
+def generate_step(
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], new_tokens: int, cache: str
+) -> None:
+    """One ``generate()`` call of ``new_tokens`` tokens; its result is dropped at once. A
+    positional input is the model's main input (``input_ids``, Whisper's ``input_features``);
+    token ids get an attention mask of ones."""
+    inputs = dict(kwargs)
+    if args:
+        inputs.setdefault(str(getattr(model, "main_input_name", "input_ids")), args[0])
+    ids = inputs.get("input_ids")
+    if isinstance(ids, torch.Tensor) and not ids.is_floating_point():
+        inputs.setdefault("attention_mask", torch.ones_like(ids))
+    with torch.no_grad():
+        out = model.generate(**inputs, **generation_kwargs(model, new_tokens, cache))  # type: ignore[operator]
+    del out
+
+
+@contextlib.contextmanager
+def decoding_steps(model: nn.Module, steps: int) -> Iterator[None]:
+    """Within the block, ``model.generate()`` decodes exactly ``steps`` tokens: its loop's
+    "any sequence unfinished?" question (``_has_unfinished_sequences``) is answered yes that
+    many times, then no (a fake run cannot read the answer from its tensors)."""
+    if not callable(getattr(model, "_has_unfinished_sequences", None)):
+        raise GenerationError(
+            "this transformers version's generate() loop is not one the estimate knows "
+            "(no _has_unfinished_sequences): cannot end it after the asked number of tokens"
+        )
+    remaining = [steps]
+
+    def has_unfinished(*args: Any, **kwargs: Any) -> bool:
+        remaining[0] -= 1
+        return remaining[0] >= 0
+
+    model._has_unfinished_sequences = has_unfinished  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        del model._has_unfinished_sequences
+    if remaining[0] >= 0:  # the loop was left early, or never entered
+        raise GenerationError(
+            f"{type(model).__name__}.generate() did not decode token by token as asked (it "
+            f"stopped after {steps - remaining[0]} of {steps} tokens): its own generate() "
+            "decides from tensor values (e.g. Whisper's loop over audio segments), which the "
+            "estimate cannot read; this model's generation is not simulated"
+        )
+
+
+class _OrdinaryPromptReads(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Answers value reads of fake tensors as for ordinary prompts (see the module docstring):
+    the result of an ``all()`` reads true, any other boolean false, a number 0."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._all_results = WeakIdKeyDictionary()  # by identity: tensors compare by value
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if func is torch.ops.aten._local_scalar_dense.default and isinstance(args[0], FakeTensor):
+            tensor = args[0]
+            if tensor.dtype == torch.bool:
+                return tensor in self._all_results
+            return 0.0 if tensor.dtype.is_floating_point else 0
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket is torch.ops.aten.all and isinstance(out, torch.Tensor):
+            self._all_results[out] = True
+        return out
+
+
+@contextlib.contextmanager
+def ordinary_prompt_reads() -> Iterator[None]:
+    """Within the block, fake tensors' value reads get :class:`_OrdinaryPromptReads`' answers."""
+    with _OrdinaryPromptReads():
+        yield
+
+
+__all__ = [
+    "CACHES",
+    "GenerationError",
+    "check_cache",
+    "check_generates",
+    "decoding_steps",
+    "generate_step",
+    "generation_kwargs",
+    "ordinary_prompt_reads",
+]

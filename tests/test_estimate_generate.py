@@ -1,0 +1,156 @@
+"""``jv.estimate_generate``: ``model.generate()`` with a KV cache, estimated on fake tensors.
+
+The truth is independent of the estimator: the same ``generate()`` call (greedy, exactly the
+asked number of new tokens, after a warm-up call) runs on the real model in a fresh interpreter
+and is measured by the CPU allocator's own events under torch.profiler
+(``bench/estimate_vs_measured.py --measure``). The cache's bytes are hand arithmetic:
+2 (K and V) x layers x kv_heads x head_dim x tokens x batch x 4 B.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import jupyter_vram as jv
+from jupyter_vram._estimator import EstimateError
+from jupyter_vram._model import CATEGORIES
+
+from .test_estimate_models import bench
+
+pytest.importorskip("transformers")
+
+LAYERS, KV_HEADS, HEAD_DIM = 4, 2, 64  # bench's llama_long: 256 wide, 4 heads, 2 for K / V
+PROMPT, NEW = 128, 64
+
+
+def kv_bytes(tokens: int, batch: int) -> int:
+    return 2 * LAYERS * KV_HEADS * HEAD_DIM * tokens * batch * 4
+
+
+def _compare(name: str) -> tuple[dict[str, Any], Any]:
+    measuring = bench.start_measurement(name)
+    try:
+        estimate, _ = bench.run_estimate(bench.CASES[name])
+    finally:
+        measured = bench.finish_measurement(measuring)
+    return measured, estimate
+
+
+def _most(profile: jv.Profile, category: str) -> int:
+    return int(profile.timeline.by_category()[:, CATEGORIES.index(category)].max())
+
+
+def _within(measured: dict[str, Any], estimate: Any, share: float = 0.01) -> None:
+    truth = int(measured["peak_bytes"])
+    error = (estimate.peak_bytes - truth) / truth
+    assert abs(error) <= share, (error, measured["breakdown"], estimate.peak_breakdown())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 4])
+def test_generate_with_a_dynamic_cache(batch: int) -> None:
+    """The cache grows by ``cat``: at the last step it holds prompt + new - 1 positions (the
+    last token's keys are never computed), and while one layer's tensor is replaced the old
+    one (a position shorter) is still alive."""
+    measured, estimate = _compare(f"llama-generate-b{batch}")
+    _within(measured, estimate)
+    final = PROMPT + NEW - 1
+    one_tensor = kv_bytes(final - 1, batch) // (2 * LAYERS)
+    assert _most(estimate.profile, "kv_cache") == kv_bytes(final, batch) + one_tensor
+    assert estimate.peak_breakdown()["parameter"] == 4 * measured["parameters"]
+    assert estimate.settings.generate == NEW and estimate.batch_size == batch
+
+
+@pytest.mark.slow
+def test_generate_with_a_static_cache() -> None:
+    """A static cache is allocated whole before the first token (max_length - 1 positions),
+    plus one int64 length counter per layer."""
+    measured, estimate = _compare("llama-generate-static")
+    _within(measured, estimate)
+    cache = kv_bytes(PROMPT + NEW - 1, 4) + LAYERS * 8
+    assert _most(estimate.profile, "kv_cache") == cache
+    assert estimate.peak_breakdown()["kv_cache"] == cache
+
+
+@pytest.mark.slow
+def test_encoder_decoder_generation_is_estimated() -> None:
+    """T5: the encoder runs once, the decoder keeps a self-attention and a cross-attention
+    cache."""
+    measured, estimate = _compare("t5-generate")
+    _within(measured, estimate)
+
+
+def test_refusals_name_the_reason() -> None:
+    model = bench.build(bench.CASES["llama-generate-b1"], "meta")
+    with pytest.raises(EstimateError, match="quantised cache"):
+        jv.estimate_generate(model, 16, 4, cache="quantized", device="cpu")
+    with pytest.raises(EstimateError, match="not simulated"):
+        jv.estimate_generate(model, 16, 4, cache="offloaded", device="cpu")
+    with pytest.raises(EstimateError, match="no transformers generate"):
+        jv.estimate_generate(torch.nn.Linear(4, 4), 16, 4, device="cpu")
+    with pytest.raises(EstimateError, match="positive"):
+        jv.estimate_generate(model, 16, 0, device="cpu")
+
+
+@pytest.mark.slow
+def test_a_generate_that_reads_values_to_loop_is_refused() -> None:
+    """Whisper's generate() loops over audio segments while a value says some remain: the
+    estimate cannot know, and says so instead of reporting a run that decoded nothing."""
+    model = bench.build(bench.CASES["whisper"], "meta")
+    with pytest.raises(EstimateError, match="did not decode token by token"):
+        jv.estimate_generate(model, "input_features=1x80x400", 4, device="cpu")
+
+
+def test_magic_generate(capsys: pytest.CaptureFixture[str]) -> None:
+    """``%vram_estimate model --generate N``: ``--input`` is the prompt (a bare number is its
+    length), ``--batch-size`` the sequences at once; the estimate is bound as usual."""
+    from .conftest import ipython_shell
+
+    shell = ipython_shell()
+    assert shell is not None
+    shell.run_line_magic("load_ext", "jupyter_vram")
+    shell.run_cell(
+        "import transformers, torch\n"
+        "cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128,"
+        " num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=256,"
+        " max_position_embeddings=128)\n"
+        "with torch.device('meta'):\n    tiny = transformers.LlamaForCausalLM(cfg)"
+    )
+    capsys.readouterr()
+    line = "%vram_estimate tiny --generate 8 --input 16 --batch-size 2 --device cpu --text"
+    assert shell.run_cell(line).success
+    out = capsys.readouterr().out
+    assert "model.generate() of 8 new tokens after the prompt" in out, out
+    assert "dynamic KV cache" in out
+    est = shell.user_ns["_vram_estimate"]
+    assert est.settings.generate == 8 and est.batch_size == 2
+    # 2 layers x 2 KV heads x 16 dims x (16 + 8 - 1) positions x 2 sequences x K, V x 4 B
+    assert _most(est.profile, "kv_cache") >= 2 * 2 * 16 * 23 * 2 * 2 * 4
+    # what-ifs of a generation: the same call with bf16 weights, autocast, the other cache
+    assert shell.run_cell(f"{line} --what-if").success
+    out = capsys.readouterr().out
+    assert "static KV cache" in out and "bf16 weights" in out and "checkpointing" not in out
+
+
+def test_prompt_forms() -> None:
+    """A length, 1-D ids (one prompt, ``batch`` copies), 2-D ids and named shapes all become
+    token-id batches of the right shape (no run needed)."""
+    from jupyter_vram._estimator.api import _prompt_spec
+
+    model = bench.build(bench.CASES["llama-generate-b1"], "meta")
+    vocab = model.config.vocab_size
+
+    def ids(spec: Any) -> tuple[tuple[int, ...], torch.dtype | None, int]:
+        t = spec.kwargs.get("input_ids") or spec.args[0]
+        return t.shape, t.dtype, t.high
+
+    assert ids(_prompt_spec(model, 512, 4)) == ((4, 512), torch.int64, vocab)
+    assert ids(_prompt_spec(model, 512, None))[0] == (1, 512)
+    assert ids(_prompt_spec(model, torch.tensor([1, 2, 3]), 2))[0] == (2, 3)
+    assert ids(_prompt_spec(model, torch.ones(3, 7, dtype=torch.long), None))[0] == (3, 7)
+    assert ids(_prompt_spec(model, "input_ids=2x64", None)) == ((2, 64), torch.int64, vocab)
+    with pytest.raises(EstimateError, match="positive length"):
+        _prompt_spec(model, 0, None)
