@@ -9,10 +9,11 @@ from __future__ import annotations
 import bisect
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
 from .builder import BASELINE_OP, OTHER, TEMPORARY, ProfileBuilder
 from .cpu_threads import MemoryMap
-from .profiler_read import EventRead
+from .profiler_read import EventRead, Reports
 from .tagging import (
     ACTIVATION,
     BUFFER,
@@ -83,19 +84,44 @@ def build_rows(
     for name in read.ops[1:]:
         builder.ops(name)
     cpu = builder.devices("cpu")
-    # 1. allocations made while recording; ``starts`` orders the live blocks by address
-    by_ptr: dict[int, list[tuple[int, int]]] = {}
-    live: dict[int, tuple[int, int]] = {}  # ptr -> (row, end address)
+    r = _replay_reports(builder, read.events, cpu, t0)
+    space = _Space(r.blocks, r.orphans, r.alloc_time, r.free_time)
+    unreported = _place_notes(builder, r, space, notes, freed, cpu, t0, threads_ran_from, maps)
+    _kept_for_backward(builder, r)
+    if maps:
+        _unmapped_ends(r, unreported, maps)
+    if addresses is not None:
+        addresses.update((row, ptr) for ptr, (row, _) in r.live.items())
+        addresses.update((row, ptr) for row, (_, ptr, _) in unreported.items())
+    _sequence(builder, r.alloc_time, r.free_time, t0)
+    return sum(1 for row in r.inferred if row not in r.reported)
+
+
+@dataclass
+class _Replay:
+    """What replaying the allocator's reports left: the blocks still live (by address), and
+    each row's allocation and free times (reported, or inferred where the reports are silent)."""
+
+    by_ptr: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # ptr -> (t, row)
+    live: dict[int, tuple[int, int]] = field(default_factory=dict)  # ptr -> (row, end address)
+    alloc_time: dict[int, int] = field(default_factory=dict)
+    reported: dict[int, int] = field(default_factory=dict)  # row -> time of its reported free
+    inferred: dict[int, int] = field(default_factory=dict)  # row -> time of an unreported free
+    evicted: dict[int, int] = field(default_factory=dict)  # row -> address (a later block over it)
+    blocks: list[tuple[int, int, int]] = field(default_factory=list)  # (address, end, row)
+    orphans: list[tuple[int, int, int]] = field(default_factory=list)  # frees of no row here
+    recompute_end: dict[int, int] = field(default_factory=dict)
+    free_phase: dict[int, int] = field(default_factory=dict)
+    free_time: dict[int, int] = field(default_factory=dict)  # inferred, then reported, frees
+
+
+def _replay_reports(builder: ProfileBuilder, events: Reports, cpu: int, t0: int) -> _Replay:
+    """1. Allocations made while recording, each report paired with the live block at its
+    address; ``starts`` orders the live blocks by address. The hot loop: locals only."""
+    r = _Replay()
+    by_ptr, live, alloc_time, blocks = r.by_ptr, r.live, r.alloc_time, r.blocks
+    inferred, evicted, reported, free_phase = r.inferred, r.evicted, r.reported, r.free_phase
     starts = SortedInts()
-    alloc_time: dict[int, int] = {}
-    reported: dict[int, int] = {}  # row -> time of its reported free
-    inferred: dict[int, int] = {}  # row -> time of a free the allocator did not report
-    evicted: dict[int, int] = {}  # row -> address, of blocks ended by a later one over them
-    blocks: list[tuple[int, int, int]] = []  # (address, end address, row)
-    orphans: list[tuple[int, int, int]] = []  # frees nobody here allocated: (address, end, time)
-    recompute_end: dict[int, int] = {}
-    free_phase: dict[int, int] = {}
-    events = read.events
     columns = zip(
         events.time_ns, events.ptr, events.size, events.op, events.module, events.stack,
         events.phase, events.recompute_end, strict=True,
@@ -120,29 +146,45 @@ def build_rows(
             by_ptr.setdefault(ptr, []).append((t, row))
             blocks.append((ptr, stop_at, row))
             if recompute:
-                recompute_end[row] = recompute
+                r.recompute_end[row] = recompute
         elif size < 0:
             held_or_none = live.pop(ptr, None)
             if held_or_none is None:
-                orphans.append((ptr, ptr - size, t))
+                r.orphans.append((ptr, ptr - size, t))
                 continue
             starts.remove(ptr)
             reported[held_or_none[0]] = t
             free_phase[held_or_none[0]] = phase
-    free_time: dict[int, int] = {**inferred, **reported}
-    space = _Space(blocks, orphans, alloc_time, free_time)
-    # 2. roles
+    r.free_time = {**inferred, **reported}
+    return r
+
+
+def _place_notes(
+    builder: ProfileBuilder,
+    r: _Replay,
+    space: _Space,
+    notes: Sequence[tuple[int, int, int, int, int, int]],
+    freed: dict[int, int],
+    cpu: int,
+    t0: int,
+    threads_ran_from: int | None,
+    maps: Sequence[MemoryMap],
+) -> dict[int, tuple[int, int, int]]:
+    """2. Each role note goes to the row holding its address then, or to a row of memory no
+    report covers (before the recording, or another thread's). Returns those rows -> (storage
+    key, address, last note), their ends set from the evidence."""
+    free_time, inferred = r.free_time, r.inferred
     baseline: dict[int, int] = {}  # storage key -> its row (before recording / elsewhere)
-    unreported: dict[int, tuple[int, int, int]] = {}  # that row -> (key, ptr, last note)
+    unreported: dict[int, tuple[int, int, int]] = {}
     for t, ptr, size, category, module, key in notes:
-        row_or_none = _holder(by_ptr.get(ptr), t, free_time)
+        row_or_none = _holder(r.by_ptr.get(ptr), t, free_time)
         if row_or_none is None:
             row_or_none = space.inside(ptr, size, t)  # a storage over part of a block's bytes
         if row_or_none is not None:
             row = row_or_none
             died = freed.get(key)
             if (
-                row not in reported
+                row not in r.reported
                 and died is not None
                 and died >= t - _TOLERANCE_NS
                 and died < free_time.get(row, sys.maxsize)
@@ -156,7 +198,7 @@ def build_rows(
             made = None
             if t > t0:
                 for other in space.live_at(ptr, size, t):
-                    if other not in reported:  # its bytes are this storage's now
+                    if other not in r.reported:  # its bytes are this storage's now
                         free_time[other] = inferred[other] = t - 1
                 made = _made_after(space.gone_before(ptr, size, t, t0), maps, ptr, t, t0)
                 if (
@@ -168,7 +210,7 @@ def build_rows(
                     made = t0
             if made is not None:
                 row = builder.add(size, 0, made - t0, cpu, builder.ops(ELSEWHERE_OP), 0, -1, 0, 0)
-                alloc_time[row] = made
+                r.alloc_time[row] = made
             else:
                 row = builder.add(size, -1, 0, cpu, builder.ops(BASELINE_OP), 0, -1, 0, 0)
             builder.category[row] = OTHER
@@ -181,11 +223,15 @@ def build_rows(
         released = _release(key, ptr, builder.size[row], noted, freed, space)
         if released is not None:
             free_time[row] = released
-    # 3. what the roles cannot say: kept across a recompute, or saved outside module calls
-    for row, until in recompute_end.items():
-        if builder.category[row] == TEMPORARY and free_time.get(row, sys.maxsize) > until:
+    return unreported
+
+
+def _kept_for_backward(builder: ProfileBuilder, r: _Replay) -> None:
+    """3. What the roles cannot say: kept across a recompute, or saved outside module calls."""
+    for row, until in r.recompute_end.items():
+        if builder.category[row] == TEMPORARY and r.free_time.get(row, sys.maxsize) > until:
             builder.category[row] = ACTIVATION
-    for row, phase in free_phase.items():
+    for row, phase in r.free_phase.items():
         if (
             phase == PHASE_BACKWARD
             and builder.category[row] == TEMPORARY
@@ -194,18 +240,24 @@ def build_rows(
             # kept from forward until backward released it: saved for backward where our
             # saved-tensor hooks were not on (the loss, outside any module call)
             builder.category[row] = ACTIVATION
-    # 4. unmapped while we still thought it held
-    if maps:
-        last = maps[-1]
-        for ptr, row, since in _unreported_blocks(live, evicted, unreported, alloc_time):
-            if row in inferred or not last.holds(ptr):
-                gone = _unmapped_by(maps, ptr, since, free_time.get(row, sys.maxsize))
-                if gone is not None:
-                    free_time[row] = inferred[row] = gone
-    if addresses is not None:
-        addresses.update((row, ptr) for ptr, (row, _) in live.items())
-        addresses.update((row, ptr) for row, (_, ptr, _) in unreported.items())
-    # 5. one sequence over every alloc and free
+
+
+def _unmapped_ends(
+    r: _Replay, unreported: dict[int, tuple[int, int, int]], maps: Sequence[MemoryMap]
+) -> None:
+    """4. Blocks unmapped while we still thought them held: freed then, on another thread."""
+    last = maps[-1]
+    for ptr, row, since in _unreported_blocks(r.live, r.evicted, unreported, r.alloc_time):
+        if row in r.inferred or not last.holds(ptr):
+            gone = _unmapped_by(maps, ptr, since, r.free_time.get(row, sys.maxsize))
+            if gone is not None:
+                r.free_time[row] = r.inferred[row] = gone
+
+
+def _sequence(
+    builder: ProfileBuilder, alloc_time: dict[int, int], free_time: dict[int, int], t0: int
+) -> None:
+    """5. One sequence over every allocation and free, in time order."""
     timeline = [(t, 0, row) for row, t in alloc_time.items()]
     timeline.extend((t, 1, row) for row, t in free_time.items())
     timeline.sort()
@@ -214,7 +266,6 @@ def build_rows(
             builder.alloc_seq[row] = seq
         else:
             builder.free(row, seq, max(0, t - t0))
-    return sum(1 for row in inferred if row not in reported)
 
 
 class SortedInts:
