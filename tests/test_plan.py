@@ -16,6 +16,8 @@ import jupyter_vram as jv
 from jupyter_vram._estimator.gpus import find_gpu
 from jupyter_vram._session import run_code
 
+from .test_rerun import ConvNet
+
 transformers = pytest.importorskip("transformers")
 
 LM_STEP = "opt.zero_grad()\nloss = model(ids, labels=ids).loss\nloss.backward()\nopt.step()\n"
@@ -32,23 +34,6 @@ def quiet_and_forgotten() -> Any:
     from jupyter_vram import _session as session
 
     session._last_profile = None
-
-
-class ConvNet(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Conv2d(3, 16, 3, padding=1)
-        self.blocks = nn.ModuleList(
-            nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
-            for _ in range(4)
-        )
-        self.head = nn.Linear(16, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.stem(x)
-        for block in self.blocks:
-            h = block(h)
-        return self.head(h.mean((2, 3)))
 
 
 def decoder_lm() -> tuple[dict[str, Any], str]:
