@@ -526,6 +526,71 @@ def offload_rerun(ctx: Ctx) -> None:
     ctx.ok("offload lowers the peak", variant.peak_bytes < base.peak_bytes)
 
 
+CUDA_MARKED_TESTS = """
+import pytest
+import torch
+
+
+@pytest.mark.vram(max="1MiB", device="cuda")
+def test_under():
+    assert torch.zeros(1 << 16, device="cuda").sum() == 0  # 256 KiB
+
+
+@pytest.mark.vram(max="1MiB", device="cuda")
+def test_over():
+    assert torch.zeros(1 << 19, device="cuda").sum() == 0  # 2 MiB
+"""
+
+
+def _marked_tests(ctx: Ctx, source: str) -> None:
+    """The pytest marker in a child pytest on a temporary test file: one test under its
+    limit passes, one over it fails naming its peak."""
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "test_marked.py").write_text(source)
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "jupyter_vram.pytest_plugin", "-q",
+             "-p", "no:cacheprovider", "test_marked.py"],
+            cwd=folder, env=env, capture_output=True, text=True, timeout=90, check=False,
+        )  # fmt: skip
+    out = done.stdout
+    ctx.ok("pytest marker: over fails, under passes", "1 failed, 1 passed" in out, out[-300:])
+    ctx.ok("the failure names the peak and the limit", "exceeded the limit 1.0 MiB" in out)
+
+
+def _make_it_fit_dry(ctx: Ctx) -> None:
+    _marked_tests(ctx, CUDA_MARKED_TESTS.replace(', device="cuda"', ""))
+
+
+@check("make_it_fit", dry=_make_it_fit_dry, timeout_s=180)
+def make_it_fit(ctx: Ctx) -> None:
+    """jv.plan at 70 % of a GPT-2 step's CUDA peak: plan.best verified by a rerun within 5 %
+    of its prediction and under the budget; the pytest marker on CUDA."""
+    import jupyter_vram as jv
+    from jupyter_vram._session import run_code
+
+    torch.manual_seed(0)
+    model = gpt2(4).cuda()
+    ns: dict[str, Any] = {"model": model, "opt": torch.optim.AdamW(model.parameters()),
+                          "ids": torch.randint(0, 8192, (8, 128), device="cuda")}  # fmt: skip
+    source = "opt.zero_grad()\nloss = model(ids, labels=ids).loss\nloss.backward()\nopt.step()\n"
+    run_code(source, ns, device="cuda", stacks=False)  # the optimizer state exists from now
+    profile = run_code(source, ns, device="cuda", stacks=False).profile
+    budget = int(0.7 * profile.peak_bytes)
+    best = jv.plan(profile, budget).best
+    ctx.ok("plan.best exists and is predicted to fit", best is not None and best.fits)
+    if best is None:
+        return
+    best.verify()
+    measured = best.measured_peak_bytes or 0
+    error = (best.predicted_peak_bytes - measured) / max(measured, 1)
+    ctx.note("best, predicted, measured, budget",
+             (best.name, best.predicted_peak_bytes, measured, budget))  # fmt: skip
+    ctx.ok("verified within 5 % of the prediction", abs(error) <= 0.05, f"{error:+.1%}")
+    ctx.ok("verified under the budget", 0 < measured <= budget)
+    _marked_tests(ctx, CUDA_MARKED_TESTS)
+
+
 @check("recording_cost", timeout_s=180)
 def recording_cost(ctx: Ctx) -> None:
     """Bare vs recorded wall time of real cells: an MLP step, a GPT-2 step, 2000 tiny ops."""

@@ -96,6 +96,26 @@ def test_under_autocast_pointwise_ops_follow_the_output_made_before_them() -> No
     assert fitting.autocast(b.build(device="cpu", source="test", wall_ns=10)).peak_bytes == 1200
 
 
+def test_under_autocast_a_float32_input_into_a_matmul_gets_a_16_bit_copy() -> None:
+    # the input x (400, float32) goes into m1's addmm: a 200 B copy from 0 to m1's last
+    # backward allocation (6); m2's layer norm output (400, float32) into m3's addmm: a 200 B
+    # copy from 2 to m3's last backward allocation (4). Outputs: addmm 400 -> 200, layer norm
+    # stays 400; backward temporaries 100 -> 50. At 4: x 400 + 200 + 400 + 200 + copies 400
+    # + 50 = 1650 (without the copies it would be 1250)
+    b = ProfileBuilder()
+    dev = b.devices("cpu")
+    m1, m2, m3 = b.modules("net.m1"), b.modules("net.m2"), b.modules("net.m3")
+    addmm, norm = b.ops("addmm"), b.ops("native_layer_norm")
+    b.add(400, -1, 0, dev, addmm, m1, -1, 0, CATEGORY_INDEX["input"])
+    for seq, op, module in ((0, addmm, m1), (1, norm, m2), (2, addmm, m3)):
+        b.add(400, seq, 0, dev, op, module, -1, FWD, A)
+    for seq, module in ((4, m3), (6, m1)):
+        b.free(b.add(100, seq, 0, dev, addmm, module, -1, BWD, T), seq + 1, seq + 1)
+    plain = b.build(device="cpu", source="test", wall_ns=10)
+    assert plain.peak_bytes == 1700
+    assert fitting.autocast(plain).peak_bytes == 1650
+
+
 def test_offload_and_paged_state(step: Profile) -> None:
     # saved tensors come back one before backward frees them: at 10, 3000 + 1000 = 4000;
     # at 11 logits come back (4500) and leave at 12; at the end the temporary: 4600

@@ -30,11 +30,11 @@ def test_every_hardware_question_has_a_check(gpu_checks: ModuleType) -> None:
     """The issue's list: capacity with a warm cache, OOM observer vs trace and end to end,
     record_stream frees, NVML vs nvidia-smi, context size, workspaces in a fresh process,
     profiler vs mode labels, a thread allocating, cudaMallocAsync, the offload rerun, the
-    recording cost, the estimator on >= 10 models."""
+    recording cost, the estimator on >= 10 models; and make-it-fit's plan and pytest marker."""
     assert set(gpu_checks.CHECKS) == {
         "capacity_warm_cache", "oom", "cross_stream", "nvml", "context_overhead",
         "workspaces", "labels_vs_mode", "thread_alloc", "malloc_async", "offload_rerun",
-        "recording_cost", "estimator", "cuda_leaks",
+        "recording_cost", "estimator", "cuda_leaks", "make_it_fit",
     }  # fmt: skip
     assert len(gpu_checks._cases()) >= 10
     fresh = {n for n, c in gpu_checks.CHECKS.items() if c.fresh}

@@ -229,26 +229,32 @@ def autocast(profile: Profile) -> Profile:
     the bytes (see :func:`_sixteen_bit_forward`: matmul and conv outputs and the pointwise ops
     that follow them; float32 ops such as norms, softmax and losses, and what follows them,
     stay). Backward: every temporary and activation but those of float32 ops' backward
-    (``_log_softmax_backward_data``, ``nll_loss_backward``) is halved. The 16-bit copies of
-    the weights a module's matmuls use are added (autocast caches them for backward): half
-    its parameters, from its first forward allocation to the end of backward. The profile
-    has no dtypes: casts a model makes in its own code (``logits.float()``) and autocast's
-    casts of activations into a matmul are not counted."""
+    (``_log_softmax_backward_data``, ``nll_loss_backward``) is halved (oneDNN's bf16
+    convolution backward on the CPU takes a larger scratch buffer than its float32 one, not
+    modelled: 5x on a small conv net, a few % of its peak). Casts are added: the 16-bit
+    copies of the weights a module's matmuls use (autocast caches them for backward: half its
+    parameters, from its first forward allocation to the end of backward) and of a float32
+    input going into a matmul (:func:`_input_casts`). The profile has no
+    dtypes: casts a model makes in its own code (``logits.float()``) are not counted."""
     a = profile.allocations
     low = np.array([not _float32_op(name) for name in profile.ops], dtype=bool)
     kinds = np.isin(a.category, [_ACTIVATION, _TEMPORARY])
     rows = kinds & low[a.op] & (a.alloc_seq >= 0) & (a.phase == _BACKWARD)
-    rows |= _sixteen_bit_forward(profile)
+    sixteen, casts = _sixteen_bit_forward(profile)
+    rows |= sixteen
     columns = _columns(profile)
     columns["size"][rows] = -(-columns["size"][rows] // 2)
-    return with_rows(_with(profile, columns), _weight_casts(profile))
+    return with_rows(_with(profile, columns), _weight_casts(profile) + casts)
 
 
-def _sixteen_bit_forward(profile: Profile) -> BoolArray:
+def _sixteen_bit_forward(profile: Profile) -> tuple[BoolArray, list[dict[str, int]]]:
     """Forward rows autocast makes in 16 bits, in the order they were made: a matmul's output
     is 16-bit, a float32 op's is not, and any other op's output takes the dtype of the output
     made just before it (elementwise ops follow their input: a GELU after a matmul is 16-bit,
-    the ops of a norm that upcasts in its own code stay float32)."""
+    the ops of a norm that upcasts in its own code stay float32). With them, the casts of
+    float32 inputs into matmuls (:func:`_input_casts`; not seen: a second matmul on the same
+    input, such as a key projection after the query's, which reads as a matmul on the query's
+    16-bit output)."""
     a = profile.allocations
     kinds = np.isin(a.category, [_ACTIVATION, _TEMPORARY])
     forward = np.flatnonzero(kinds & (a.alloc_seq >= 0) & (a.phase == _FORWARD))
@@ -259,11 +265,41 @@ def _sixteen_bit_forward(profile: Profile) -> BoolArray:
         [_float32_op(name) and name not in FOLLOW_INPUT for name in profile.ops], dtype=bool
     )
     sixteen = False  # the run's inputs are float32
+    cast_into: list[tuple[int, int]] = []  # (matmul's first row, the float32 input's row)
+    previous = call = -1  # the row made just before; the first row of the op call it is in
     for row in forward:
         op = a.op[row]
+        if previous < 0 or (op, a.module[row]) != (a.op[previous], a.module[previous]):
+            if matmul[op] and not sixteen:  # its input: the last call's output (its first row)
+                cast_into.append((int(row), call))
+            call = int(row)
         sixteen = bool(matmul[op]) or (sixteen and not wide[op])
         out[row] = sixteen
-    return out
+        previous = row
+    return out, _input_casts(profile, cast_into)
+
+
+def _input_casts(profile: Profile, cast_into: Sequence[tuple[int, int]]) -> list[dict[str, int]]:
+    """A matmul whose input is float32 gets a 16-bit copy of it (autocast casts activations
+    every time; only weights are cached). The input is taken to be the output made just
+    before (the run's largest input for the first matmul), and the copy lives as long as
+    the matmul may need it for backward: to the last backward allocation of its module, or
+    to the next forward allocation when its module has none (inference)."""
+    a = profile.allocations
+    backward = (a.phase == _BACKWARD) & (a.alloc_seq >= 0)
+    inputs = (a.category == _INPUT) & profile.timeline.device_mask
+    largest_input = int(a.size[inputs].max()) if inputs.any() else 0
+    rows: list[dict[str, int]] = []
+    for row, before in cast_into:
+        size = int(a.size[before]) if before >= 0 else largest_input
+        module = int(a.module[row])
+        made = int(a.alloc_seq[row])
+        ends = a.alloc_seq[backward & (a.module == module)]
+        free = int(ends.max()) if len(ends) else made + 1
+        if size > 0:
+            rows.append({"size": -(-size // 2), "alloc_seq": made, "free_seq": max(free, made),
+                         "category": _ACTIVATION, "phase": _FORWARD, "module": module})  # fmt: skip
+    return rows
 
 
 def _float32_op(name: str) -> bool:
