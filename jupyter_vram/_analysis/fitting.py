@@ -275,7 +275,7 @@ def _sixteen_bit_forward(profile: Profile) -> tuple[BoolArray, list[dict[str, in
             call = int(row)
         sixteen = bool(matmul[op]) or (sixteen and not wide[op])
         out[row] = sixteen
-        previous = row
+        previous = int(row)
     return out, _input_casts(profile, cast_into)
 
 
