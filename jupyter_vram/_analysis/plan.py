@@ -36,7 +36,7 @@ NEEDS_OTHER_OPTIMIZER = "changes the optimizer the notebook builds (bitsandbytes
 AMP_NOTE = (
     "AMP: the profile has no dtypes, so which outputs autocast makes in 16 bits is inferred "
     "from the order of ops, and casts a model makes in its own code are not seen (AMP alone "
-    "measured 6-7 % off on three small models, combined with other changes up to 28 %, "
+    "measured 2-14 % off on three small models, combined with other changes up to 28 %, "
     "either way: verify before relying on it)"
 )
 
