@@ -5,16 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import _display
 from ._model import profile as _profile_module
 from ._profile_services import Services as _Services
-from ._profile_services import estimate_text as _estimate_text
 
-# Profile's conveniences come from the layers above the data (see _model/profile.py), and an
-# Estimate's text view from the renderer (see _display.py): install them before anything
-# else of the package runs.
+# Profile's conveniences come from the layers above the data (see _model/profile.py): install
+# them before anything else of the package runs.
 _profile_module.install_services(_Services())
-_display.register("estimate", _estimate_text)
 
 from ._budgets import assert_fits  # noqa: E402
 from ._leaks import release_leaks  # noqa: E402

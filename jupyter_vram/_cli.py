@@ -251,10 +251,11 @@ def load_factory(spec: str) -> Callable[[], Any]:
 
 def cmd_estimate(args: argparse.Namespace, progress: Progress) -> int:
     from ._estimator import EstimateError, estimate, find_gpu
+    from ._estimator.api import estimate_summary
     from ._estimator.inputs import InputError
     from ._estimator.search import format_batch
     from ._estimator.step import StepError
-    from ._render.estimate_text import estimate_summary, what_if_text
+    from ._render.estimate_text import what_if_text
 
     factory = load_factory(args.model)
     try:

@@ -3,8 +3,7 @@
 The data model declares ``peak_bytes``, ``to_dataframe()``, ``to_html()``, ``compare()`` ...
 but imports nothing above it (see ``_model/profile.py``); this module, part of the public API layer,
 provides them from analysis/, render/, leaks, rerun, capture's snapshot files and the
-distributed files, and ``jupyter_vram/__init__.py`` installs it when the package is imported
-(with :func:`estimate_text`, the text view an Estimate shows in IPython: ``_display.py``).
+distributed files, and ``jupyter_vram/__init__.py`` installs it when the package is imported.
 
 Why a registry rather than a Profile subclass in the API layer: capture/ builds ``Profile``
 objects in many places (recorders, snapshot readers, the estimator's worker) and must not
@@ -81,10 +80,3 @@ class Services:
         from ._distributed.files import load_ranks
 
         return load_ranks(folder)
-
-
-def estimate_text(estimate: Any) -> str:
-    """An Estimate as IPython prints it (see ``_display.py``): the renderer's summary."""
-    from ._render.estimate_text import estimate_summary
-
-    return str(estimate_summary(estimate))

@@ -383,7 +383,7 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
     @staticmethod
     def _summary_text(profile: Profile, estimate: Estimate | None) -> str:
         if estimate is not None:
-            from .._render.estimate_text import estimate_summary
+            from .._estimator.api import estimate_summary
 
             return estimate_summary(estimate)
         return summary(profile)
