@@ -54,7 +54,7 @@ LAYERS: Layers = (
     # reading what a run left behind: per-rank profile files, tensors still alive
     ("files", _names("_distributed.files", "_leaks")),
     # the user-facing Profile: the data plus its conveniences (compare, leaks, to_html ...)
-    ("profile", _names("_profile", "_profile_services")),
+    ("profile", _names("_profile")),
     # jv.record
     ("recording", _names("_recording")),
     # jv.estimate: a recording of a simulated run

@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 from torch import nn
 
+from .. import _profile
 from .._model import CATEGORIES, CATEGORY_INDEX, PHASES, Allocations, Profile
 from .._units import format_bytes, format_count
 from .gpus import GPUS, RUNTIME_HIDDEN_BYTES, Gpu, find_gpu
@@ -88,7 +89,7 @@ class Estimate:
 
     def __init__(self, profile: Profile, settings: StepSettings, payload: bytes, *,
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> None:  # fmt: skip
-        self.profile = profile
+        self.profile = _profile.Profile.of(profile)  # as users hold it: jv.Profile
         self.settings = settings
         self._payload = payload  # the packed job: shapes and code, never the user's tensors
         self._timeout_s = timeout_s
