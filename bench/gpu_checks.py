@@ -158,6 +158,7 @@ def recorded(ctx: Ctx, fn: Callable[[], None], *, save: str | None = None, **kw:
     """``fn`` under the CUDA recorder; checks its peaks against the allocator's counters."""
     from cuda_check import reserved_peak
 
+    import jupyter_vram as jv
     from jupyter_vram._capture.cuda_snapshot import CudaSnapshotRecorder
 
     torch.cuda.synchronize()
@@ -177,7 +178,7 @@ def recorded(ctx: Ctx, fn: Callable[[], None], *, save: str | None = None, **kw:
            f"{reserved_peak(prof)} vs {res}")  # fmt: skip
     if save is not None and rec.raw is not None:
         save_raw(rec.raw, ctx.out / f"{save}.snapshot.json.gz")
-    return prof
+    return jv.Profile.of(prof)  # the recorder's data, as users hold it (to_dataframe ...)
 
 
 def nvml_used(index: int = 0) -> dict[str, int] | None:

@@ -5,24 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import _display
-from ._model import profile as _profile_module
-from ._profile_services import Services as _Services
-from ._profile_services import estimate_text as _estimate_text
-
-# Profile's conveniences come from the layers above the data (see _model/profile.py), and an
-# Estimate's text view from the renderer (see _display.py): install them before anything
-# else of the package runs.
-_profile_module.install_services(_Services())
-_display.register("estimate", _estimate_text)
-
-from ._budgets import assert_fits  # noqa: E402
-from ._leaks import release_leaks  # noqa: E402
-from ._model import CATEGORIES, Frame, Profile, ProfileFileError, Variant  # noqa: E402
-from ._planning import Option, Plan, plan  # noqa: E402
-from ._recording import Recording, record  # noqa: E402
-from ._rerun import RerunError, rerun, rerun_unavailable  # noqa: E402
-from ._session import last_profile  # noqa: E402
+from ._budgets import assert_fits
+from ._leaks import release_leaks
+from ._model import CATEGORIES, Frame, ProfileFileError, Variant
+from ._planning import Option, Plan, plan
+from ._profile import Profile
+from ._recording import Recording, record
+from ._rerun import RerunError, rerun, rerun_unavailable
+from ._session import last_profile
 
 __all__ = [
     "CATEGORIES",
@@ -60,6 +50,7 @@ if TYPE_CHECKING:
     from ._capture.tagging import register_cache, unregister_cache
     from ._distributed import LaunchError, launch
     from ._estimator import Estimate, estimate, estimate_generate
+    from ._model import Profile as ProfileData
 else:
 
     def __getattr__(name: str) -> Any:
@@ -84,16 +75,17 @@ else:
         raise AttributeError(f"module 'jupyter_vram' has no attribute {name!r}")
 
 
-def show(profile: Profile | Estimate | Sequence[Profile]) -> Any:
+def show(profile: ProfileData | Estimate | Sequence[ProfileData]) -> Any:
     """Display the interactive app for a profile or an estimate (what `%%vram` and
     `%vram_estimate` show), or for the ranks of a distributed run (a list of profiles, as
     `jv.launch` returns), and return it."""
     from IPython.display import display
 
     from ._app import ProfileApp
+    from ._model import Profile as ProfileData
 
     app: Any
-    if isinstance(profile, Profile):
+    if isinstance(profile, ProfileData):
         app = ProfileApp(profile)
     elif isinstance(profile, Sequence):
         from ._app.ranks_view import RanksApp

@@ -67,8 +67,9 @@ def estimate_demo(batch_size: int, gpu: str) -> int:
     import torch.nn.functional as F
 
     from ._estimator import EstimateError, estimate, find_gpu
+    from ._estimator.api import estimate_summary
     from ._estimator.search import format_batch
-    from ._render.estimate_text import estimate_summary, what_if_text
+    from ._render.estimate_text import what_if_text
     from .examples import TinyGPT
 
     def next_token_loss(

@@ -99,8 +99,10 @@ def load_profile(path: str, *, device: str | None, progress: Progress) -> Profil
 
 
 def _write_html(profile: Profile, out: str, progress: Progress) -> Path:
+    from ._render.html import write_report
+
     progress(f"writing {out}")
-    return profile.to_html(out)
+    return write_report(profile, out, resources="inline")
 
 
 def cmd_report(args: argparse.Namespace, progress: Progress) -> int:
@@ -116,7 +118,9 @@ def cmd_report(args: argparse.Namespace, progress: Progress) -> int:
 
 def compare_tables(a: Profile, b: Profile) -> list[tuple[str, pd.DataFrame]]:
     """(title, table) of the differences by category, module and op (``Profile.compare``)."""
-    return [(f"by {by}", a.compare(b, by=by)) for by in ("category", "module", "op")]
+    from ._analysis.compare import compare
+
+    return [(f"by {by}", compare(a, b, by)) for by in ("category", "module", "op")]
 
 
 def cmd_compare(args: argparse.Namespace, progress: Progress) -> int:
@@ -251,10 +255,11 @@ def load_factory(spec: str) -> Callable[[], Any]:
 
 def cmd_estimate(args: argparse.Namespace, progress: Progress) -> int:
     from ._estimator import EstimateError, estimate, find_gpu
+    from ._estimator.api import estimate_summary
     from ._estimator.inputs import InputError
     from ._estimator.search import format_batch
     from ._estimator.step import StepError
-    from ._render.estimate_text import estimate_summary, what_if_text
+    from ._render.estimate_text import what_if_text
 
     factory = load_factory(args.model)
     try:

@@ -10,7 +10,8 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from ._capture import STACK_MODES, RecordingError, parse_device
-from ._model import Profile
+from ._model import Profile as ProfileData
+from ._profile import Profile
 from ._render.text import summary
 from ._session import RecordingNotStarted, run_code
 
@@ -68,7 +69,7 @@ def _within(limit: int | None, value: Any, profile: Any) -> Any:
     """``value`` when there is no limit or the peak kept to it; else show the value (the
     cell's output comes first) and raise :class:`VramLimitExceeded` saying by how much."""
     __tracebackhide__ = True
-    if limit is None or not isinstance(profile, Profile):
+    if limit is None or not isinstance(profile, ProfileData):
         return value
     from ._analysis.limits import over_limit
 
@@ -289,7 +290,7 @@ class VramMagics(Magics):
     def _compare(self, baseline: Profile, techniques: list[str], args: Any) -> None:
         """Rerun ``baseline`` with each technique; the app (shown first) gets each variant in
         its Compare tab as it arrives; ``--text`` prints verdicts and tables instead."""
-        from ._analysis.compare import verdict
+        from ._analysis.compare import compare, verdict
         from ._rerun import rerun_each
 
         shell = self.shell
@@ -316,7 +317,7 @@ class VramMagics(Magics):
                 app.add_variant(variant, baseline)
             elif args.text and not args.quiet:
                 print(verdict(baseline, variant))
-                print(baseline.compare(variant).to_string())
+                print(compare(baseline, variant).to_string())
                 print()
 
     def _show(self, profile: Profile, args: Any) -> None:

@@ -92,7 +92,8 @@ def run_estimate_magic(args: Namespace, namespace: dict[str, Any]) -> Estimate |
         return None
     progress("")
     if args.text:
-        from ._render.estimate_text import estimate_summary, what_if_text
+        from ._estimator.api import estimate_summary
+        from ._render.estimate_text import what_if_text
 
         print(estimate_summary(result))
         if result.settings.generate:

@@ -21,7 +21,8 @@ from ._analysis.plan import (
     largest_block_weights,
     plan_candidates,
 )
-from ._model import Profile
+from ._model import Profile as ProfileData
+from ._profile import Profile
 from ._rerun import Progress, RerunError
 from ._units import format_bytes
 
@@ -124,7 +125,7 @@ class Plan:
     cheaper one; ``considered`` holds all), ``best`` (the cheapest that fits, None when none
     does), the ``budget_bytes`` and what the plan ``cannot_predict``."""
 
-    profile: Profile
+    profile: ProfileData
     budget_bytes: int
     budget_label: str
     estimate: Estimate | None = None
@@ -203,12 +204,12 @@ class Plan:
         printer.text(repr(self))
 
 
-def plan(profile_or_estimate: Profile | Estimate, budget: int | float | str) -> Plan:
+def plan(profile_or_estimate: ProfileData | Estimate, budget: int | float | str) -> Plan:
     """The ways to bring the run under ``budget`` (bytes, a size such as ``"14GiB"``, or a GPU
     name: its usable memory), ranked by what they cost. See :class:`Plan` and
     :meth:`Option.verify`."""
     nbytes, label = parse_budget(budget)
-    estimate = None if isinstance(profile_or_estimate, Profile) else profile_or_estimate
+    estimate = None if isinstance(profile_or_estimate, ProfileData) else profile_or_estimate
     profile = profile_or_estimate if estimate is None else estimate.profile
     if estimate is not None:  # options are peaks: leave room for what the estimate adds
         extra = max(0, estimate.predicted_device_bytes - estimate.peak_bytes)
@@ -217,7 +218,7 @@ def plan(profile_or_estimate: Profile | Estimate, budget: int | float | str) -> 
             f", less {format_bytes(extra)} the estimate adds to the peak (allocator cache, "
             "CUDA runtime)"
         )
-    if not isinstance(profile, Profile):
+    if not isinstance(profile, ProfileData):
         raise TypeError(f"plan needs a Profile or an Estimate, not {type(profile).__name__}")
     result = Plan(profile, nbytes, label, estimate)
     ranked = plan_candidates(profile, nbytes, _what_ifs(profile))
@@ -231,7 +232,7 @@ def plan(profile_or_estimate: Profile | Estimate, budget: int | float | str) -> 
 SHARD_GPUS = (2, 4, 8)
 
 
-def _what_ifs(profile: Profile) -> list[Prediction]:
+def _what_ifs(profile: ProfileData) -> list[Prediction]:
     """8-bit optimizer state and ZeRO / FSDP sharding, from the estimator's what-if
     arithmetic on the run's rows (neither can be rerun in this kernel)."""
     from ._analysis.plan import NUMERICS_8BIT

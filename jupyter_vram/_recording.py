@@ -15,7 +15,8 @@ from ._capture import (
     make_recorder,
     stack_mode,
 )
-from ._model import Profile
+from ._model import Profile as ProfileData
+from ._profile import Profile
 
 
 class Recording:
@@ -135,15 +136,16 @@ class Recording:
                 try:
                     self._stop_watches()
                 finally:
-                    self._profile = self._recorder.stop(error=error)
+                    self._profile = Profile.of(self._recorder.stop(error=error))
         finally:
             self._recorder = None
             RECORDING_LOCK.release()
         self._profile = self._after(self._profile, exc, limit)
 
-    def _after(self, profile: Profile, exc: BaseException | None, limit: Any) -> Profile:
+    def _after(self, profile: ProfileData, exc: BaseException | None, limit: Any) -> Profile:
         """Post-mortem facts of an OOM (a refused CPU request taken out of the profile: see
-        ``capture.refused``), and the run's leak baseline; never raises."""
+        ``capture.refused``), and the run's leak baseline; never raises. The profile as users
+        hold it (``jv.Profile``)."""
         watch, self._oom_watch = self._oom_watch, None
         state, self._leak_state = self._leak_state, None
         if self._capacity is not None:
@@ -170,7 +172,7 @@ class Recording:
             from ._leaks import attach
 
             attach(profile, state)
-        return profile
+        return Profile.of(profile)
 
 
 class FakeRunRecording(Recording):

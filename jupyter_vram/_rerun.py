@@ -18,7 +18,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._model import Profile, Variant
+from ._model import Profile as ProfileData
+from ._model import Variant
+from ._profile import Profile
 
 if TYPE_CHECKING:
     from torch import nn
@@ -213,7 +215,9 @@ def _paths(checkpoint: str | Sequence[str]) -> list[str]:
     return paths
 
 
-def _auto_blocks(profile: Profile, roots: Mapping[str, nn.Module]) -> list[tuple[str, nn.Module]]:
+def _auto_blocks(
+    profile: ProfileData, roots: Mapping[str, nn.Module]
+) -> list[tuple[str, nn.Module]]:
     """The blocks of the repeated-block list that held the most activation bytes in the run."""
     from ._analysis.compare import activation_bytes_by_module
     from ._transforms.checkpointing import block_lists
@@ -231,7 +235,7 @@ def _auto_blocks(profile: Profile, roots: Mapping[str, nn.Module]) -> list[tuple
 
 
 def _plan(
-    profile: Profile,
+    profile: ProfileData,
     amp: str | None,
     checkpoint: Checkpoint,
     offload: bool,
@@ -242,7 +246,7 @@ def _plan(
     from ._transforms.offload import offload_unavailable
     from ._transforms.state import available_host_bytes, host_bytes_needed
 
-    if not isinstance(profile, Profile):  # jv.rerun(5), jv.rerun(None): one clear line
+    if not isinstance(profile, ProfileData):  # jv.rerun(5), jv.rerun(None): one clear line
         raise RerunError(
             f"rerun needs a profile made by %%vram in this kernel (a cell's _vram), not "
             f"{type(profile).__name__} {profile!r:.40}"
@@ -318,7 +322,7 @@ def _plan(
 
 
 def rerun_unavailable(
-    profile: Profile,
+    profile: ProfileData,
     *,
     amp: str | None = None,
     checkpoint: Checkpoint = None,
@@ -435,7 +439,7 @@ def _transforms(plan: _Changes, device: str) -> Iterator[None]:
 
 
 def rerun(
-    profile: Profile,
+    profile: ProfileData,
     amp: str | None = None,
     checkpoint: Checkpoint = None,
     offload: bool = False,
@@ -727,7 +731,7 @@ def technique_options(technique: str, device: str) -> dict[str, Any]:
 
 
 def rerun_each(
-    baseline: Profile, techniques: Sequence[str], progress: Progress | None = None
+    baseline: ProfileData, techniques: Sequence[str], progress: Progress | None = None
 ) -> list[Profile | str]:
     """One rerun per technique: its profile, or the one-line reason it could not apply."""
     out: list[Profile | str] = []

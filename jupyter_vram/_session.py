@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from ._capture import RECORDING_LOCK, RecordingError
-from ._model import Profile
+from ._model import Profile as ProfileData
+from ._profile import Profile
 from ._recording import Recording
 
 if TYPE_CHECKING:
@@ -41,10 +42,10 @@ class Cell:
 
 
 #: Profile -> its cell. Weak on the profile, so forgetting a profile forgets its cell.
-_cells: weakref.WeakKeyDictionary[Profile, Cell] = weakref.WeakKeyDictionary()
+_cells: weakref.WeakKeyDictionary[ProfileData, Cell] = weakref.WeakKeyDictionary()
 
 
-def cell_of(profile: Profile) -> Cell | None:
+def cell_of(profile: ProfileData) -> Cell | None:
     """The cell a `%%vram` profile of this kernel recorded (None for a loaded, `jv.record`
     or estimated profile)."""
     return _cells.get(profile)
@@ -71,7 +72,7 @@ def remember_estimate(estimate: Estimate) -> None:
     del _estimates[:-_KEPT_ESTIMATES]
 
 
-def matching_estimate(profile: Profile) -> Estimate | None:
+def matching_estimate(profile: ProfileData) -> Estimate | None:
     """The newest remembered estimate of the model ``profile`` ran, if any."""
     return next((e for e in reversed(_estimates) if e.matches(profile)), None)
 

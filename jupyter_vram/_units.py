@@ -1,4 +1,5 @@
-"""Byte sizes in words, for every layer (capture's and analysis' messages, the renderers).
+"""Byte sizes and counts in words, for every layer (capture's and analysis' messages, the
+renderers).
 
 It sits at the bottom of the package and imports nothing from it, so a message written in
 capture/ or analysis/ needs no arrow up to render/.
@@ -48,3 +49,14 @@ def format_change(base: float, new: float, *, decimals: int = 1, space: str = " 
     if base > 0 and ratio >= 10:
         return f"{ratio:,.0f}x" if ratio >= 100 else f"{ratio:.1f}x"
     return f"{100 * (ratio - 1):+.{decimals}f}{space}%"
+
+
+def format_count(n: int) -> str:
+    """1234 -> '1.2K', 124_439_808 -> '124.4M', 6_738_415_616 -> '6.74B'."""
+    if n >= 1e9:
+        return f"{n / 1e9:.2f}B"
+    if n >= 1e6:
+        return f"{n / 1e6:.1f}M"
+    if n >= 1e3:
+        return f"{n / 1e3:.1f}K"
+    return str(n)

@@ -7,7 +7,7 @@ import pytest
 
 from jupyter_vram._analysis.flame import flame_tree
 from jupyter_vram._analysis.groups import live_at_peak
-from jupyter_vram._analysis.tables import top_sites
+from jupyter_vram._analysis.tables import allocations_frame, top_sites
 from jupyter_vram._capture.builder import ProfileBuilder
 from jupyter_vram._model import CATEGORY_INDEX, PHASE_INDEX, Frame, Profile
 from jupyter_vram._render.text import summary
@@ -147,7 +147,7 @@ def test_a_site_is_named_by_the_category_of_its_bytes_at_the_peak() -> None:
 
 
 def test_dataframe(profile: Profile) -> None:
-    df = profile.to_dataframe()
+    df = allocations_frame(profile)
     assert len(df) == len(profile.allocations)
     assert df["bytes"][df["live_at_peak"]].sum() == profile.peak_bytes
     assert set(df.columns) >= {"op", "module", "phase", "category", "bytes", "site", "alloc_ms"}

@@ -28,7 +28,7 @@ from jupyter_vram._app.estimate_view import (
 from jupyter_vram._app.timeline_view import TimelineView
 from jupyter_vram._estimator import GPUS, Comparison, Estimate, EstimateError, estimate, find_gpu
 from jupyter_vram._estimator.api import Allowance, model_weights, what_if_fits
-from jupyter_vram._render.estimate_text import settings_text
+from jupyter_vram._estimator.step import settings_text
 from jupyter_vram._units import format_bytes
 
 WIDTH = 16384  # wide enough that the smallest GPU's largest batch is a real number

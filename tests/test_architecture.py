@@ -38,8 +38,8 @@ Layers = tuple[tuple[str, tuple[str, ...]], ...]
 #: (layer, module-name prefixes), bottom first. Why each sits where it does:
 LAYERS: Layers = (
     # import nothing of the package: byte units, the caching allocator's rules, the cuBLAS
-    # workspaces PyTorch keeps, and the text view an Estimate shows (_display.py)
-    ("leaves", _names("_units", "_allocator_rules", "_blas_workspaces", "_display")),
+    # workspaces PyTorch keeps
+    ("leaves", _names("_units", "_allocator_rules", "_blas_workspaces")),
     # the data every layer passes: the Profile's columns and tables, its timeline replay,
     # what a rerun changed (Variant)
     ("data", _names("_model")),
@@ -54,11 +54,14 @@ LAYERS: Layers = (
     # reading what a run left behind: per-rank profile files, tensors still alive
     ("files", _names("_distributed.files", "_leaks")),
     # the user-facing Profile: the data plus its conveniences (compare, leaks, to_html ...)
-    ("profile", _names("_profile", "_profile_services")),
+    ("profile", _names("_profile")),
     # jv.record
     ("recording", _names("_recording")),
     # jv.estimate: a recording of a simulated run
     ("estimator", _names("_estimator")),
+    # the views that read an Estimate (its tables and comparison in text, the saved mime
+    # bundle and static report): render modules, above the estimator whose types they read
+    ("estimate views", _names("_render.estimate_text", "_render.mime", "_render.static_report")),
     # the kernel's state: the last profile, the cell run under recording
     ("session", _names("_session", "_async_cells")),
     # what runs a cell again or elsewhere: reruns, ranks, devices

@@ -45,7 +45,7 @@ def run(activations: list[int], *, wall_ns: int, inputs: int = 64, grad_before: 
     for h in handles:
         seq += 1
         b.free(h, seq, seq)
-    return b.build(device="cpu", source="test", wall_ns=wall_ns)
+    return Profile.of(b.build(device="cpu", source="test", wall_ns=wall_ns))
 
 
 def test_by_category_holds_each_categorys_maximum_and_the_peak() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_vram._analysis.tables import allocations_frame
 from jupyter_vram._capture.cuda_convert import profile_from_snapshot
 from jupyter_vram._capture.snapshot_file import _raw_roles
 from jupyter_vram._model import CATEGORIES
@@ -78,7 +79,7 @@ def test_the_first_cells_workspaces_are_named_not_temporary() -> None:
         ("cuBLAS workspace", 32 * 2**20),
         ("cuBLASLt workspace", 2**20),
     ]
-    df = prof.to_dataframe()
+    df = allocations_frame(prof)
     rows = df[df["op"].str.endswith("workspace")]
     assert set(rows["category"]) == {"other"} and (rows["free_seq"] < 0).all()
     assert prof.peak_breakdown()["temporary"] == 101_732_864 - 65 * 2**20
@@ -99,7 +100,7 @@ def test_labels_without_a_dispatch_mode_name_phases_modules_and_ops() -> None:
     rows = []
     for prof in (by_profiler, by_mode):
         assert {int(p) for p in prof.allocations.phase} == {0, 1, 2, 3}
-        df = prof.to_dataframe()
+        df = allocations_frame(prof)
         rows.append(df[df["alloc_seq"] >= 0][["op", "module", "phase", "category", "bytes"]])
     a, b = (r.astype(str).reset_index(drop=True) for r in rows)
     assert a.drop(columns="op").equals(b.drop(columns="op"))

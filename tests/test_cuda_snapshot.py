@@ -22,6 +22,7 @@ from torch import nn
 
 import jupyter_vram as jv
 from jupyter_vram._allocator_rules import round_size
+from jupyter_vram._analysis.tables import allocations_frame
 from jupyter_vram._capture import RECORDING_LOCK, RecordingError
 from jupyter_vram._capture.cuda_convert import (
     MARKER_FALLBACK_BYTES,
@@ -640,12 +641,12 @@ def test_without_labels_markers_are_known_by_size_and_roles_land_on_their_block(
     snap = _reused_address_trace()
     prof = profile_from_snapshot(snap, device_index=0, roles=roles,
                                  marker_size=MARKER_FALLBACK_BYTES, markers_emitted=1)  # fmt: skip
-    df = prof.to_dataframe().sort_values("alloc_seq")
+    df = allocations_frame(prof).sort_values("alloc_seq")
     assert list(zip(df["alloc_seq"], df["category"], strict=True)) == [
         (0, "activation"), (6, "temporary")]  # fmt: skip
     assert prof.meta["markers"] == 1  # the marker is no row
     at_end = [(0x7000_0000, activation, 0, -1)]  # what torch 2.4-2.9 got before
-    old = profile_from_snapshot(snap, device_index=0, roles=at_end).to_dataframe()
+    old = allocations_frame(profile_from_snapshot(snap, device_index=0, roles=at_end))
     assert old.loc[old["category"] == "activation", "alloc_seq"].tolist() == [6]
 
 
@@ -739,7 +740,7 @@ def test_role_markers_name_gradients_and_activations_at_reused_addresses(
             api.user_block(addr, 8192)  # the address reused by a block nobody names
     finally:
         prof = rec.stop()
-    df = prof.to_dataframe().sort_values("alloc_seq")
+    df = allocations_frame(prof).sort_values("alloc_seq")
     expected = [(4096, "activation"), (8192, "temporary"), (4096, "gradient"), (8192, "temporary")]
     assert list(zip(df["bytes"], df["category"], strict=True)) == expected
     assert prof.meta["markers"] == 2

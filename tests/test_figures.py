@@ -11,9 +11,10 @@ from bokeh.models import ColumnDataSource
 from bokeh.models.annotations import Label, Span
 from jupyter_bokeh import BokehModel
 
+from jupyter_vram import Profile
 from jupyter_vram._analysis.flame import flame_tree
 from jupyter_vram._capture.builder import ProfileBuilder
-from jupyter_vram._model import CATEGORIES, CATEGORY_INDEX, Frame, Profile
+from jupyter_vram._model import CATEGORIES, CATEGORY_INDEX, Frame
 from jupyter_vram._render.figures import (
     CATEGORY_COLORS,
     CHAR_PX,
@@ -42,7 +43,7 @@ def small() -> Profile:
     b.add(600, 0, 0, dev, mm, b.modules("net.a"), s, 1, act)
     b.add(300, 1, 1, dev, mm, b.modules("net.b"), s, 1, act)
     b.add(100, 2, 2, dev, mm, b.modules("net.b"), s, 1, tmp)
-    return b.build(device="cpu", source="test", wall_ns=10)
+    return Profile.of(b.build(device="cpu", source="test", wall_ns=10))
 
 
 def test_flame_layout_widths_are_byte_shares(small: Profile) -> None:

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import jupyter_vram as jv
-from jupyter_vram import ProfileFileError
-from jupyter_vram._model import CATEGORIES, Profile
+from jupyter_vram import Profile, ProfileFileError
+from jupyter_vram._model import CATEGORIES
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,8 @@ import pytest
 import torch
 
 import jupyter_vram as jv
-from jupyter_vram._model import Allocations, Profile
+from jupyter_vram import Profile
+from jupyter_vram._model import Allocations
 
 
 @pytest.fixture
@@ -76,3 +78,20 @@ def test_top_sites_facade(recorded: Profile) -> None:
     sites = recorded.top_sites(5)
     assert 0 < len(sites) <= 5
     assert list(sites.columns)[:3] == ["site", "op", "live_at_peak_bytes"]
+
+
+def test_users_hold_the_profile_with_its_conveniences(recorded: Profile, tmp_path: Path) -> None:
+    """A recording, a loaded file, a pickled copy and a rebound data profile are all
+    ``jv.Profile``; rebinding keeps the object (and so what is keyed by it)."""
+    from jupyter_vram._capture.builder import ProfileBuilder
+    from jupyter_vram._model import Profile as ProfileData
+
+    assert type(recorded) is jv.Profile and isinstance(recorded, ProfileData)
+    assert type(Profile.load(recorded.save(tmp_path / "p.json.gz"))) is jv.Profile
+    copy = pickle.loads(pickle.dumps(recorded))
+    assert type(copy) is jv.Profile and copy.to_dataframe().equals(recorded.to_dataframe())
+    built = ProfileBuilder().build(device="cpu", source="test", wall_ns=0)
+    assert type(built) is ProfileData and not hasattr(built, "to_dataframe")
+    shown = jv.Profile.of(built)
+    assert shown is built and type(shown) is jv.Profile and shown.to_dataframe().empty
+    assert jv.Profile.of(shown) is shown

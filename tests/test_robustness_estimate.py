@@ -449,7 +449,7 @@ def test_an_fp32_model_needs_no_second_run_for_pre_ampere_cards() -> None:
 
 
 def test_text_marks_the_runtime_allowance_as_a_guess() -> None:
-    from jupyter_vram._render.estimate_text import estimate_summary
+    from jupyter_vram._estimator.api import estimate_summary
     from jupyter_vram._units import format_bytes
 
     est = estimate(CausalAttention(), "2x128x64")

@@ -292,7 +292,7 @@ def est() -> Estimate:
 
 @pytest.mark.slow  # an estimate runs in a subprocess (~10 s here)
 def test_estimate_report_carries_its_summary(est: Estimate) -> None:
-    from jupyter_vram._render.estimate_text import estimate_summary
+    from jupyter_vram._estimator.api import estimate_summary
 
     d = profile_payload(est.profile, est)
     assert d["kind"] == "estimate" and d["estimate"]["summary"] == estimate_summary(est)

@@ -18,7 +18,9 @@ def over_limit(profile: Profile, limit: int, *, what: str = "peak") -> str | Non
         f"{what} {format_bytes(peak)} exceeded the limit {format_bytes(limit)} by "
         f"{format_bytes(peak - limit)} ({peak:,} > {limit:,} bytes)"
     ]
-    sites = profile.top_sites(3).to_dict("records")
+    from .tables import top_sites
+
+    sites = top_sites(profile, 3).to_dict("records")
     for number, row in enumerate(sites, start=1):
         live = int(row["live_at_peak_bytes"])
         if live <= 0:

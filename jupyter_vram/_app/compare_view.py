@@ -77,7 +77,7 @@ def top_movers(frame: pd.DataFrame, n: int = MOVERS) -> pd.DataFrame:
 def compare_result(baseline: Profile, variant: Profile) -> VariantResult:
     """The engine's numbers and verdict for one variant, and the diff tree of what was live
     at each run's peak (module -> op)."""
-    from .._analysis.compare import describe_change, verdict
+    from .._analysis.compare import compare, describe_change, verdict
 
     applied = getattr(variant, "variant", None)
     notes = [str(n) for n in getattr(applied, "notes", ()) or ()]
@@ -87,9 +87,9 @@ def compare_result(baseline: Profile, variant: Profile) -> VariantResult:
     return VariantResult(
         title=describe_change(variant),
         verdict=verdict(baseline, variant),
-        by_category=baseline.compare(variant, by="category"),
-        modules=top_movers(baseline.compare(variant, by="module")),
-        ops=top_movers(baseline.compare(variant, by="op")),
+        by_category=compare(baseline, variant, "category"),
+        modules=top_movers(compare(baseline, variant, "module")),
+        ops=top_movers(compare(baseline, variant, "op")),
         baseline_wall_ns=baseline.wall_ns,
         variant_wall_ns=variant.wall_ns,
         notes=tuple(notes),

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import ipywidgets as w
 
 from .._estimator.api import (
+    MODELLED,
+    NOT_MODELLED,
     RUNTIME_OVERHEAD,
     Allowance,
     Estimate,
@@ -26,12 +28,11 @@ from .._estimator.api import (
 )
 from .._estimator.gpus import GPUS, RUNTIME_HIDDEN_BYTES, Gpu, find_gpu
 from .._estimator.search import format_batch
-from .._estimator.step import StepSettings
+from .._estimator.step import StepSettings, settings_text
 from .._estimator.whatif import variants
 from .._model import CATEGORIES, Profile
-from .._render.estimate_text import MODELLED, NOT_MODELLED, format_count, settings_text
 from .._render.html import facts_html
-from .._units import format_bytes, format_change, format_column
+from .._units import format_bytes, format_change, format_column, format_count
 from .export import CsvLink
 
 if TYPE_CHECKING:

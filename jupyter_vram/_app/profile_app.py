@@ -205,12 +205,13 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
     def _add_oom_and_leaks(self, profile: Profile, titles: list[str], leaks: bool) -> int | None:
         """An OOM post-mortem's header line and tab, and the Leaks tab (built when opened);
         returns the OOM tab's index."""
+        from .._analysis.oom import oom_report
         from .leaks_view import LeaksView
         from .oom_view import TITLE as OOM_TITLE
         from .oom_view import OomView, oom_header_html
 
         measured = profile.source != "estimate"  # an estimate allocated nothing to leak
-        oom = profile.oom if measured else None
+        oom = oom_report(profile) if measured else None
         index = None
         if oom is not None:
             self.header.value += oom_header_html(oom)
@@ -383,7 +384,7 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
     @staticmethod
     def _summary_text(profile: Profile, estimate: Estimate | None) -> str:
         if estimate is not None:
-            from .._render.estimate_text import estimate_summary
+            from .._estimator.api import estimate_summary
 
             return estimate_summary(estimate)
         return summary(profile)

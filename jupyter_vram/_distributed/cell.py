@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from .._model import Profile
+from .._profile import Profile
 from .launcher import launch, launch_problem
 
 ENTRY = "main"

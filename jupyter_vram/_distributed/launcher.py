@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .._capture import stack_mode
-from .._model import Profile, ProfileFileError
+from .._model import ProfileFileError
+from .._profile import Profile
 from .files import rank_path
 
 #: After the first rank fails, the others get this long to notice and write their profiles.

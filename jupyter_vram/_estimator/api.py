@@ -18,15 +18,15 @@ import numpy as np
 import numpy.typing as npt
 from torch import nn
 
-from .. import _display
+from .. import _profile
 from .._model import CATEGORIES, CATEGORY_INDEX, PHASES, Allocations, Profile
-from .._units import format_bytes
+from .._units import format_bytes, format_count
 from .gpus import GPUS, RUNTIME_HIDDEN_BYTES, Gpu, find_gpu
 from .inputs import make_batch_spec
 from .job import Job
 from .runner import DEFAULT_TIMEOUT_S, EstimateError, EstimatorProcess, pack_job
 from .search import largest_fitting
-from .step import LossFn, OptimizerFactory, StepSettings, check_optimizer
+from .step import LossFn, OptimizerFactory, StepSettings, check_optimizer, settings_text
 from .whatif import SHARDINGS, check_gpus, sharded_peak, variants
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ class Estimate:
 
     def __init__(self, profile: Profile, settings: StepSettings, payload: bytes, *,
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> None:  # fmt: skip
-        self.profile = profile
+        self.profile = _profile.Profile.of(profile)  # as users hold it: jv.Profile
         self.settings = settings
         self._payload = payload  # the packed job: shapes and code, never the user's tensors
         self._timeout_s = timeout_s
@@ -347,8 +347,64 @@ class Estimate:
         )
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        # the summary is the renderer's; the package registers it (see _display.py)
-        printer.text(_display.text("estimate", self))
+        printer.text(estimate_summary(self))
+
+
+#: What the simulation models and what it does not; shown with every estimate.
+MODELLED = (
+    "modelled: every tensor of a forward, loss, backward and optimizer step (the second step, "
+    "so optimizer state exists) at its exact size and lifetime; on CUDA the caching "
+    "allocator's 512 B rounding, block splitting and 2/20 MiB segments, Adam's foreach path, "
+    "attention through the flash / memory-efficient kernel each GPU runs (no flash before "
+    "compute capability 8.0: T4, V100), PyTorch's cuBLAS workspaces (one per matmul thread); "
+    "LSTM workspaces (oneDNN's exact, cuDNN's reserve as measured on an H200)"
+)
+NOT_MODELLED = (
+    "not modelled: CUDA kernels' temporary workspaces (cuDNN, flash attention; the cuBLAS "
+    "workspaces are modelled), "
+    "fragmentation after many steps, other processes, NCCL buffers, torch.compile"
+)
+
+
+def estimate_summary(estimate: Estimate) -> str:
+    """The estimate in a few lines: settings, peak, reserved, device used, breakdown, fits."""
+    s = estimate.settings
+    params = f"{format_count(estimate.parameters)} parameters"
+    lines = [
+        f"jupyter_vram estimate · {estimate.model_name} ({params}) · input {estimate.input}",
+        f"{'inference' if s.inference else 'training step'} on {s.device}: "
+        + settings_text(s, estimate.weights),
+        f"peak allocated {format_bytes(estimate.peak_bytes)}"
+        + (
+            f", reserved {format_bytes(estimate.reserved_bytes)}, device used "
+            f"{format_bytes(estimate.predicted_device_bytes)}"
+            if s.target_type == "cuda"
+            else ""
+        ),
+    ]
+    if s.target_type == "cuda":
+        allowance = estimate.runtime_overhead
+        lines.append(
+            f"  device used = reserved + {format_bytes(allowance.bytes)} runtime allowance "
+            f"({'GUESSED: ' if allowance.guessed else ''}{allowance.note})"
+        )
+    lines.append("at the peak:")
+    peak = max(estimate.peak_bytes, 1)
+    for name, nbytes in estimate.peak_breakdown().items():
+        if nbytes:
+            lines.append(f"  {name:<16}{format_bytes(nbytes):>12} {100 * nbytes / peak:5.1f}%")
+    if s.target_type == "cuda":
+        fits = estimate.fitting_gpus
+        lines.append(
+            "fits at this batch size: "
+            + (", ".join(fits) if fits else "none of the GPUs")
+            + f" (device used within the card's memory less the "
+            f"{format_bytes(estimate.runtime_hidden_bytes)} the driver keeps, also a guess)"
+        )
+    else:
+        lines.append("a CPU estimate: use device='cuda' (--device cuda) for the GPUs it fits")
+    lines += [MODELLED, NOT_MODELLED]
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -656,6 +712,7 @@ __all__ = [
     "RunSummary",
     "estimate",
     "estimate_generate",
+    "estimate_summary",
     "model_weights",
 ]
 

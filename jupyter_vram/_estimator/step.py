@@ -70,6 +70,25 @@ class StepSettings:
         return ", ".join(parts)
 
 
+def settings_text(settings: StepSettings, weights: str | None = None) -> str:
+    """The simulated step's settings in words: 'weights fp32 (the model's), no autocast,
+    optimizer adamw'. ``weights``: the model's own dtype (the estimator's ``model_weights``), used
+    when the estimate kept it (no ``dtype`` given)."""
+    if settings.dtype:
+        parts = [f"weights cast to {settings.dtype}"]
+    else:
+        parts = [f"weights {weights} (the model's)" if weights else "weights in the model's dtype"]
+    parts.append(f"autocast {settings.amp}" if settings.amp else "no autocast")
+    if settings.checkpoint:
+        parts.append("activation checkpointing")
+    parts.append(
+        "no optimizer (inference)" if settings.inference else f"optimizer {settings.optimizer}"
+    )
+    if settings.target_type == "cuda" and not settings.flash_attention:
+        parts.append("no flash attention (pre-Ampere GPU)")
+    return ", ".join(parts)
+
+
 def _adam(cls: type[torch.optim.Optimizer]) -> Callable[[list[nn.Parameter], bool], Any]:
     return lambda params, foreach: cls(params, lr=1e-4, foreach=foreach)  # type: ignore[call-arg]
 

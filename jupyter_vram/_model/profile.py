@@ -11,13 +11,11 @@ replays the run. Allocations that existed before recording started have ``alloc_
 (the baseline); allocations still alive at the end have ``free_seq == -1``.
 
 The data model is the bottom of the package: it imports its siblings in ``_model/`` and the
-leaf ``_units``, nothing else of jupyter_vram. ``timeline``, ``peak_bytes``,
-``peak_breakdown()`` and ``variant`` are computed here from the columns. The conveniences that
-need a layer above (``to_dataframe()``, ``to_html()``, ``compare()``, ``leaks()``,
-``from_snapshot()`` ...) are declared here, where users look for them, and delegate to
-:class:`ProfileServices`: the layers above provide them, and the package installs them when
-it is imported (``jupyter_vram/_profile_services.py``, from ``jupyter_vram/__init__.py``;
-importing any ``jupyter_vram.*`` module imports the package first).
+leaf ``_units``, nothing else of jupyter_vram. It holds the data and what the columns alone give
+(``timeline``, ``peak_bytes``, ``peak_breakdown()``, ``variant``, JSON files). The conveniences
+that need the layers above (``to_dataframe()``, ``to_html()``, ``compare()``, ``leaks()``,
+``from_snapshot()`` ...) belong to the profile users hold, ``jupyter_vram.Profile``, a subclass
+in ``jupyter_vram/_profile.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ import gzip
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any
 
 from .._units import format_bytes
 from .columns import (
@@ -47,48 +45,9 @@ from .timeline import Timeline, replay
 from .variant import Variant
 
 if TYPE_CHECKING:
-    import pandas as pd
-
-    from .oom import OomReport
+    from typing import Self
 
 SCHEMA_VERSION = 1
-
-
-class ProfileServices(Protocol):
-    """What the layers above the data model do for :class:`Profile`'s conveniences."""
-
-    def allocations_frame(self, profile: Profile) -> pd.DataFrame: ...
-    def top_sites(
-        self, profile: Profile, limit: int, by: Literal["peak", "allocated"]
-    ) -> pd.DataFrame: ...
-    def oom_report(self, profile: Profile) -> OomReport | None: ...
-    def find_leaks(self, profile: Profile) -> pd.DataFrame: ...
-    def write_report(
-        self, profile: Profile, path: str | Path, resources: Literal["inline", "cdn"]
-    ) -> Path: ...
-    def compare(
-        self, baseline: Profile, other: Profile, by: Literal["category", "module", "op"]
-    ) -> pd.DataFrame: ...
-    def from_snapshot(
-        self, source: str | Path | Mapping[str, Any], device: int | str | None
-    ) -> Profile: ...
-    def to_snapshot(self, profile: Profile, path: str | Path) -> Path: ...
-    def load_ranks(self, folder: str | Path) -> list[Profile]: ...
-
-
-_services: ProfileServices | None = None
-
-
-def install_services(services: ProfileServices) -> None:
-    """Provide :class:`Profile`'s conveniences (the package does it once, at import)."""
-    global _services
-    _services = services
-
-
-def _the_services() -> ProfileServices:
-    if _services is None:  # only if the package's __init__ was bypassed
-        raise RuntimeError("jupyter_vram is not fully imported: `import jupyter_vram` first")
-    return _services
 
 
 class Profile:
@@ -136,7 +95,7 @@ class Profile:
         self._timeline: Timeline | None = None
         self._validate()
 
-    def replace(self, **changes: Any) -> Profile:
+    def replace(self, **changes: Any) -> Self:
         """A new Profile with some fields changed (``allocations``, ``devices``, ``meta``...)."""
         fields: dict[str, Any] = {
             "allocations": self.allocations,
@@ -159,7 +118,7 @@ class Profile:
             raise TypeError(f"Profile has no field(s) {sorted(unknown)}")
         fields.update(changes)
         allocations = fields.pop("allocations")
-        return Profile(allocations, **fields)
+        return type(self)(allocations, **fields)
 
     def _validate(self) -> None:
         a = self.allocations
@@ -184,7 +143,7 @@ class Profile:
         entry, which only an empty profile may lack)."""
         return self.devices.index(self.device) if self.device in self.devices else -1
 
-    # -- analysis facade -------------------------------------------------------------------
+    # -- what the columns give ------------------------------------------------------------
 
     @property
     def timeline(self) -> Timeline:
@@ -202,35 +161,6 @@ class Profile:
         """Category -> bytes live at the peak; the values sum to ``peak_bytes``."""
         return self.timeline.breakdown_at(self.timeline.peak_index)
 
-    def to_dataframe(self) -> pd.DataFrame:
-        """One row per allocation: op, module, phase, category, bytes, device, times, stack."""
-        return _the_services().allocations_frame(self)
-
-    def top_sites(
-        self, limit: int = 20, *, by: Literal["peak", "allocated"] = "peak"
-    ) -> pd.DataFrame:
-        """Allocation sites (Python line + op) ranked by bytes live at the peak or allocated."""
-        return _the_services().top_sites(self, limit, by)
-
-    @property
-    def oom(self) -> OomReport | None:
-        """None, or the post-mortem of the ``torch.OutOfMemoryError`` that ended the run: the
-        request, what was live by category and module, the allocator's state (CUDA) and
-        suggestions ranked by the bytes they save. Saved with the profile (``meta``)."""
-        return _the_services().oom_report(self)
-
-    def leaks(self) -> pd.DataFrame:
-        """Memory this run made that is still alive, with what holds it (variables, ``Out[n]``,
-        the last traceback, closures, cycles); release with ``jv.release_leaks(profile)``."""
-        return _the_services().find_leaks(self)
-
-    def to_html(self, path: str | Path, *, resources: Literal["inline", "cdn"] = "inline") -> Path:
-        """Write a standalone interactive report (flame graphs, breakdown, timeline, sites).
-
-        With the default inline resources the file works offline.
-        """
-        return _the_services().write_report(self, path, resources)
-
     @property
     def variant(self) -> Variant | None:
         """What a rerun changed (AMP dtype, checkpointed modules, offload, notes); None for a
@@ -239,14 +169,6 @@ class Profile:
         if not isinstance(info, Mapping):
             return None
         return Variant.from_dict(info)
-
-    def compare(
-        self, other: Profile, by: Literal["category", "module", "op"] = "category"
-    ) -> pd.DataFrame:
-        """This profile (the baseline) against ``other`` (a variant): bytes held at most per
-        category and the peak (``by="category"``), or the modules / ops that moved most;
-        columns baseline_bytes, variant_bytes, change_bytes, change_pct."""
-        return _the_services().compare(self, other, by)
 
     def stack_of(self, stack_id: int) -> tuple[Frame, ...]:
         if stack_id < 0:
@@ -288,7 +210,7 @@ class Profile:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Profile:
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
         """A profile from :meth:`to_dict`'s output. Everything is checked first (types, value
         ranges, ids pointing into their tables, alloc before free): a bad document raises
         :class:`ProfileFileError` naming the first problem."""
@@ -360,27 +282,6 @@ class Profile:
         except ValueError as exc:  # anything the constructor's own checks still catch
             raise ProfileFileError(str(exc)) from exc
 
-    @classmethod
-    def from_snapshot(
-        cls, source: str | Path | Mapping[str, Any], *, device: int | str | None = None
-    ) -> Profile:
-        """A PyTorch allocator snapshot (a ``torch.cuda.memory._dump_snapshot`` pickle, or a
-        ``_snapshot()`` dict) as the Profile of one device. Nothing in the file is run: a
-        pickle that names any class or function is refused (:class:`ProfileFileError`).
-
-        ``device`` (an index or ``"cuda:N"``) picks one device of a multi-device snapshot;
-        ``None`` takes the only device that holds memory. Phases, modules and categories are
-        recovered from the snapshot's frames, annotations and user metadata where it has them
-        (``meta["categories_inferred"]``).
-        """
-        return _the_services().from_snapshot(source, device)
-
-    def to_snapshot(self, path: str | Path) -> Path:
-        """Write a pickle in ``_dump_snapshot``'s format that PyTorch's memory viewer and
-        ``torch.cuda._memory_viz`` read, and :meth:`from_snapshot` reads back to the same
-        peak and categories (addresses are synthesized: see ``_capture/snapshot_file.py``)."""
-        return _the_services().to_snapshot(self, path)
-
     def save(self, path: str | Path) -> Path:
         """Write JSON; a path ending in ``.gz`` is gzip-compressed. Missing folders are made."""
         path = Path(path)
@@ -392,13 +293,7 @@ class Profile:
         return path
 
     @classmethod
-    def load_ranks(cls, folder: str | Path) -> list[Profile]:
-        """The per-rank profiles a distributed recording wrote into ``folder`` (``rank<N>.json.gz``,
-        from ``torchrun -m jupyter_vram.run``), in rank order."""
-        return _the_services().load_ranks(folder)
-
-    @classmethod
-    def load(cls, path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> Profile:
+    def load(cls, path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> Self:
         """Read a profile written by :meth:`save` (gzip is detected from the content).
 
         The JSON text may be at most ``max_bytes`` long (after decompression; a gzip file is

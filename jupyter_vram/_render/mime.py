@@ -77,8 +77,8 @@ from .html import header_facts
 from .text import SOURCE_NAMES
 
 if TYPE_CHECKING:
+    from .._estimator.api import Estimate
     from .._model import Profile
-    from .estimate_text import EstimateData
 
 Axis = Literal["time", "event"]
 PROFILE_MIME = "application/vnd.jupyter-vram.profile+json"
@@ -89,7 +89,7 @@ TIMELINE_BUCKETS = 300  # at most two steps per bucket: <= ~600 points
 TOP = 20  # rows of the top-modules and top-sites lists
 
 
-def profile_payload(profile: Profile, estimate: EstimateData | None = None) -> dict[str, Any]:
+def profile_payload(profile: Profile, estimate: Estimate | None = None) -> dict[str, Any]:
     """The saved profile (schema in the module docstring); ``estimate``: the Estimate behind
     an estimate's profile, for its summary and predicted reserved / device-used bytes."""
     from .._units import format_bytes
@@ -102,7 +102,7 @@ def profile_payload(profile: Profile, estimate: EstimateData | None = None) -> d
     facts = header_facts(profile)
     est: dict[str, Any] | None = None
     if estimate is not None:
-        from .estimate_text import estimate_summary
+        from .._estimator.api import estimate_summary
 
         if estimate.settings.target_type == "cuda":
             reserved = int(estimate.reserved_bytes)

@@ -22,8 +22,8 @@ from .mime import profile_payload
 from .svg_flame import category_bar_svg, flame_svg, timeline_svg
 
 if TYPE_CHECKING:
+    from .._estimator.api import Estimate
     from .._model import Profile
-    from .estimate_text import EstimateData
 
 ESTIMATE_BADGE = "Estimate · simulated on fake tensors, no GPU used"
 SAVED_NOTE = (
@@ -58,7 +58,7 @@ border-radius:2px;vertical-align:baseline}
 </style>"""
 
 
-def static_report_html(profile: Profile, estimate: EstimateData | None = None) -> str:
+def static_report_html(profile: Profile, estimate: Estimate | None = None) -> str:
     """The report of ``profile`` (and the :class:`Estimate` behind it, for its summary)."""
     return report_html(profile_payload(profile, estimate))
 

@@ -44,6 +44,7 @@ def _pct(part: int, whole: int) -> str:
 def summary(profile: Profile, *, top: int = 5) -> str:
     """The plain-text report: peak, breakdown at the peak, top modules and sites, device."""
     from .._analysis.groups import live_at_peak
+    from .._analysis.oom import oom_report
     from .._analysis.tables import top_sites
 
     t = profile.timeline
@@ -56,7 +57,7 @@ def summary(profile: Profile, *, top: int = 5) -> str:
     run = run_word(profile)
     if profile.error:
         lines.append(f"the {run} raised {profile.error}; the profile covers the run up to it")
-    oom = profile.oom
+    oom = oom_report(profile)
     if oom is not None:
         lines.extend(oom_lines(oom))
     lines.extend(f"warning: {w}" for w in profile.meta.get("warnings", ()))
