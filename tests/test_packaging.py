@@ -116,6 +116,10 @@ def test_wheel_brings_the_prebuilt_extension_without_node(tmp_path: Path) -> Non
     data = next(n.split("/data/")[0] for n in names if "/data/" in n) + "/data/"
     lab = data + "share/jupyter/labextensions/jupyter-vram/"
     assert "jupyter_vram/py.typed" in names  # type checkers read the package's hints
+    # the templates of the HTML the package shows
+    templates = [p.name for p in (ROOT / "jupyter_vram/_render/templates").glob("*.html.j2")]
+    assert templates
+    assert [t for t in templates if f"jupyter_vram/_render/templates/{t}" not in names] == []
     assert lab + "package.json" in names
     assert lab + "install.json" in names
     assert lab + "schemas/jupyter-vram/plugin.json" in names
@@ -162,6 +166,12 @@ def test_wheel_brings_the_prebuilt_extension_without_node(tmp_path: Path) -> Non
         env=env, cwd=tmp_path, check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
     assert where.startswith(str(env_dir)), where  # the wheel's copy, not this checkout
+    shown = subprocess.run(
+        [str(python), "-c", "from jupyter_vram._render.html import category_help_html as h; "
+         "print(h())"],
+        env=env, cwd=tmp_path, check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    assert "<summary>What the categories mean</summary>" in shown  # its templates load
     # `jupyter labextension list` / `jupyter server extension list` (the `jupyter-*` scripts
     # live in the outer environment's bin/, which is not on this PATH)
     labext = run("jupyterlab.labextensions", "list")
