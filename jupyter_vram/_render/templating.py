@@ -36,15 +36,6 @@ def render(template: str, macro: str, /, **values: Any) -> str:
     return str(function(**values))
 
 
-def _escaped(value: Any) -> Any:
-    """What autoescape writes: :func:`html.escape`'s spelling; ``Markup`` as it is."""
-    from markupsafe import Markup
-
-    if isinstance(value, Markup):
-        return value
-    return Markup(html.escape(str(value)))
-
-
 def _lines_joined(loader: jinja2.BaseLoader) -> jinja2.BaseLoader:
     """``loader`` with each source's line breaks and the indentation after them dropped."""
     import jinja2
@@ -71,11 +62,16 @@ FILTERS: dict[str, Callable[..., str]] = {
 def _environment() -> jinja2.Environment:
     """Made on first use: ``import jupyter_vram`` does not import Jinja2."""
     import jinja2
+    from markupsafe import Markup
+
+    def escaped(value: Any) -> Any:
+        """What autoescape writes: :func:`html.escape`'s spelling; ``Markup`` as it is."""
+        return value if isinstance(value, Markup) else Markup(html.escape(str(value)))
 
     environment = jinja2.Environment(
         loader=_lines_joined(jinja2.FileSystemLoader(TEMPLATES)),
         autoescape=True,
-        finalize=_escaped,
+        finalize=escaped,
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=False,
     )
