@@ -96,6 +96,22 @@ def test_staleness_covers_every_input(tmp_path: Path) -> None:
     assert builder.is_stale(ext, out)  # a settings-schema change alone rebuilds
 
 
+def assert_templates_shipped(
+    names: list[str], python: Path, env: dict[str, str], cwd: Path
+) -> None:
+    """The wheel (its file ``names``) holds every HTML template, and the package installed
+    from it (run by ``python``) renders from them."""
+    templates = [p.name for p in (ROOT / "jupyter_vram/_render/templates").glob("*.html.j2")]
+    assert templates
+    assert [t for t in templates if f"jupyter_vram/_render/templates/{t}" not in names] == []
+    shown = subprocess.run(
+        [str(python), "-c", "from jupyter_vram._render.html import category_help_html as h; "
+         "print(h())"],
+        env=env, cwd=cwd, check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    assert "<summary>What the categories mean</summary>" in shown
+
+
 @pytest.mark.slow
 def test_wheel_brings_the_prebuilt_extension_without_node(tmp_path: Path) -> None:
     """Build the wheel once, install it into a fresh environment whose PATH has no node, and
@@ -162,6 +178,7 @@ def test_wheel_brings_the_prebuilt_extension_without_node(tmp_path: Path) -> Non
         env=env, cwd=tmp_path, check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
     assert where.startswith(str(env_dir)), where  # the wheel's copy, not this checkout
+    assert_templates_shipped(names, python, env, tmp_path)
     # `jupyter labextension list` / `jupyter server extension list` (the `jupyter-*` scripts
     # live in the outer environment's bin/, which is not on this PATH)
     labext = run("jupyterlab.labextensions", "list")

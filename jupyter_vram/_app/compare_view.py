@@ -9,7 +9,6 @@ profile.
 
 from __future__ import annotations
 
-import html
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -27,6 +26,7 @@ from .._render.compare_figures import (
     diff_tree,
 )
 from .._render.figures import CATEGORY_COLORS, flame_height
+from .._render.templating import render
 from .._render.theme import apply_theme
 from .._units import format_bytes, format_change
 
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 TITLE = "Compare"
 MOVERS = 8  # modules / ops listed per variant
 _latest_variant: list[Profile] = []  # the newest variant of the kernel, kept alive
+TEMPLATE = "compare_view.html.j2"
 
 STYLE = """<style>
 .jv-compare-table td.jv-up,.jv-compare-table span.jv-up{color:var(--jp-error-color1,#a00)}
@@ -99,11 +100,24 @@ def compare_result(baseline: Profile, variant: Profile) -> VariantResult:
     )
 
 
-def _change_cell(base: float, new: float, text: str) -> str:
-    """A table cell with a change, red when it grew, green when it shrank."""
+@dataclass(frozen=True)
+class Change:
+    """A changed number as its cell shows it: the text with the change, and its colour class
+    (``jv-up`` grew, ``jv-down`` shrank)."""
+
+    css: str
+    text: str
+
+
+def _change(base: float, new: float, text: str) -> Change:
     css = "jv-up" if new > base else "jv-down" if new < base else ""
     pct = f" ({format_change(base, new, space='')})" if base or new else ""
-    return f"<td class='jv-num {css}'>{text}{pct}</td>"
+    return Change(css, text + pct)
+
+
+def _change_cell(base: float, new: float, text: str) -> str:
+    """A table cell with a change, red when it grew, green when it shrank."""
+    return render(TEMPLATE, "change_cell", change=_change(base, new, text))
 
 
 def column(frame: pd.DataFrame, name: str) -> dict[str, int]:
@@ -112,83 +126,57 @@ def column(frame: pd.DataFrame, name: str) -> dict[str, int]:
     return {"peak": values.pop("peak", 0), **values}
 
 
+@dataclass(frozen=True)
+class SummaryRow:
+    """A row of the side-by-side table: the baseline's number, each variant's change."""
+
+    name: str  # its class: jv-row-<name>
+    label: str
+    color: str | None
+    baseline: str
+    changes: list[Change]
+
+
 def summary_table(results: list[VariantResult]) -> str:
     """Peak, the most each category held at once, and wall time: the baseline, then each
     variant with its change."""
     baseline = column(results[0].by_category, "baseline_bytes")
     variants = [column(r.by_category, "variant_bytes") for r in results]
-    head = "".join(f"<th>#{i + 1}: {html.escape(r.title)}</th>" for i, r in enumerate(results))
-    rows = []
-    for name, base in baseline.items():
-        if not base and not any(v.get(name, 0) for v in variants):
-            continue
-        swatch = (
-            f"<span class='jv-swatch' style='background:{CATEGORY_COLORS[name]}'></span>"
-            if name in CATEGORY_COLORS
-            else ""
+    rows = [
+        SummaryRow(
+            name, name, CATEGORY_COLORS.get(name), format_bytes(base),
+            [_change(base, v.get(name, 0), format_bytes(v.get(name, 0))) for v in variants],
         )
-        label = f"<b>{name}</b>" if name == "peak" else name
-        cells = "".join(
-            _change_cell(base, v.get(name, 0), format_bytes(v.get(name, 0))) for v in variants
-        )
-        rows.append(
-            f"<tr class='jv-row-{html.escape(name)}'><td>{swatch}{label}</td>"
-            f"<td class='jv-num'>{format_bytes(base)}</td>{cells}</tr>"
-        )
+        for name, base in baseline.items()
+        if base or any(v.get(name, 0) for v in variants)
+    ]  # fmt: skip
     base_ms = results[0].baseline_wall_ns / 1e6
-    times = "".join(
-        _change_cell(base_ms, r.variant_wall_ns / 1e6, f"{r.variant_wall_ns / 1e6:,.1f} ms")
+    times = [
+        _change(base_ms, r.variant_wall_ns / 1e6, f"{r.variant_wall_ns / 1e6:,.1f} ms")
         for r in results
-    )
-    rows.append(
-        f"<tr class='jv-row-wall'><td>wall time</td><td class='jv-num'>{base_ms:,.1f} ms</td>"
-        f"{times}</tr>"
-    )
-    return (
-        "<table class='jv-table jv-compare-table'><caption>Peak, and the most each category "
-        "held at once during the run</caption><tr><th></th><th>baseline</th>"
-        f"{head}</tr>{''.join(rows)}</table>"
-    )
+    ]
+    rows.append(SummaryRow("wall", "wall time", None, f"{base_ms:,.1f} ms", times))
+    return render(TEMPLATE, "summary_table", titles=[r.title for r in results], rows=rows)
 
 
 def movers_table(frame: pd.DataFrame, title: str) -> str:
     """Name, baseline, variant and change of the rows that moved most."""
-    if frame.empty:
-        return f"<p class='jv-label'>No {html.escape(title)} changed.</p>"
-    rows = "".join(
-        f"<tr><td class='jv-name' title='{html.escape(str(name), quote=True)}'>"
-        f"<div class='jv-cut'>{html.escape(str(name))}</div></td>"
-        f"<td class='jv-num'>{format_bytes(int(row['baseline_bytes']))}</td>"
-        f"<td class='jv-num'>{format_bytes(int(row['variant_bytes']))}</td>"
-        + _change_cell(
-            int(row["baseline_bytes"]), int(row["variant_bytes"]),
-            ("+" if row["change_bytes"] > 0 else "") + format_bytes(int(row["change_bytes"])),
-        )
-        + "</tr>"
-        for name, row in frame.iterrows()
-    )  # fmt: skip
-    return (
-        f"<table class='jv-table jv-compare-table'><caption>{html.escape(title)} that moved "
-        "most (most held at once)</caption><tr><th>name</th><th>baseline</th><th>variant</th>"
-        "<th>change</th></tr>"
-        f"{rows}</table>"
-    )
+    return render(TEMPLATE, "movers_table", title=title, rows=_movers(frame))
+
+
+def _movers(frame: pd.DataFrame) -> list[tuple[str, int, int, Change]]:
+    """(name, baseline, variant, change) of each row of a comparison frame."""
+    keys = ("baseline_bytes", "variant_bytes", "change_bytes")
+    rows = []
+    for name, row in frame.iterrows():
+        base, new, change = (int(row[k]) for k in keys)
+        sign = "+" if change > 0 else ""
+        rows.append((str(name), base, new, _change(base, new, sign + format_bytes(change))))
+    return rows
 
 
 def verdicts_html(results: list[VariantResult]) -> str:
-    out = []
-    for r in results:
-        out.append(f"<div class='jv-verdict'>{html.escape(r.verdict)}</div>")
-        out.extend(f"<div class='jv-variant-notes'>{html.escape(n)}</div>" for n in r.notes)
-    return f"<div class='jv-verdicts'>{''.join(out)}</div>"
-
-
-DIFF_LEGEND = (
-    "<div class='jv-diff-legend'>Live at each run's peak, module \u2192 op; width: the larger "
-    "of the two runs' bytes.<span style='background:#c44e52'></span>grew"
-    "<span style='background:#2a7a2a'></span>shrank<span style='background:#9a9a9a'></span>"
-    "unchanged (hover a block for both runs' bytes)</div>"
-)
+    return render(TEMPLATE, "verdicts", results=results)
 
 
 class CompareView(w.VBox):  # type: ignore[misc]
@@ -222,7 +210,7 @@ class CompareView(w.VBox):  # type: ignore[misc]
                 self.bars,
                 self.pick,
                 self.movers,
-                w.HTML(DIFF_LEGEND),
+                w.HTML(render(TEMPLATE, "diff_legend")),
                 self.flame,
             ]
         )
@@ -256,10 +244,9 @@ class CompareView(w.VBox):  # type: ignore[misc]
         if index is None:
             return
         r = self.results[index]
-        self.movers.value = (
-            "<div class='jv-tables'>" + movers_table(r.modules, "modules")
-            + movers_table(r.ops, "ops") + "</div>"
-        )  # fmt: skip
+        self.movers.value = render(
+            TEMPLATE, "movers", modules=_movers(r.modules), ops=_movers(r.ops)
+        )
         data, depth = diff_flame_data(r.diff)
         self.source.data = data
         self.figure.y_range.start = -max(depth, 1)

@@ -12,6 +12,7 @@ import html
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import ipywidgets as w
@@ -31,7 +32,7 @@ from .._estimator.search import format_batch
 from .._estimator.step import StepSettings, settings_text
 from .._estimator.whatif import variants
 from .._model import CATEGORIES, Profile
-from .._render.html import facts_html
+from .._render.templating import render
 from .._units import format_bytes, format_change, format_column, format_count
 from .export import CsvLink
 
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 
 TITLE = "Fit & what-ifs"
 BADGE = "Estimate · simulated on fake tensors, no GPU used"
-RIGHT = " style='text-align:right'"
+TEMPLATE = "estimate_view.html.j2"
 T = TypeVar("T")
 #: How the estimator decides a fit (Estimate.fits), in words for the tables.
 FITS_RULE = (
@@ -144,20 +145,14 @@ def _profile_estimate(profile: Profile, settings: StepSettings | None) -> Estima
 
 def estimate_header_html(profile: Profile, estimate: Estimate | None = None) -> str:
     """The header of an estimate's app: a clear 'this is an estimate', the facts, the caveats."""
-    items = facts_html(estimate_facts(profile, estimate))
-    note = (
-        '<details class="jv-estimate-note"><summary>What is modelled, what is not</summary>'
-        f"<div>{html.escape(MODELLED)}</div><div>{html.escape(NOT_MODELLED)}</div></details>"
-    )
-    error = (
-        f'<div class="jv-error">The simulated step raised {html.escape(profile.error)}; '
-        "the profile covers it up to the error.</div>"
-        if profile.error
-        else ""
-    )
-    return (
-        f'<div class="jv-estimate-badge">{html.escape(BADGE)}</div>'
-        f'<div class="jv-header">{items}</div>{error}{note}'
+    return render(
+        TEMPLATE,
+        "header",
+        badge=BADGE,
+        facts=estimate_facts(profile, estimate),
+        error=profile.error,
+        modelled=MODELLED,
+        not_modelled=NOT_MODELLED,
     )
 
 
@@ -183,9 +178,7 @@ def gpu_answer(estimate: Estimate, gpu: str | Gpu, largest: int | None = None) -
 
 def gpu_answer_html(answer: str, fits: bool) -> str:
     """The ``--gpu`` answer as the first line of the estimate's app."""
-    return (
-        f"<div class='jv-gpu-answer jv-gpu-{'yes' if fits else 'no'}'>{html.escape(answer)}</div>"
-    )
+    return render(TEMPLATE, "gpu_answer", answer=answer, fits=fits)
 
 
 def comparison_html(comparison: Comparison) -> str:
@@ -198,58 +191,35 @@ def comparison_html(comparison: Comparison) -> str:
         if error < -0.005
         else "on the mark"
     )
-    pairs = [(c, comparison.estimated.get(c, 0), comparison.measured.get(c, 0)) for c in CATEGORIES]
-    pairs = [p for p in pairs if p[1] or p[2]]
-    pairs.append(("<b>peak</b>", comparison.estimated_bytes, comparison.measured_bytes))
-    rows = "".join(
-        f"<tr><td>{name}</td><td{RIGHT}>{format_bytes(est)}</td><td{RIGHT}>"
-        f"{format_bytes(meas)}</td><td{RIGHT}>{_signed(est - meas)}</td></tr>"
-        for name, est, meas in pairs
+    rows = [(c, comparison.estimated.get(c, 0), comparison.measured.get(c, 0)) for c in CATEGORIES]
+    kept = ""
+    if comparison.kept_output:
+        from .._render.estimate_text import kept_output_note
+
+        kept = kept_output_note(comparison.kept_output).strip("()")
+    return render(
+        TEMPLATE,
+        "comparison",
+        c=comparison,
+        verdict=verdict,
+        rows=[r for r in rows if r[1] or r[2]],
+        kept=kept,
     )
-    table = (
-        "<table class='jv-table jv-comparison-table'><tr><th>at the peak</th><th>estimated</th>"
-        f"<th>measured</th><th>difference</th></tr>{rows}</table>"
-    )
-    return (
-        f'<div class="jv-comparison">Estimated <b>{format_bytes(comparison.estimated_bytes)}</b>'
-        f" vs measured <b>{format_bytes(comparison.measured_bytes)}</b>: difference "
-        f"<b>{100 * error:+.1f}%</b> ({verdict}){_unrelated_note(comparison)}"
-        f"{_kept_note(comparison)}{_device_note(comparison)}</div>{table}"
-    )
-
-
-def _kept_note(comparison: Comparison) -> str:
-    if not comparison.kept_output:
-        return ""
-    from .._render.estimate_text import kept_output_note
-
-    return f"<br><i>{html.escape(kept_output_note(comparison.kept_output).strip('()'))}.</i>"
-
-
-def _unrelated_note(comparison: Comparison) -> str:
-    if not comparison.unrelated_bytes:
-        return ""
-    return (
-        f"<br><i>Left out of the measurement: {format_bytes(comparison.unrelated_bytes)} of "
-        "tensors that existed before the cell and play no role in the step (not the model's, "
-        "nor its inputs); the difference is on the step alone.</i>"
-    )
-
-
-def _device_note(comparison: Comparison) -> str:
-    if comparison.same_device:
-        return ""
-    return (
-        f"<br><i>The estimate is for {comparison.estimated_device}, the measurement ran on "
-        f"{comparison.measured_device}: CUDA block rounding and kernels differ.</i>"
-    )
-
-
-def _signed(n: int) -> str:
-    return ("+" if n > 0 else "") + format_bytes(n)
 
 
 # -- tables ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    """One row of the GPU table, its numbers as shown."""
+
+    name: str
+    memory: str
+    fits: bool
+    headroom: str
+    largest: str
+    chosen: bool
 
 
 def gpu_table_html(
@@ -259,37 +229,40 @@ def gpu_table_html(
     The row of ``chosen`` (the GPU asked about) is highlighted."""
     approximate = {g.name for g in gpus if g.approximate}
     searched = "max_batch_size" in frame.columns
-    head = (
-        f"<tr><th>GPU</th><th>memory</th><th>fits at batch {batch_size:,}</th><th>headroom</th>"
-        + ("<th>largest batch</th>" if searched else "")
-        + "</tr>"
+    rows = [
+        GpuRow(
+            name=str(row["gpu"]),
+            memory=f"{row['memory_gib']:.1f} GiB" + (" ≈" if row["gpu"] in approximate else ""),
+            fits=bool(row["fits"]),
+            headroom=f"{row['headroom_gib']:.2f} GiB",
+            largest=format_batch(int(row["max_batch_size"])) if searched else "",
+            chosen=str(row["gpu"]) == chosen,
+        )
+        for row in _records(frame)
+    ]
+    return render(
+        TEMPLATE,
+        "gpu_table",
+        rows=rows,
+        batch_size=batch_size,
+        searched=searched,
+        rule=FITS_RULE,
+        approximate=bool(approximate),
     )
-    rows = []
-    for row in _records(frame):
-        name = str(row["gpu"])
-        mark = " ≈" if name in approximate else ""
-        cells = [
-            html.escape(name),
-            f"{row['memory_gib']:.1f} GiB{mark}",
-            "yes" if row["fits"] else "no",
-            f"{row['headroom_gib']:.2f} GiB",
-        ]
-        if searched:
-            cells.append(format_batch(int(row["max_batch_size"])))
-        tds = "".join(f"<td{RIGHT if i else ''}>{c}</td>" for i, c in enumerate(cells))
-        css = "jv-fit-yes" if row["fits"] else "jv-fit-no"
-        tip = ""
-        if name == chosen:
-            css, tip = css + " jv-chosen", " title='the GPU asked about'"
-        rows.append(f"<tr class='{css}'{tip}>{tds}</tr>")
-    span = 5 if searched else 4
-    foot = f"<tr><td colspan={span} class='jv-label'>{html.escape(FITS_RULE)}</td></tr>" + (
-        f"<tr><td colspan={span} class='jv-label'>≈: the marketing size, not a driver's report"
-        "</td></tr>"
-        if approximate
-        else ""
-    )
-    return f"<table class='jv-table jv-gpus'>{head}{''.join(rows)}{foot}</table>"
+
+
+@dataclass(frozen=True)
+class WhatIfRow:
+    """One row of the what-if table, as shown: ``reason`` why it could not run (else None),
+    else its byte columns as (exact, shown) and its change."""
+
+    name: str
+    kind: str
+    reason: str | None
+    bytes: tuple[tuple[str, str], ...] = ()
+    trend: str = ""
+    change: str = ""
+    fits: str = "-"
 
 
 def what_if_html(
@@ -303,56 +276,34 @@ def what_if_html(
 
     ``fits``: one answer per row for ``gpu`` (see :func:`what_if_fits`; None: "-").
     """
-    fits_head = f"<th>fits on {html.escape(gpu.name)}</th>" if gpu is not None else ""
-    head = (
-        "<tr><th>what if</th><th>kind</th><th>peak allocated</th><th>reserved</th>"
-        f"<th>device used</th><th>change</th>{fits_head}</tr>"
-    )
-    rows = []
     records = _records(frame)
-    shown = _byte_columns(records, ("peak_bytes", "reserved_bytes", "predicted_device_bytes"))
+    keys = ("peak_bytes", "reserved_bytes", "predicted_device_bytes")
+    shown = _byte_columns(records, keys)
+    rows = []
     for i, row in enumerate(records):
-        name = html.escape(str(row["what_if"]))
-        cells = [
-            f"<td>{f'<b>{name}</b>' if i == 0 else name}</td>",
-            f"<td>{html.escape(str(row['kind']))}</td>",
-        ]
-        note = row.get("note")
-        if (
-            note or row["predicted_device_bytes"] != row["predicted_device_bytes"]
-        ):  # could not run (NaN)
-            reason = html.escape(str(note or "no result"))
-            cells.append(f"<td colspan=4 class='jv-whatif-note'>could not run: {reason}</td>")
-            if gpu is not None:
-                cells.append("<td>-</td>")
-        else:
-            change = float(row["change"])
-            trend = "jv-up" if change > 0.0005 else "jv-down" if change < -0.0005 else ""
-            cells += [
-                *(
-                    f"<td{RIGHT} title='{format_bytes(int(row[key]))}'>{shown[key][i]}</td>"
-                    for key in ("peak_bytes", "reserved_bytes", "predicted_device_bytes")
-                ),
-                f"<td{RIGHT} class='{trend}'>{format_change(1.0, 1.0 + change, space='')}</td>",
-            ]
-            if gpu is not None:
-                fit = fits[i] if fits is not None and i < len(fits) else None
-                cells.append(f"<td>{'-' if fit is None else 'yes' if fit else 'no'}</td>")
-        rows.append(f"<tr class='jv-whatif-{row['kind']}'>{''.join(cells)}</tr>")
-    return (
-        f"<table class='jv-table jv-whatifs'>{head}{''.join(rows)}</table>"
-        "<div class='jv-label jv-note'>simulated: the step run again on fake tensors with that "
-        "change. arithmetic: computed from this profile, each GPU holding its share of "
-        f"parameters, gradients and optimizer state over {data_parallel} GPUs (NCCL buffers not "
-        "counted). change: peak allocated vs the estimate's."
-        + (
-            f" fits on {html.escape(gpu.name)}: as the GPU table decides (simulated rows run as "
-            "that card would run them; arithmetic rows add the card's difference for the "
-            "estimated step)"
-            if gpu is not None
-            else ""
+        name, kind, note = str(row["what_if"]), str(row["kind"]), row.get("note")
+        if note or row["predicted_device_bytes"] != row["predicted_device_bytes"]:  # NaN
+            rows.append(WhatIfRow(name, kind, reason=str(note or "no result")))
+            continue
+        change = float(row["change"])
+        fit = fits[i] if fits is not None and i < len(fits) else None
+        rows.append(
+            WhatIfRow(
+                name,
+                kind,
+                reason=None,
+                bytes=tuple((format_bytes(int(row[k])), shown[k][i]) for k in keys),
+                trend="jv-up" if change > 0.0005 else "jv-down" if change < -0.0005 else "",
+                change=format_change(1.0, 1.0 + change, space=""),
+                fits="-" if fit is None else "yes" if fit else "no",
+            )
         )
-        + "</div>"
+    return render(
+        TEMPLATE,
+        "what_ifs",
+        rows=rows,
+        gpu=gpu.name if gpu is not None else None,
+        data_parallel=data_parallel,
     )
 
 
@@ -442,23 +393,37 @@ class EstimateView(w.VBox):  # type: ignore[misc]
         self.what_if_frame: pd.DataFrame | None = None
         self.what_if_fits: list[bool | None] | None = None  # for the chosen GPU
         self._what_if_gpus = 0
-
         self.message = w.HTML()
         self.message.add_class("jv-estimate-error")
-        used = format_bytes(estimate.predicted_device_bytes)
-        cuda = estimate.settings.target_type == "cuda"
-        allowance = estimate.runtime_overhead
-        guess = (
-            f" <span class='jv-guess' title='{html.escape(allowance.note, quote=True)}'>"
-            f"({html.escape(allowance_text(allowance))})</span>"
+        self._build_fit_section(estimate)
+        self._build_what_if_section(estimate, data_parallel)
+        super().__init__(
+            [
+                self.message,
+                self.fit_intro,
+                w.HBox([self.search_button, self.search_progress]),
+                self.fit_table,
+                w.HTML("<b>What if</b> the step ran with other settings:"),
+                w.HBox([self.data_parallel, self.gpu_choice, self.what_if_button]),
+                self.what_if_progress,
+                self.what_if_table,
+                self.what_if_export,
+            ]
         )
+        self.add_class("jv-estimate-view")
+
+    def _build_fit_section(self, estimate: Estimate) -> None:
+        """What device used is made of, the GPU table and its largest-batch search."""
+        allowance = estimate.runtime_overhead
         self.fit_intro = w.HTML(
-            f"<b>Which GPUs it fits</b> at batch {estimate.batch_size:,}: device used ≈ {used}"
-            + (
-                f" = predicted reserved + runtime allowance{guess}"
-                if cuda
-                else ". This estimate targets the CPU, so the GPU fits use its peak without the "
-                "caching allocator or CUDA context; estimate with device='cuda' for GPU fits."
+            render(
+                TEMPLATE,
+                "fit_intro",
+                batch_size=estimate.batch_size,
+                used=format_bytes(estimate.predicted_device_bytes),
+                cuda=estimate.settings.target_type == "cuda",
+                allowance_note=allowance.note,
+                allowance=allowance_text(allowance),
             )
         )
         self.fit_table = w.HTML(self._fit_html())
@@ -473,6 +438,9 @@ class EstimateView(w.VBox):  # type: ignore[misc]
         self.search_progress = RunProgress("jv-batch")
         self.search_button.on_click(lambda _: self.find_largest_batches())
 
+    def _build_what_if_section(self, estimate: Estimate, data_parallel: int) -> None:
+        """The what-ifs' controls (GPUs for data-parallel, the card the fits are for, the
+        button) and their table, empty until the button runs them."""
         self.data_parallel = w.BoundedIntText(
             value=data_parallel,
             min=1,
@@ -509,21 +477,6 @@ class EstimateView(w.VBox):  # type: ignore[misc]
         self.what_if_button.on_click(lambda _: self.compute_what_ifs())
         self.gpu_choice.observe(lambda _: self._show_what_ifs(), "value")
         self.data_parallel.observe(self._on_data_parallel, "value")
-
-        super().__init__(
-            [
-                self.message,
-                self.fit_intro,
-                w.HBox([self.search_button, self.search_progress]),
-                self.fit_table,
-                w.HTML("<b>What if</b> the step ran with other settings:"),
-                w.HBox([self.data_parallel, self.gpu_choice, self.what_if_button]),
-                self.what_if_progress,
-                self.what_if_table,
-                self.what_if_export,
-            ]
-        )
-        self.add_class("jv-estimate-view")
 
     @property
     def estimate(self) -> Estimate | None:
@@ -590,10 +543,12 @@ class EstimateView(w.VBox):  # type: ignore[misc]
         try:
             return job()
         except Exception as error:  # noqa: BLE001 - shown in the tab, never a kernel traceback
-            name = type(error).__name__
-            self.message.value = (
-                f"<div class='jv-error'><b>{html.escape(button.description)} failed</b> "
-                f"({html.escape(name)}): {html.escape(str(error))}</div>"
+            self.message.value = render(
+                TEMPLATE,
+                "run_error",
+                button=button.description,
+                name=type(error).__name__,
+                error=error,
             )
             progress.finish("failed", failed=True)
             return None

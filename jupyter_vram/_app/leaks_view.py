@@ -3,7 +3,6 @@ drops those references (only when clicked)."""
 
 from __future__ import annotations
 
-import html
 import weakref
 from typing import Any
 
@@ -11,35 +10,23 @@ import ipywidgets as w
 import pandas as pd
 
 from .._leaks import after_release, find_leaks, group_leaks, release_leaks
-from .._units import format_bytes
+from .._render.templating import render
 from .export import CsvLink
 from .holder import GONE, ProfileHandle
 
 TITLE = "Leaks"
+TEMPLATE = "leaks_view.html.j2"
 
 
 def leaks_html(leaks: pd.DataFrame) -> str:
     """The leak table, one row per holder (or why it is empty)."""
-    note = leaks.attrs.get("note")
-    if leaks.empty:
-        why = note or "Nothing this cell made is still alive."
-        return f"<p class='jv-note'>{html.escape(why)}</p>"
-    groups = group_leaks(leaks)
-    rows = "".join(
-        f"<tr><td class='jv-num'>{format_bytes(int(r['bytes']))}</td>"
-        f"<td class='jv-num'>{int(r['storages'])}</td>"
-        f"<td>{html.escape(str(r['holder_kind']))}</td><td>{html.escape(str(r['holders']))}</td>"
-        f"<td>{'yes' if r['releasable'] else 'by hand'}</td><td>{html.escape(str(r['op']))}</td>"
-        f"<td>{html.escape(str(r['module']))}</td><td>{html.escape(str(r['site']))}</td></tr>"
-        for _, r in groups.iterrows()
-    )
-    total = format_bytes(int(leaks["bytes"].sum()))
-    return (
-        f"<table class='jv-table jv-leaks-table'><caption>{len(leaks)} storages, {total}, made "
-        "by the cell and still alive; a row per holder</caption><tr><th>bytes</th>"
-        "<th>storages</th><th>held by</th><th>names</th><th>release</th><th>op</th>"
-        f"<th>module</th><th>site</th></tr>{rows}</table>"
-        + (f"<p class='jv-note'>{html.escape(note)}</p>" if note else "")
+    return render(
+        TEMPLATE,
+        "leaks_table",
+        storages=len(leaks),
+        total=int(leaks["bytes"].sum()) if not leaks.empty else 0,
+        groups=group_leaks(leaks).to_dict("records") if not leaks.empty else [],
+        note=leaks.attrs.get("note"),
     )
 
 
@@ -61,12 +48,7 @@ class LeaksView(w.VBox):  # type: ignore[misc]
         self.release_button.on_click(self.release)
         self.refresh_button.on_click(self.refresh)
         self.export = CsvLink("leaks.csv")
-        help_line = w.HTML(
-            "<div class='jv-label jv-note'>Memory the cell allocated that is still alive, and "
-            "what keeps it: a variable, an output (<code>Out[n]</code>, <code>_</code>), the "
-            "last error's traceback, a closure or a reference cycle. Release drops those "
-            "references; closures and module globals are left to you.</div>"
-        )
+        help_line = w.HTML(render(TEMPLATE, "help_line"))
         super().__init__(
             [help_line, w.HBox([self.release_button, self.refresh_button, self.export]),
              self.status, self.table]
@@ -93,8 +75,7 @@ class LeaksView(w.VBox):  # type: ignore[misc]
         if profile is None:
             return []
         done = release_leaks(profile)
-        items = "".join(f"<li>{html.escape(d)}</li>" for d in done)
-        self.status.value = f"<ul class='jv-note'>{items}</ul>" if done else ""
+        self.status.value = render(TEMPLATE, "released", done=done)
         return done
 
 

@@ -3,7 +3,6 @@ a profile sends only what is on screen."""
 
 from __future__ import annotations
 
-import html
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -31,6 +30,7 @@ from .._render.html import (
     legend_html,
     sites_html,
 )
+from .._render.templating import render
 from .._render.text import run_word, summary
 from .._render.theme import apply_theme
 from .._units import format_bytes
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 #: The timeline's allocation-event axis (an estimate's default).
 EVENT_AXIS = next(name for name, axis in AXES.items() if axis == "event")
+TEMPLATE = "profile_app.html.j2"
 TABS = ("Flame graph", "Breakdown", "Timeline", "Top sites", "Allocator")
 # Colours come from JupyterLab's theme variables (light and dark); the fallbacks are light.
 # Bokeh draws its hover tooltips white, in a box it appends to the page's body (outside the
@@ -317,14 +318,15 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
             note="self bytes: allocations made in the module itself, not in its submodules "
             "(the flame graph adds children up)",
         )
+        ops = groups_table(live_at_peak(profile, "op"), peak, title="ops at the peak")
         tables = w.HTML(
-            legend_html([c for c in breakdown if breakdown[c]])
-            + category_help_html()
-            + "<div class='jv-tables'>"
-            + breakdown_table(breakdown)
-            + modules
-            + groups_table(live_at_peak(profile, "op"), peak, title="ops at the peak")
-            + "</div>"
+            render(
+                TEMPLATE,
+                "breakdown_tab",
+                legend=legend_html([c for c in breakdown if breakdown[c]]),
+                help=category_help_html(),
+                tables=[breakdown_table(breakdown), modules, ops],
+            )
         )
         box = w.VBox([bar, tables])
         box.add_class("jv-breakdown-view")
@@ -345,12 +347,7 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         table.add_class("jv-sites")
         export = CsvLink("top_sites.csv")
         export.show(frames["peak"])
-        help_line = w.HTML(
-            "<div class='jv-label jv-note'>Allocation sites: the innermost line of your code "
-            "and the op that allocated. live at peak: bytes still held at the peak; of peak: "
-            "their share of peak allocated; allocated: every allocation during the cell, freed "
-            "or not. Hover a site for its whole stack.</div>" + category_help_html()
-        )
+        help_line = w.HTML(render(TEMPLATE, "sites_help", help=category_help_html()))
 
         def resort(change: dict[str, Any]) -> None:
             column = SITE_SORTS[change["new"]]
@@ -433,83 +430,33 @@ def _placeholder() -> w.Widget:
     return w.HTML("<i>loading…</i>")
 
 
-def _row(label: str, value: str, title: str = "") -> str:
-    tip = f" title='{html.escape(title, quote=True)}'" if title else ""
-    return f"<tr{tip}><td>{html.escape(label)}</td><td class='jv-num'>{value}</td></tr>"
-
-
 def allocator_html(state: AllocatorState) -> str:
     """Levels, what fills each gap, and advice."""
-    rows = [_row("allocated (peak)", format_bytes(state.peak_allocated))]
+    rows = [("allocated (peak)", format_bytes(state.peak_allocated), "")]
     if state.peak_reserved is not None:
-        rows.append(_row("reserved (peak)", format_bytes(state.peak_reserved)))
+        rows.append(("reserved (peak)", format_bytes(state.peak_reserved), ""))
     if state.reserved_at_allocated_peak is not None:
-        rows.append(
-            _row(
-                "reserved at the allocated peak",
-                format_bytes(state.reserved_at_allocated_peak),
-                "reserved memory when allocated memory peaked",
-            )
-        )
+        rows.append(("reserved at the allocated peak",
+                     format_bytes(state.reserved_at_allocated_peak),
+                     "reserved memory when allocated memory peaked"))  # fmt: skip
     if state.device_used is not None:
-        rows.append(_row("device used", format_bytes(state.device_used)))
+        rows.append(("device used", format_bytes(state.device_used), ""))
     if state.device_total is not None:
-        rows.append(_row("device total", format_bytes(state.device_total)))
-    measures = ""
+        rows.append(("device total", format_bytes(state.device_total), ""))
+    cached = None
     if state.cached_free_share is not None and state.reserved_at_allocated_peak is not None:
-        cached = state.reserved_at_allocated_peak - state.peak_allocated
-        measures = (
-            "<p>Cached but free at the allocated peak: "
-            f"<b>{format_bytes(max(cached, 0))}</b>, <b>{100 * state.cached_free_share:.1f}%</b>"
-            " of what was reserved then (the cached-free share of reserved memory, measured "
-            "when memory was tightest)."
-        )
-        if state.excess_reserved:
-            measures += (
-                f" The reserved peak is {format_bytes(state.excess_reserved)} above the "
-                "allocated peak."
-            )
-        if state.stranded:
-            big = state.stranded[0]
-            measures += (
-                f" Fragmentation: {len(state.stranded)} request(s) needed a new segment while "
-                "at least as many bytes were cached but free in smaller pieces (largest: "
-                f"{format_bytes(big.size)} with {format_bytes(big.cached_free)} free)."
-            )
-        else:
-            measures += (
-                " No request needed a new segment while enough was cached and free: "
-                "fragmentation did not add to reserved memory."
-            )
-        measures += "</p>"
-    split = device_split_html(state)
-    return f"<table class='jv-table'>{''.join(rows)}</table>{split}{measures}" + notes_html(state)
+        cached = max(state.reserved_at_allocated_peak - state.peak_allocated, 0)
+    return render(TEMPLATE, "allocator", state=state, rows=rows, cached=cached)
 
 
 def device_split_html(state: AllocatorState) -> str:
     """Device used (what nvidia-smi shows) split into what it is, the parts named."""
-    if not state.device_parts or state.device_used is None:
-        return ""
-    rows = "".join(_row(g.label, format_bytes(g.bytes), g.explanation) for g in state.device_parts)
-    return (
-        f"<p>Where the device's {format_bytes(state.device_used)} in use went at the end "
-        "(nvidia-smi's figure, split; hover a row for what it is):</p>"
-        f"<table class='jv-table jv-device-split'>{rows}</table>"
-    )
+    return render(TEMPLATE, "device_split", state=state)
 
 
 def notes_html(state: AllocatorState) -> str:
     """What each gap between levels is, and the advice."""
-    gaps = "".join(
-        f"<li><b>{html.escape(g.label)}</b>"
-        + (f" ({format_bytes(g.bytes)})" if g.bytes else "")
-        + f": {html.escape(g.explanation)}</li>"
-        for g in state.gaps
-    )
-    advice = "".join(f"<li>{html.escape(a)}</li>" for a in state.advice)
-    return f"<ul>{gaps}</ul>" + (
-        f"<div class='jv-advice'><b>Advice</b><ul>{advice}</ul></div>" if advice else ""
-    )
+    return render(TEMPLATE, "notes", state=state)
 
 
 def tracker_facts(profile: Profile) -> list[tuple[str, str, str]]:
@@ -538,9 +485,8 @@ def tracker_facts(profile: Profile) -> list[tuple[str, str, str]]:
 def simulated_html(profile: Profile) -> str:
     """The tracker's facts, and the CUDA caching allocator model applied to the recorded
     requests: what a GPU would reserve for the same run."""
-    facts = "".join(_row(k, v, e) for k, v, e in tracker_facts(profile))
     who, _, unseen = capture_words(profile)
-    out = f"<h4>What {who} reported</h4><table class='jv-table'>{facts}</table>"
+    shown = {"who": who, "facts": tracker_facts(profile), "unseen": unseen}
     try:
         from .._estimator.api import RUNTIME_OVERHEAD_BYTES
         from .._estimator.cuda_model import simulate, to_cuda_profile
@@ -548,35 +494,26 @@ def simulated_html(profile: Profile) -> str:
         sim = simulate(profile)
         state = allocator_state(to_cuda_profile(profile, sim))
     except Exception as exc:  # noqa: BLE001 (a model failure must not take the tab down)
-        return (
-            out
-            + f"<p class='jv-error'>The CUDA allocator model failed: {html.escape(str(exc))}</p>"
-        )
+        return render(TEMPLATE, "simulated", **shown, failure=str(exc), sim=None, rows=[],
+                      share=0.0, stranded=0)  # fmt: skip
     used = sim.peak_reserved + RUNTIME_OVERHEAD_BYTES  # the estimator's device-used rule
-    rows = "".join(
-        [
-            _row("allocated (peak)", format_bytes(sim.peak_allocated),
-                 "requests rounded up to the allocator's 512 B blocks"),
-            _row("reserved (peak)", format_bytes(sim.peak_reserved),
-                 "segments cudaMalloc'd: 2 MiB for small requests, 20 MiB or the request "
-                 "rounded to 2 MiB for large ones"),
-            _row("segments", f"{sim.segment_count:,}", ""),
-            _row("device used (about)", format_bytes(used),
-                 "reserved + about 1 GiB for the CUDA context and libraries"),
-        ]
-    )  # fmt: skip
-    share = state.cached_free_share or 0.0
-    frag = (
-        f"{len(state.stranded)} request(s) would need a new segment while enough was cached "
-        "but free in smaller pieces"
-        if state.stranded
-        else "no request would need a new segment while enough was cached and free"
-    )
-    return out + (
-        "<h4>On a GPU (the CUDA caching allocator model, applied to these requests)</h4>"
-        f"<p>On a GPU this run would reserve <b>{format_bytes(sim.peak_reserved)}</b> for a peak "
-        f"of <b>{format_bytes(sim.peak_allocated)}</b> allocated; at the allocated peak "
-        f"{100 * share:.1f}% of reserved memory would be cached but free, and {frag}. "
-        f"{html.escape(unseen)}</p>"
-        f"<table class='jv-table'>{rows}</table>"
+    rows = [
+        ("allocated (peak)", format_bytes(sim.peak_allocated),
+         "requests rounded up to the allocator's 512 B blocks"),
+        ("reserved (peak)", format_bytes(sim.peak_reserved),
+         "segments cudaMalloc'd: 2 MiB for small requests, 20 MiB or the request "
+         "rounded to 2 MiB for large ones"),
+        ("segments", f"{sim.segment_count:,}", ""),
+        ("device used (about)", format_bytes(used),
+         "reserved + about 1 GiB for the CUDA context and libraries"),
+    ]  # fmt: skip
+    return render(
+        TEMPLATE,
+        "simulated",
+        **shown,
+        failure=None,
+        sim=sim,
+        rows=rows,
+        share=state.cached_free_share or 0.0,
+        stranded=len(state.stranded),
     )

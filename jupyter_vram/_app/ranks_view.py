@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import ipywidgets as w
 
 from .._distributed.summary import imbalance, rank_difference, rank_peaks, ranks_text
 from .._model import Profile
-from .._units import format_bytes
+from .._render.templating import render
 from .comms import opens_outside_the_cell
 from .holder import displayed_in_this_cell
 from .profile_app import STYLE, ProfileApp
@@ -26,6 +27,20 @@ RANKS_STYLE = """<style>
 .jv-rank-value{white-space:nowrap}
 .jv-ranks-summary{font-size:13px;font-weight:600;margin:2px 0}
 </style>"""
+TEMPLATE = "ranks_view.html.j2"
+
+
+@dataclass(frozen=True)
+class RankBar:
+    """One rank's line: its peak, the bar's width (% of the highest), the role holding most."""
+
+    rank: int
+    peak_bytes: int
+    width: float
+    top: bool
+    main_role: str
+    main_bytes: int
+    failed: bool
 
 
 def peaks_html(profiles: Sequence[Profile]) -> str:
@@ -34,39 +49,23 @@ def peaks_html(profiles: Sequence[Profile]) -> str:
     highest = max((p.peak_bytes for p in peaks), default=0) or 1
     rows = []
     for p, profile in zip(peaks, profiles, strict=True):
-        top = " jv-rank-top" if p.peak_bytes == highest else ""
+        role, held = next(iter(p.roles.items()), ("", 0))
         width = max(1.0, 100.0 * p.peak_bytes / highest)
-        main = next(iter(p.roles.items()), ("", 0))
-        note = f" — most in {html.escape(main[0])} {format_bytes(main[1])}" if main[1] else ""
-        error = ' <span class="jv-error">(failed)</span>' if profile.error else ""
-        rows.append(
-            f'<div class="jv-rank-peak{top}" data-rank="{p.rank}" '
-            f'data-peak-bytes="{p.peak_bytes}"><span class="jv-rank-name">rank {p.rank}</span>'
-            f'<span style="flex:0 0 240px"><div class="jv-rank-bar" style="width:{width:.1f}%">'
-            f'</div></span><span class="jv-rank-value">{format_bytes(p.peak_bytes)}{note}'
-            f"{error}</span></div>"
-        )
-    return f'<div class="jv-rank-peaks">{"".join(rows)}</div>'
+        top = p.peak_bytes == highest
+        rows.append(RankBar(p.rank, p.peak_bytes, width, top, role, held, bool(profile.error)))
+    return render(TEMPLATE, "peaks", rows=rows)
 
 
 def difference_html(profiles: Sequence[Profile], a: int, b: int) -> str:
     """A table of what each of two ranks held at its peak, role by role."""
-    ra = profiles[a].meta.get("rank", a)
-    rb = profiles[b].meta.get("rank", b)
-    rows = "".join(
-        f"<tr><td>{html.escape(role)}</td><td class='jv-num'>{format_bytes(x)}</td>"
-        f"<td class='jv-num'>{format_bytes(y)}</td><td class='jv-num'>{format_bytes(x - y)}</td>"
-        "</tr>"
-        for role, x, y in rank_difference(profiles[a], profiles[b])
-        if x or y
-    )
-    pa, pb = profiles[a].peak_bytes, profiles[b].peak_bytes
-    return (
-        f"<table class='jv-table jv-rank-diff'><caption>At each rank's peak</caption>"
-        f"<tr><th>role</th><th>rank {ra}</th><th>rank {rb}</th><th>difference</th></tr>{rows}"
-        f"<tr><th>peak</th><th class='jv-num'>{format_bytes(pa)}</th>"
-        f"<th class='jv-num'>{format_bytes(pb)}</th><th class='jv-num'>{format_bytes(pa - pb)}"
-        "</th></tr></table>"
+    return render(
+        TEMPLATE,
+        "difference",
+        rank_a=profiles[a].meta.get("rank", a),
+        rank_b=profiles[b].meta.get("rank", b),
+        rows=[r for r in rank_difference(profiles[a], profiles[b]) if r[1] or r[2]],
+        peak_a=profiles[a].peak_bytes,
+        peak_b=profiles[b].peak_bytes,
     )
 
 

@@ -21,7 +21,6 @@ frontend without the Jupyter server API) the hint next to it says to press the s
 
 from __future__ import annotations
 
-import html
 import re
 import signal
 import threading
@@ -31,11 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 
+from .._render.templating import render
 from .holder import GONE, ProfileHandle
 
 if TYPE_CHECKING:
     from .._model import Profile
 
+TEMPLATE = "rerun_view.html.j2"
 AUTO = "auto"
 AUTO_LABEL = "auto (the repeated blocks holding the most activations)"
 
@@ -92,14 +93,8 @@ def kernel_id() -> str | None:
 
 def cancel_html(kernel: str | None) -> str:
     """The Cancel button (an interrupt request sent from the page) and the hint."""
-    hint = f"<span class='jv-rerun-note'> {html.escape(CANCEL_HINT)}</span>"
-    if kernel is None:
-        return hint
-    js = html.escape(_INTERRUPT_JS.replace("KERNEL", kernel), quote=True)
-    return (
-        f"<button class='jv-cancel-btn jupyter-button' title='interrupt the kernel' "
-        f'onclick="{js}">Cancel</button>{hint}'
-    )
+    script = _INTERRUPT_JS.replace("KERNEL", kernel) if kernel is not None else None
+    return render(TEMPLATE, "cancel", script=script, hint=CANCEL_HINT)
 
 
 def repeated_blocks(profile: Profile) -> list[tuple[str, str]]:
@@ -262,17 +257,13 @@ class RerunBar(w.VBox):  # type: ignore[misc]
         self.button.disabled = reason is not None or self.running or self.pending
         self.button.tooltip = reason or "run the cell again with these changes, and compare"
         if say:
-            self.status.value = (
-                f"<span class='jv-failed'>{html.escape(reason)}</span>" if reason else ""
-            )
+            self.status.value = render(TEMPLATE, "failed", text=reason) if reason else ""
         return reason
 
     def _progress(self, started: float) -> Callable[[str], None]:
         def show(stage: str) -> None:
-            self.status.value = (
-                "<span class='jv-running'><i class='fa fa-spinner fa-spin'></i> "
-                f"{html.escape(stage)} ({time.perf_counter() - started:.1f} s)</span>"
-            )
+            took = time.perf_counter() - started
+            self.status.value = render(TEMPLATE, "running", text=f"{stage} ({took:.1f} s)")
 
         return show
 
@@ -287,9 +278,10 @@ class RerunBar(w.VBox):  # type: ignore[misc]
             return
         self.pending = True
         self.button.disabled = True
-        self.status.value = (
-            "<span class='jv-running'><i class='fa fa-spinner fa-spin'></i> queued: starts "
-            "when the kernel is free (after the cell that is executing)</span>"
+        self.status.value = render(
+            TEMPLATE,
+            "running",
+            text="queued: starts when the kernel is free (after the cell that is executing)",
         )
         loop.add_callback(self.run_interruptibly)
 
@@ -327,19 +319,13 @@ class RerunBar(w.VBox):  # type: ignore[misc]
         try:
             variant = rerun(baseline, **opts, progress=progress)
         except KeyboardInterrupt:
-            self.status.value = (
-                "<span class='jv-failed'>Rerun cancelled; the notebook's state is as the cell "
-                "left it.</span>"
-            )
+            self.status.value = render(TEMPLATE, "cancelled")
         except RerunError as error:
-            self.status.value = f"<span class='jv-failed'>{html.escape(str(error))}</span>"
+            self.status.value = render(TEMPLATE, "failed", text=error)
         except Exception as error:  # noqa: BLE001 (the cell raised: say so, on the bar)
             first = (str(error).splitlines() or [""])[0]
-            self.status.value = (
-                f"<span class='jv-failed'>The cell raised during the rerun: "
-                f"{html.escape(type(error).__name__)}: {html.escape(first)}; the notebook's "
-                "state is as the cell left it.</span>"
-            )
+            kind = type(error).__name__
+            self.status.value = render(TEMPLATE, "raised", kind=kind, message=first)
         finally:
             self.running = False
             self.cancel.layout.display = "none"
@@ -347,9 +333,7 @@ class RerunBar(w.VBox):  # type: ignore[misc]
             self._check(say=False)
         if variant is not None:
             took = time.perf_counter() - started
-            self.status.value = (
-                f"<span class='jv-done'>Done in {took:.1f} s: see the Compare tab.</span>"
-            )
+            self.status.value = render(TEMPLATE, "done", seconds=took)
             self._on_variant(baseline, variant)
         return variant
 
@@ -386,10 +370,7 @@ def rerun_bar(
 
     reason = rerun_unavailable(profile)
     if reason is not None:
-        note = w.HTML(
-            f"<div class='jv-rerun-note'>Reruns (AMP, checkpointing, offload): "
-            f"{html.escape(reason)}</div>"
-        )
+        note = w.HTML(render(TEMPLATE, "unavailable", reason=reason))
         note.add_class("jv-rerun-unavailable")
         return note
     return RerunBar(handle, on_variant)

@@ -17,9 +17,9 @@ from .._analysis.groups import group
 from .._model import Profile
 from .._render.figures import byte_unit, timeline_data, timeline_figure
 from .._render.html import breakdown_table, groups_table, legend_html
+from .._render.templating import render
 from .._render.text import format_moment
 from .._render.theme import apply_theme
-from .._units import format_bytes
 from .flame_view import on_click
 from .holder import GONE, ProfileHandle, handle_of
 
@@ -136,17 +136,18 @@ class TimelineView(w.VBox):  # type: ignore[misc]
         # a fake run's time says nothing about a GPU's
         time_ns = int(t.time_ns[index]) if index >= 0 else 0
         when = format_moment(time_ns, index, timed=profile.source != "estimate")
-        self.moment.value = (
-            f"<div class='jv-moment-title'>Live at {label} (<span class='jv-when'>{when}</span>):"
-            f" <b class='jv-moment-total'>{format_bytes(total)}</b></div>"
-            "<div class='jv-tables'>"
-            + breakdown_table(t.breakdown_at(index))
-            + groups_table(
-                group(profile, mask, "module"),
-                total,
-                title="by module",
-                note="self bytes: made in the module itself, not in its submodules",
-            )
-            + groups_table(group(profile, mask, "site"), total, title="by allocation site")
-            + "</div>"
+        modules = groups_table(
+            group(profile, mask, "module"),
+            total,
+            title="by module",
+            note="self bytes: made in the module itself, not in its submodules",
+        )
+        sites = groups_table(group(profile, mask, "site"), total, title="by allocation site")
+        self.moment.value = render(
+            "timeline_view.html.j2",
+            "moment",
+            label=label,
+            when=when,
+            total=total,
+            tables=[breakdown_table(t.breakdown_at(index)), modules, sites],
         )

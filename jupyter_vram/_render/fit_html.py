@@ -3,10 +3,10 @@ budget line (and the measured peak under it once verified), from plain numbers."
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
 
-from .._units import format_bytes, format_change
+from .._units import format_change
+from .templating import render
 
 STYLE = """<style>
 .jv-fit-row{display:flex;align-items:center;gap:8px;font-size:12px;margin:2px 0}
@@ -22,6 +22,7 @@ background:var(--jp-layout-color2,#eee)}
 .jv-fit-num .jv-over{color:var(--jp-error-color1,#a00)}
 .jv-fit-legend{font-size:12px;color:var(--jp-ui-font-color2,#666);margin:4px 0}
 </style>"""
+TEMPLATE = "fit_html.html.j2"
 
 
 @dataclass(frozen=True)
@@ -49,39 +50,22 @@ def scale_of(rows: list[FitRow], budget: int, peak: int) -> float:
 
 def row_html(row: FitRow, budget: int, scale: float) -> str:
     """One option: name (why as its tooltip), bars, budget line, numbers."""
-    over = "" if row.fits else " jv-over"
-    bars = (
-        f"<div class='jv-fit-bar{over}' style='width:{_pct(row.predicted, scale)}'></div>"
-        f"<div class='jv-fit-line' style='left:{_pct(budget, scale)}'></div>"
-    )
-    numbers = f"predicted {format_bytes(row.predicted)}"
-    if row.time_factor is not None:
-        numbers += f", time ~{row.time_factor:.2f}x"
-    if row.measured is not None:
-        m_over = " jv-over" if row.measured > budget else ""
-        bars += (
-            f"<div class='jv-fit-measured{m_over}' style='width:{_pct(row.measured, scale)}'></div>"
-        )
-        error = format_change(row.measured, row.predicted)
-        numbers += (
-            f"; <span class='jv-fit-measured-text{m_over}'>measured "
-            f"{format_bytes(row.measured)}</span> (predicted {error})"
-        )
-    name = html.escape(row.name)
-    return (
-        f"<div class='jv-fit-row'><span class='jv-fit-name' title='{html.escape(row.why)}'>"
-        f"{name}</span><div class='jv-fit-track'>{bars}</div>"
-        f"<span class='jv-fit-num'>{numbers}</span></div>"
+    measured_over = " jv-over" if row.measured is not None and row.measured > budget else ""
+    return render(
+        TEMPLATE,
+        "row",
+        row=row,
+        over="" if row.fits else " jv-over",
+        predicted_width=_pct(row.predicted, scale),
+        budget_width=_pct(budget, scale),
+        measured_over=measured_over,
+        measured_width=_pct(row.measured, scale) if row.measured is not None else "",
+        error=format_change(row.measured, row.predicted) if row.measured is not None else "",
     )
 
 
 def legend_html(summary: str, budget_label: str, cannot: tuple[str, ...]) -> str:
     """The line above the rows and the notes below them."""
-    notes = "".join(f"<li>{html.escape(n)}</li>" for n in cannot)
-    return (
-        f"{STYLE}<div class='jv-fit-summary'><b>{html.escape(summary)}</b></div>"
-        f"<div class='jv-fit-legend'>Bars: predicted peak (top, red when over), measured peak "
-        f"once verified (below); dashed line: the budget, {html.escape(budget_label)}. Cheapest "
-        f"first; hover a name for why.</div><details class='jv-fit-legend'><summary>What the "
-        f"plan cannot predict</summary><ul>{notes}</ul></details>"
+    return render(
+        TEMPLATE, "legend", style=STYLE, summary=summary, budget_label=budget_label, cannot=cannot
     )

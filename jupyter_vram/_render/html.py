@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import html
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -12,10 +12,13 @@ from .._analysis.allocator import has_segments, reserved_peak
 from .._analysis.groups import Group
 from .._model import CATEGORIES
 from .._units import format_bytes
+from .templating import render
 from .text import SOURCE_NAMES, run_word
 
 if TYPE_CHECKING:
     from .._model import Profile
+
+TEMPLATE = "html.html.j2"
 
 
 def header_facts(profile: Profile) -> list[tuple[str, str]]:
@@ -123,31 +126,23 @@ def before_the_cell(profile: Profile) -> str:
 
 def facts_html(facts: list[tuple[str, str]]) -> str:
     """(label, value) pairs as the app's header shows them."""
-    return "".join(
-        f'<span class="jv-fact"><span class="jv-label">{html.escape(k)}</span> '
-        f"<b>{html.escape(v)}</b></span>"
-        for k, v in facts
-    )
+    return render(TEMPLATE, "fact_items", facts=facts)
 
 
 def header_html(profile: Profile) -> str:
-    items = facts_html(header_facts(profile))
-    error = ""
-    if profile.error:
-        error = (
-            f'<div class="jv-error">The cell raised {html.escape(profile.error)}; '
-            "the profile covers the run up to the error.</div>"
-        )
-    return f'<div class="jv-header">{items}</div>{error}{warnings_html(profile)}'
+    return render(
+        TEMPLATE,
+        "header",
+        facts=header_facts(profile),
+        error=profile.error,
+        warnings=profile.meta.get("warnings", ()),
+    )
 
 
 def warnings_html(profile: Profile) -> str:
     """What the recorder degraded (stacks sampled, op names or the end of the cell left out):
     one line each, under the header."""
-    return "".join(
-        f'<div class="jv-warning">{html.escape(str(w))}</div>'
-        for w in profile.meta.get("warnings", ())
-    )
+    return render(TEMPLATE, "warning_lines", warnings=profile.meta.get("warnings", ()))
 
 
 #: What each category holds, as the legends' tooltips and help lines say it.
@@ -175,42 +170,34 @@ def legend_html(categories: Sequence[str] = CATEGORIES) -> str:
     """The category colours, each with its meaning as a tooltip (hover a name)."""
     from .figures import CATEGORY_COLORS
 
-    items = "".join(
-        f"<span class='jv-legend-item' title='{html.escape(CATEGORY_HELP[c], quote=True)}'>"
-        f"<span class='jv-swatch' style='background:{CATEGORY_COLORS[c]}'></span>{c}</span>"
-        for c in categories
+    return render(
+        TEMPLATE, "legend", categories=categories, colors=CATEGORY_COLORS, help=CATEGORY_HELP
     )
-    return f"<div class='jv-legend'>{items}<span class='jv-label'>(hover a name)</span></div>"
 
 
 def category_help_html() -> str:
     """One line per category: what it holds."""
-    rows = "".join(f"<li><b>{c}</b>: {html.escape(CATEGORY_HELP[c])}</li>" for c in CATEGORIES)
-    return (
-        "<details class='jv-help'><summary>What the categories mean</summary>"
-        f"<ul>{rows}</ul></details>"
-    )
+    return render(TEMPLATE, "category_help", categories=CATEGORIES, help=CATEGORY_HELP)
 
 
 _more_id = itertools.count()
 
 
-def expandable_rows(rows: Sequence[str], shown: int, columns: int) -> tuple[str, str]:
-    """(toggle, rows): the first ``shown`` rows, then the rest hidden behind a "… N more" row
-    that shows them when clicked (a hidden checkbox before the table; no kernel needed).
-    Put ``toggle`` right before the ``<table>`` holding ``rows``."""
-    if len(rows) <= shown:
-        return "", "".join(rows)
-    ident = f"jv-more-{next(_more_id)}"
-    hidden = "".join(
-        r.replace("<tr", "<tr data-jv-extra='1' class='jv-extra'", 1) for r in rows[shown:]
-    )
-    more = (
-        f"<tr class='jv-more-row'><td colspan={columns}><label for='{ident}' class='jv-more'>"
-        f"\u2026 {len(rows) - shown} more (show)</label></td></tr>"
-    )
-    toggle = f"<input type='checkbox' id='{ident}' class='jv-more-toggle'>"
-    return toggle, "".join(rows[:shown]) + hidden + more
+@dataclass(frozen=True)
+class MoreRows:
+    """How a table shows its first ``shown`` rows, the rest behind a "… N more" row that
+    opens them (a hidden checkbox named ``ident`` before the table; no kernel needed)."""
+
+    ident: str  # "" when every row shows
+    shown: int
+    hidden: int
+
+
+def more_rows(count: int, shown: int) -> MoreRows:
+    """The first ``shown`` of ``count`` rows shown; a page-unique checkbox for the rest."""
+    if count <= shown:
+        return MoreRows("", shown, 0)
+    return MoreRows(f"jv-more-{next(_more_id)}", shown, count - shown)
 
 
 def groups_table(
@@ -224,48 +211,32 @@ def groups_table(
 ) -> str:
     """A small HTML table of groups: label, bytes, share of ``total``, count. The first
     ``limit`` rows show; the next ones (up to ``most``) open from a "… N more" row."""
-    rows = [
-        f"<tr><td class='jv-name' title='{html.escape(g.label, quote=True)}'><div class='jv-cut'>"
-        f"{html.escape(g.label)}</div></td><td class='jv-num'>{format_bytes(g.bytes)}"
-        f"</td><td class='jv-num'>{100 * g.bytes / total:.1f}%</td>"
-        f"<td class='jv-num'>{g.count:,}</td></tr>"
-        for g in groups[:most]
-        if total
-    ]
-    toggle, body = expandable_rows(rows, limit, 4)
-    if len(groups) > most:
-        body += f"<tr><td colspan=4 class='jv-label'>and {len(groups) - most} smaller</td></tr>"
-    caption = html.escape(title) + (
-        f"<div class='jv-label jv-caption-note'>{note}</div>" if note else ""
-    )
-    return (
-        f"<div class='jv-group-table'>{toggle}<table class='jv-table'><caption>{caption}</caption>"
-        "<tr><th>name</th><th>bytes</th><th>share</th><th>allocations</th></tr>"
-        f"{body}</table></div>"
+    shown = list(groups[:most]) if total else []
+    return render(
+        TEMPLATE,
+        "groups_table",
+        groups=shown,
+        total=total,
+        title=title,
+        more=more_rows(len(shown), limit),
+        smaller=max(len(groups) - most, 0),
+        note=note,
     )
 
 
 def breakdown_table(breakdown: dict[str, int]) -> str:
     total = sum(breakdown.values())
-    rows = "".join(
-        f"<tr><td title='{html.escape(CATEGORY_HELP[c], quote=True)}'>"
-        f"<span class='jv-swatch' style='background:{_color(c)}'></span>{c}</td>"
-        f"<td class='jv-num'>{format_bytes(breakdown[c])}</td>"
-        f"<td class='jv-num'>{100 * breakdown[c] / total:.1f}%</td></tr>"
-        for c in CATEGORIES
-        if breakdown.get(c) and total
-    )
-    return (
-        "<table class='jv-table'><tr><th>category</th><th>bytes</th><th>share</th></tr>"
-        f"{rows}<tr><td><b>total</b></td><td class='jv-num'><b>{format_bytes(total)}"
-        "</b></td><td></td></tr></table>"
-    )
+    rows = [(c, breakdown[c]) for c in CATEGORIES if breakdown.get(c) and total]
+    return render(
+        TEMPLATE, "breakdown_table", breakdown=rows, total=total, colors=_colors(),
+        help=CATEGORY_HELP,
+    )  # fmt: skip
 
 
-def _color(category: str) -> str:
+def _colors() -> dict[str, str]:
     from .figures import CATEGORY_COLORS
 
-    return CATEGORY_COLORS[category]
+    return CATEGORY_COLORS
 
 
 def write_report(
@@ -326,35 +297,22 @@ def site_label(site: str) -> str:
 def sites_html(frame: Any, peak_bytes: int, *, shown: int = 50) -> str:
     """Top allocation sites as an HTML table: bytes in KiB / MiB / GiB, the share of the peak,
     the full stack as the site's tooltip; rows past ``shown`` open from a "… N more" row."""
-    rows = []
-    for r in frame.to_dict("records"):
-        live = int(r["live_at_peak_bytes"])
-        share = f"{100 * live / peak_bytes:.1f}%" if peak_bytes else "-"
-        tip = html.escape(str(r["stack"]).replace(" > ", "\n"), quote=True)
-        rows.append(
-            f"<tr><td class='jv-site' title='{tip}'>"
-            f"{html.escape(site_label(str(r['site'])))}</td>"
-            f"<td class='jv-op'>{html.escape(str(r['op']))}</td>"
-            f"<td class='jv-num' title='{live:,} B'>{format_bytes(live)}</td>"
-            f"<td class='jv-num'>{share}</td>"
-            f"<td class='jv-num' title='{int(r['allocated_bytes']):,} B'>"
-            f"{format_bytes(int(r['allocated_bytes']))}</td>"
-            f"<td class='jv-num'>{int(r['allocations']):,}</td>"
-            f"<td class='jv-num' title='{int(r['largest_bytes']):,} B'>"
-            f"{format_bytes(int(r['largest_bytes']))}</td>"
-            f"<td title='{html.escape(CATEGORY_HELP.get(str(r['category']), ''), quote=True)}'>"
-            f"<span class='jv-swatch' style='background:{_color(str(r['category']))}'></span>"
-            f"{html.escape(str(r['category']))}</td></tr>"
-        )
-    toggle, body = expandable_rows(rows, shown, 8)
-    head = (
-        "<tr><th>site (file:line function)</th><th>op</th>"
-        "<th title='bytes of this site still live at the peak'>live at peak</th>"
-        "<th title='live at peak / peak allocated'>of peak</th>"
-        "<th title='every allocation during the cell, freed or not'>allocated</th>"
-        "<th>count</th><th>largest</th>"
-        "<th title='the category holding most of the site&#39;s bytes'>category</th></tr>"
-    )
-    if not rows:
-        body = "<tr><td colspan=8 class='jv-label'>no allocations during the cell</td></tr>"
-    return f"{toggle}<table class='jv-table jv-sites-table'>{head}{body}</table>"
+    sites = [
+        {
+            "label": site_label(str(r["site"])),
+            "stack": str(r["stack"]).replace(" > ", "\n"),
+            "op": str(r["op"]),
+            "live": int(r["live_at_peak_bytes"]),
+            "share": f"{100 * int(r['live_at_peak_bytes']) / peak_bytes:.1f}%"
+            if peak_bytes else "-",
+            "allocated": int(r["allocated_bytes"]),
+            "allocations": int(r["allocations"]),
+            "largest": int(r["largest_bytes"]),
+            "category": str(r["category"]),
+        }
+        for r in frame.to_dict("records")
+    ]  # fmt: skip
+    return render(
+        TEMPLATE, "sites_table", sites=sites, more=more_rows(len(sites), shown),
+        colors=_colors(), help=CATEGORY_HELP,
+    )  # fmt: skip

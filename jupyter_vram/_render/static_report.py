@@ -12,14 +12,13 @@ bench/static_report.py).
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._units import format_bytes
 from .html import site_label
 from .mime import profile_payload
 from .svg_flame import category_bar_svg, flame_svg, timeline_svg
+from .templating import render
 
 if TYPE_CHECKING:
     from .._estimator.api import Estimate
@@ -70,129 +69,30 @@ def report_html(payload: Mapping[str, Any], *, notes: Sequence[str] = ()) -> str
     cats: list[str] = payload["categories"]
     colors: list[str] = payload["colors"]
     peak = int(payload["peak_bytes"])
-    parts = [STYLE, "<div class='jvs-report' data-jupyter-vram-report='1'>", _header(payload)]
-    parts += [f"<pre class='jvs-summary jvs-notes'>{html.escape(n)}</pre>" for n in notes if n]
-    bar = category_bar_svg(payload["breakdown"], cats, colors)
-    if bar:
-        parts += [f"<h4>At the peak: {format_bytes(peak)}</h4>", bar, _legend(payload)]
-    parts += [
-        "<h4>Flame graph: module → op, memory live at the peak</h4>",
-        "<div class='jvs-note'>A block's width is its bytes (its children's included); "
-        "hover a block for its bytes and categories.</div>",
-        flame_svg(payload["flame"], cats, colors, peak),
-    ]
-    line = timeline_svg(payload["timeline"], peak, payload.get("peak_x"))
+    timeline = payload["timeline"]
+    line = timeline_svg(timeline, peak, payload.get("peak_x"))
+    span = ""
     if line:
-        last = float(payload["timeline"]["x"][-1])
+        last = float(timeline["x"][-1])
         span = (
             f"0 to {last:,.1f} ms"
-            if payload["timeline"]["axis"] == "time"
+            if timeline["axis"] == "time"
             else f"allocation / free events 1 to {last:,.0f}"
         )
-        parts += [
-            f"<h4>Live memory over the run ({span}; dotted: the peak)</h4>",
-            line,
-        ]
-    parts += [
-        "<div class='jvs-tables'>",
-        _modules_table(payload),
-        "</div>",
-        _sites_table(payload),
-    ]
-    if payload.get("estimate"):
-        summary = html.escape(payload["estimate"]["summary"])
-        parts.append(f"<h4>Estimate</h4><pre class='jvs-summary'>{summary}</pre>")
-    parts += [f"<div class='jvs-note'>{html.escape(SAVED_NOTE)}</div>", "</div>"]
-    return "".join(parts)
-
-
-def _header(payload: Mapping[str, Any]) -> str:
-    facts = "".join(
-        f"<span><span class='jvs-label'>{html.escape(k)}</span> <b>{html.escape(v)}</b></span>"
-        for k, v in payload["facts"]
-    )
-    badge = (
-        f"<div><span class='jvs-badge'>{html.escape(ESTIMATE_BADGE)}</span></div>"
-        if payload["kind"] == "estimate"
-        else ""
-    )
-    error = (
-        f"<div class='jvs-error'>The {'step' if payload['kind'] == 'estimate' else 'cell'} "
-        f"raised {html.escape(str(payload['error']))}; the "
-        "profile covers the run up to the error.</div>"
-        if payload.get("error")
-        else ""
-    )
-    warnings = "".join(
-        f"<div class='jvs-warning'>{html.escape(str(w))}</div>" for w in payload.get("warnings", ())
-    )
-    return (
-        f"{badge}<div class='jvs-title'>{html.escape(payload['title'])}</div>"
-        f"<div class='jvs-facts'>{facts}</div>{error}{warnings}"
-    )
-
-
-def _swatch(color: str) -> str:
-    return f"<span class='jvs-swatch' style='background:{color}'></span>"
-
-
-def _legend(payload: Mapping[str, Any]) -> str:
-    """The categories at the peak with their bytes and share (the bar's legend)."""
-    peak = int(payload["peak_bytes"]) or 1
-    items = "".join(
-        f"<span>{_swatch(color)}{html.escape(name)} <b>{format_bytes(size)}</b> "
-        f"<span class='jvs-label'>{100 * size / peak:.1f}%</span></span>"
-        for name, color, size in zip(
-            payload["categories"], payload["colors"], payload["breakdown"], strict=True
-        )
-        if size
-    )
-    return f"<div class='jvs-facts jvs-legend'>{items}</div>"
-
-
-def _color_of(payload: Mapping[str, Any], category: str) -> str:
-    cats: list[str] = payload["categories"]
-    return str(payload["colors"][cats.index(category)]) if category in cats else "#8C8C8C"
-
-
-def _modules_table(payload: Mapping[str, Any]) -> str:
-    peak = int(payload["peak_bytes"]) or 1
-    rows = "".join(
-        f"<tr><td>{html.escape(m['name'])}</td><td class='jvs-num'>{format_bytes(m['bytes'])}"
-        f"</td><td class='jvs-num'>{100 * m['bytes'] / peak:.1f}%</td>"
-        f"<td class='jvs-num'>{m['count']:,}</td>"
-        f"<td>{_swatch(_color_of(payload, m['category']))}{html.escape(m['category'])}</td></tr>"
-        for m in payload["top_modules"]
-    )
-    if not rows:
-        return ""
-    return (
-        "<div><h4>Top modules at the peak</h4><div class='jvs-note'>self bytes: made in the "
-        "module itself, not in its submodules</div><table class='jvs-table jvs-modules'>"
-        "<tr><th>module</th><th>bytes</th><th>of peak</th><th>allocations</th>"
-        f"<th>mostly</th></tr>{rows}</table></div>"
-    )
-
-
-def _sites_table(payload: Mapping[str, Any]) -> str:
-    peak = int(payload["peak_bytes"]) or 1
-    rows = "".join(
-        f"<tr><td class='jvs-site' title='{html.escape(s['stack'].replace(' > ', chr(10)))}'>"
-        f"{html.escape(site_label(s['site']))}</td><td>{html.escape(s['op'])}</td>"
-        f"<td class='jvs-num'>{format_bytes(s['live_at_peak_bytes'])}</td>"
-        f"<td class='jvs-num'>{100 * s['live_at_peak_bytes'] / peak:.1f}%</td>"
-        f"<td class='jvs-num'>{format_bytes(s['allocated_bytes'])}</td>"
-        f"<td class='jvs-num'>{s['allocations']:,}</td>"
-        f"<td class='jvs-num'>{format_bytes(s['largest_bytes'])}</td>"
-        f"<td>{_swatch(_color_of(payload, s['category']))}{html.escape(s['category'])}</td></tr>"
-        for s in payload["top_sites"]
-    )
-    if not rows:
-        return ""
-    return (
-        "<h4>Top allocation sites (live at the peak)</h4><div class='jvs-note'>the innermost "
-        "line of your code and the op that allocated; hover a site for its whole stack</div>"
-        "<table class='jvs-table jvs-sites'><tr><th>site (file:line function)</th><th>op</th>"
-        "<th>live at peak</th><th>of peak</th><th>allocated</th><th>count</th>"
-        f"<th>largest</th><th>mostly</th></tr>{rows}</table>"
+    return render(
+        "static_report.html.j2",
+        "report",
+        p=payload,
+        peak=peak,
+        style=STYLE,
+        notes=notes,
+        bar=category_bar_svg(payload["breakdown"], cats, colors),
+        legend=[item for item in zip(cats, colors, payload["breakdown"], strict=True) if item[2]],
+        flame=flame_svg(payload["flame"], cats, colors, peak),
+        line=line,
+        span=span,
+        colors=dict(zip(cats, colors, strict=True)),
+        site_label=site_label,
+        badge=ESTIMATE_BADGE,
+        saved_note=SAVED_NOTE,
     )
