@@ -5,7 +5,7 @@ so a frontend can draw the profile when the widget cannot be restored (kernel go
 reopened): the lab extension's MIME renderer draws it, and the static report
 (:mod:`.static_report`) is made from it. All numbers come from :mod:`..analysis`; this module
 only selects, bounds and names them. Its size is bounded by MAX_NODES, TIMELINE_BUCKETS and
-TOP, not by the run: 43 KB (96 KB as a notebook stores it, indented) for a 1M-event profile
+TOP, not by the run: 52 KB (118 KB as a notebook stores it, indented) for a 1M-event profile
 (bench/static_report.py).
 
 Schema, version 1 (changes within a version are additive only: readers ignore unknown keys).
