@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jupyter_vram._analysis.flame import flame_tree
+from jupyter_vram._analysis.flame import flame_tree, icicle_layout
 from jupyter_vram._analysis.groups import live_at_peak
 from jupyter_vram._analysis.tables import allocations_frame, top_sites
 from jupyter_vram._capture.builder import ProfileBuilder
@@ -88,6 +88,18 @@ def test_flame_tree_module_peak(profile: Profile) -> None:
     assert bwd is not None and bwd.bytes == 1200
     assert [c.name for c in bwd.sorted_children()] == ["fc1", "fc2"]
     assert sum(c.bytes for c in root.children.values()) == root.bytes
+
+
+def test_icicle_layout_places_children_side_by_side_inside_their_parent() -> None:
+    # root 200 -> a 120 (-> a1 80, a2 40), b 50 (-> b1 50); the root's 30 own bytes are a gap
+    parents = [-1, 0, 1, 1, 0, 4]
+    layout = icicle_layout(parents, [200, 120, 80, 40, 50, 50])
+    assert layout.depth == [0, 1, 2, 2, 1, 2]
+    assert layout.width == pytest.approx([1, 0.6, 0.4, 0.2, 0.25, 0.25])
+    # a at the left; a2 right of a1; b right of a (0.6); b1 under b
+    assert layout.x == pytest.approx([0, 0, 0, 0.4, 0.6, 0.6])
+    empty = icicle_layout([-1, 0], [0, 0])  # nothing live: the root still spans the width
+    assert (empty.x, empty.width, empty.depth) == ([0, 0], [1, 0], [0, 1])
 
 
 def test_flame_tree_stack_cumulative(profile: Profile) -> None:

@@ -84,6 +84,31 @@ def test_flame_is_the_module_tree_live_at_the_peak_pruned_at_a_thousandth(
     assert f["type"] == ["", "Net", "Encoder", "", "", "Decoder", ""]
 
 
+def test_flame_saves_its_layout_in_millionths_of_the_peak(profile: Profile) -> None:
+    f = profile_payload(profile)["flame"]
+    # all, net span 10505 B; encoder 9000 (then its 6000 and 3000); decoder 1505 (mm 1500)
+    assert f["depth"] == [0, 1, 2, 3, 3, 2, 3]
+    assert f["x"] == [0, 0, 0, 0, 571157, 856735, 856735]  # relu at 6000/10505, decoder 9000
+    assert f["width"] == [10**6, 10**6, 856735, 571157, 285578, 143265, 142789]
+
+
+def test_flame_svg_of_a_profile_saved_without_the_layout_lays_it_out(profile: Profile) -> None:
+    from jupyter_vram._render.svg_flame import flame_svg
+
+    d = profile_payload(profile)
+    old = {k: v for k, v in d["flame"].items() if k not in ("x", "width", "depth")}
+    svgs = [flame_svg(f, d["categories"], d["colors"], d["peak_bytes"]) for f in (d["flame"], old)]
+    saved, computed = (flame_blocks(svg) for svg in svgs)
+    assert [b["title"] for b in saved] == [b["title"] for b in computed]
+    for a, b in zip(saved, computed, strict=True):  # the same but for the last of 3 decimals
+        assert a["y"] == b["y"]
+        assert percent(a["x"]) == pytest.approx(percent(b["x"]), abs=1.1e-5)
+        assert percent(a["width"]) == pytest.approx(percent(b["width"]), abs=1.1e-5)
+    relu = computed[4]
+    assert relu["title"].startswith(CRUMB_SEP.join(("all", "net", "encoder", "relu")))
+    assert percent(relu["x"]) == pytest.approx(6000 / 10505, abs=1e-5)
+
+
 def test_flame_node_cap_keeps_the_largest_and_a_tree(profile: Profile) -> None:
     from jupyter_vram._analysis.flame import flame_tree
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -42,6 +43,38 @@ class FlameNode:
         for c in self.sorted_children():
             out.extend(c.walk(depth + 1))
         return out
+
+
+@dataclass(frozen=True)
+class IcicleLayout:
+    """Where each node of a flame tree is drawn, per node in column order: ``x`` (left edge)
+    and ``width`` as fractions of node 0's bytes, ``depth`` in rows below node 0."""
+
+    x: list[float]
+    width: list[float]
+    depth: list[int]
+
+
+def icicle_layout(parents: Sequence[int], sizes: Sequence[int]) -> IcicleLayout:
+    """The one flame layout: node 0 spans the whole width, each node's children sit side by
+    side inside it in column order, as wide as their bytes. ``parents[i]`` is the column of
+    node i's parent (-1 for node 0) and comes before i; ``sizes`` include the children's.
+    The bokeh view, the static SVG and the saved profile (hence the lab extension) all draw
+    this; zooming into a node is a transform of these rectangles, not a second layout."""
+    n = len(parents)
+    total = sizes[0] if n and sizes[0] > 0 else 1
+    x = [0.0] * n
+    width = [1.0] * n
+    depth = [0] * n
+    next_left = [0.0] * n  # where the next child of each node starts
+    for i in range(1, n):
+        p = parents[i]
+        x[i] = next_left[p]
+        width[i] = sizes[i] / total
+        next_left[p] += width[i]
+        next_left[i] = x[i]
+        depth[i] = depth[p] + 1
+    return IcicleLayout(x, width, depth)
 
 
 def _module_path(profile: Profile, module_id: int, phase: int) -> list[str]:

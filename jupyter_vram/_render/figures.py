@@ -18,7 +18,7 @@ from bokeh.models.widgets.tables import DataTable, NumberFormatter, StringFormat
 from bokeh.plotting import figure
 from bokeh.transform import stack
 
-from .._analysis.flame import FlameNode
+from .._analysis.flame import FlameNode, icicle_layout
 from .._model import CATEGORIES, Timeline
 from .._units import format_bytes
 from .text import format_moment
@@ -160,25 +160,34 @@ def flame_layout(
 
     for depth, node in enumerate(chain[:-1]):
         add(node, focus[:depth], 0.0, 1.0, depth)
-    top = chain[-1]
     base_depth = len(chain) - 1
-    max_depth = base_depth
-    queue: list[tuple[FlameNode, tuple[str, ...], float, float, int]] = [
-        (top, focus, 0.0, 1.0, base_depth)
-    ]
+    nodes, paths, parents = _visible_subtree(chain[-1], focus, max_nodes - base_depth)
+    rects = icicle_layout(parents, [node.bytes for node in nodes])
+    for i, node in enumerate(nodes):
+        add(node, paths[i], rects.x[i], rects.width[i], base_depth + rects.depth[i])
+    return FlameLayout(cols, base_depth + max(rects.depth) + 1, focus)
+
+
+def _visible_subtree(
+    top: FlameNode, path: tuple[str, ...], max_nodes: int
+) -> tuple[list[FlameNode], list[tuple[str, ...]], list[int]]:
+    """``top`` and the nodes under it at least MIN_WIDTH of it wide, breadth first (shallow
+    levels first) and at most ``max_nodes``: the nodes, their paths and their parents'
+    indices, as columns for :func:`icicle_layout`."""
+    nodes = [top]
+    paths = [path]
+    parents = [-1]
     total = top.bytes or 1
-    while queue and len(cols["name"]) < max_nodes:
-        node, path, left, width, depth = queue.pop(0)  # breadth first: shallow levels first
-        add(node, path, left, width, depth)
-        max_depth = max(max_depth, depth)
-        x = left
-        for child in node.sorted_children():
-            w = child.bytes / total
-            if w < MIN_WIDTH:
+    head = 0
+    while head < len(nodes) and len(nodes) < max_nodes:
+        for child in nodes[head].sorted_children():
+            if child.bytes / total < MIN_WIDTH or len(nodes) >= max_nodes:
                 break  # children are sorted: the rest are narrower still
-            queue.append((child, (*path, child.name), x, w, depth + 1))
-            x += w
-    return FlameLayout(cols, max_depth + 1, focus)
+            nodes.append(child)
+            paths.append((*paths[head], child.name))
+            parents.append(head)
+        head += 1
+    return nodes, paths, parents
 
 
 def flame_height(depth: int) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 
 from .._units import format_bytes
 from .figures import BLOCK_LINE, CRUMB_SEP, ROOT_COLOR, fit_label
+from .mime import saved_flame_layout
 
 ROW_PX = 20  # height of one flame level
 FONT = "font-family='-apple-system,BlinkMacSystemFont,Segoe UI,Helvetica,Arial,sans-serif'"
@@ -54,27 +55,18 @@ def flame_svg(
     # order (parents come first) keep a tree
     wanted = [i for i in range(len(names)) if i == 0 or sizes[i] >= min_share * total]
     keep = set(sorted(wanted, key=lambda i: (-sizes[i], i))[:max_blocks])
-    left = [0.0] * len(names)
-    next_left = [0.0] * len(names)
-    depth = [0] * len(names)
+    layout = saved_flame_layout(flame)
     full: list[str] = [""] * len(names)
     blocks: list[str] = []
     max_depth = 0
     for i, name in enumerate(names):
         shown = display_name(name, kinds[i])
         p = parents[i]
-        if p >= 0:
-            left[i] = next_left[p]
-            next_left[p] += sizes[i] / total
-            depth[i] = depth[p] + 1
-            full[i] = f"{full[p]}{CRUMB_SEP}{shown}"
-        else:
-            full[i] = shown
-        next_left[i] = left[i]
+        full[i] = f"{full[p]}{CRUMB_SEP}{shown}" if p >= 0 else shown
         if i not in keep:
             continue
-        max_depth = max(max_depth, depth[i])
-        width = sizes[i] / total
+        depth, width = layout.depth[i], layout.width[i]
+        max_depth = max(max_depth, depth)
         mix = " · ".join(
             f"{categories[c]} {100 * b / sizes[i]:.0f}%" for c, b in flame["mix"][i] if sizes[i]
         )
@@ -87,7 +79,7 @@ def flame_svg(
         text = fit_label(label, width, LABEL_WIDTH_PX)
         color = ROOT_COLOR if p < 0 else colors[flame["category"][i]]
         blocks.append(
-            f"<svg class='jvs-block' x='{_pct(left[i])}' y='{depth[i] * ROW_PX}' "
+            f"<svg class='jvs-block' x='{_pct(layout.x[i])}' y='{depth * ROW_PX}' "
             f"width='{_pct(width)}' height='{ROW_PX - 1}' data-bytes='{sizes[i]}'>"
             f"<title>{html.escape(tip)}</title>"
             f"<rect width='100%' height='100%' fill='{color}' stroke='{BLOCK_LINE}'/>"

@@ -22,6 +22,13 @@ export interface IFlameColumns {
   mix: [number, number][][];
   /** A module node's class name ("Linear"), else "" (added within version 1; may be absent). */
   type?: string[];
+  /**
+   * The layout (Python's `icicle_layout`, added within version 1; may be absent): left edge and
+   * width in millionths of the root's bytes, and the row below the root, per node.
+   */
+  x?: number[];
+  width?: number[];
+  depth?: number[];
 }
 
 export interface ITimeline {
