@@ -68,12 +68,12 @@ class Services:
     def from_snapshot(
         self, source: str | Path | Mapping[str, Any], device: int | str | None
     ) -> Profile:
-        from ._capture.snapshot_file import profile_from_snapshot_source
+        from ._snapshots.file import profile_from_snapshot_source
 
         return profile_from_snapshot_source(source, device=device)
 
     def to_snapshot(self, profile: Profile, path: str | Path) -> Path:
-        from ._capture.snapshot_file import write_snapshot
+        from ._snapshots.file import write_snapshot
 
         return write_snapshot(profile, path)
 

@@ -43,8 +43,10 @@ LAYERS: Layers = (
     # the data every layer passes: the Profile's columns and tables, its timeline replay,
     # what a rerun changed (Variant)
     ("data", _names("_model")),
-    # recorders and snapshot readers: they build Profiles
+    # recorders: they build Profiles
     ("capture", _names("_capture")),
+    # PyTorch snapshot files read and written, with the recorders' conversion
+    ("snapshots", _names("_snapshots")),
     # numpy / pandas over a Profile: peaks, groups, flame tree, allocator model, compare
     ("analysis", _names("_analysis")),
     # what a rerun applies to a model (AMP, checkpointing, offload)

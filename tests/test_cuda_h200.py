@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from jupyter_vram._capture.cuda_convert import profile_from_snapshot
-from jupyter_vram._capture.snapshot_file import _raw_roles
 from jupyter_vram._model import CATEGORIES
+from jupyter_vram._snapshots.file import _raw_roles
 
 HERE = Path(__file__).parent / "fixtures" / "h200"
 SUMMARY = json.loads((HERE / "summary.json").read_text())

@@ -26,7 +26,7 @@ from .._allocator_rules import UNLIMITED_SPLIT, is_small_segment, round_size
 from .._blas_workspaces import ANY_VERSION_SIZES
 from .._model import PHASES, Frame, Profile, SegmentEvents
 from .builder import BASELINE_OP, OTHER, TEMPORARY, UNKNOWN, ProfileBuilder
-from .cuda_allocator import _active_blocks, _AllocatorModel, _device_segments, _divisions
+from .cuda_allocator import _AllocatorModel, active_blocks, device_segments, roundup_divisions
 from .stacks import FrameFilter
 from .tagging import PHASE_OTHER
 from .workspace_rows import name_workspaces
@@ -56,7 +56,7 @@ _MAX_FRAMES = 48  # user frames kept per stack, as on the CPU path
 _METADATA = re.compile(r"(\d+)\|(\d+)\|(.+)", re.DOTALL)
 
 
-class _Stacks:
+class SnapshotStacks:
     """Trace frames (innermost first) to interned stacks (outermost first), user frames only.
 
     A fresh snapshot shares one list between the events of an allocation and one dict between
@@ -193,19 +193,19 @@ class _Converter:
         self.b = ProfileBuilder()
         self.device_id = self.b.devices(self.device)
         self.baseline_op = self.b.ops(BASELINE_OP)
-        self.stacks = _Stacks(self.b, boundary)
+        self.stacks = SnapshotStacks(self.b, boundary)
         self.row_addr: list[int] = []  # the block address of each row
         self.labels: dict[str, tuple[int, int, int] | None] = {}
         self.module_ids: dict[int, int] = {}
         settings = snapshot.get("allocator_settings") or {}
-        divisions = _divisions(settings)
+        divisions = roundup_divisions(settings)
         self.round: Callable[[int], int] = lambda size: round_size(size, divisions)
         max_split = int(settings.get("max_split_size", -1) or -1)
         self.max_split = max_split if max_split > 0 else UNLIMITED_SPLIT
         self.expandable = bool(settings.get("expandable_segments")) or any(
             e.get("action") in ("segment_map", "segment_unmap") for e in self.trace
         )
-        start_live = None if baseline is None else _active_blocks(baseline, device_index)
+        start_live = None if baseline is None else active_blocks(baseline, device_index)
         self.truncated = _detect_truncation(self.trace, start_live, max_entries)
         self.baseline = None if self.truncated else baseline
         self.estimated: set[int] = set()  # rows whose size is a rounding estimate
@@ -264,12 +264,12 @@ class _Converter:
         model: _AllocatorModel | None = None
         if self.baseline is not None and not self.expandable:
             model = _AllocatorModel.from_segments(
-                _device_segments(self.baseline, self.index), self.round, self.max_split
+                device_segments(self.baseline, self.index), self.round, self.max_split
             )
         live: dict[int, int] = {}  # address -> open row
         requested: dict[int, tuple[int, int]] = {}  # row -> (seq, ns) of its free_requested
         if self.baseline is not None:
-            for addr, block in _active_blocks(self.baseline, self.index).items():
+            for addr, block in active_blocks(self.baseline, self.index).items():
                 live[addr] = self.add_before(addr, int(block["size"]), block.get("frames"))
         markers: dict[int, int] = {}  # marker index -> seq of its allocation
         marker_blocks: set[int] = set()
@@ -351,7 +351,7 @@ class _Converter:
 
     def reconcile(self, live: Mapping[int, int]) -> None:
         """Blocks live at the end are known exactly: fix their sizes, add blocks never seen."""
-        end = _active_blocks(self.snapshot, self.index)
+        end = active_blocks(self.snapshot, self.index)
         for addr, row in live.items():
             block = end.get(addr)
             if block is None:
@@ -410,9 +410,9 @@ class _Converter:
     def reserved_baseline(self, seg_delta: Sequence[int]) -> int:
         """Bytes reserved when the trace starts: from the baseline, else from the end state."""
         if self.baseline is not None:
-            return sum(int(s["total_size"]) for s in _device_segments(self.baseline, self.index))
+            return sum(int(s["total_size"]) for s in device_segments(self.baseline, self.index))
         if "segments" in self.snapshot:
-            end = sum(int(s["total_size"]) for s in _device_segments(self.snapshot, self.index))
+            end = sum(int(s["total_size"]) for s in device_segments(self.snapshot, self.index))
             return max(end - sum(seg_delta), 0)
         running = lowest = 0
         for d in seg_delta:
@@ -484,7 +484,7 @@ def profile_from_snapshot(
         **notes,
     }
     if "segments" in snapshot:
-        end = sum(int(s["total_size"]) for s in _device_segments(snapshot, device_index))
+        end = sum(int(s["total_size"]) for s in device_segments(snapshot, device_index))
         info["reserved_end"] = end
         if reserved0 + sum(seg_delta) != end:
             info["reserved_mismatch"] = reserved0 + sum(seg_delta) - end

@@ -3,7 +3,7 @@
 Reading never executes code from the file: pickles go through :class:`SafeUnpickler`, which
 refuses every class lookup, so a pickle can build only plain data (dicts, lists, strings,
 numbers). The dict then goes through the same conversion the CUDA recorder uses
-(:func:`.cuda_convert.profile_from_snapshot`).
+(:func:`jupyter_vram._capture.cuda_convert.profile_from_snapshot`).
 
 Snapshots dumped outside jupyter_vram carry no labels of ours, so phases, modules and
 categories are recovered from what the snapshot holds:
@@ -41,6 +41,7 @@ from typing import IO, Any
 import numpy as np
 
 from .._allocator_rules import MIN_BLOCK
+from .._capture.cuda_convert import profile_from_snapshot
 from .._model import (
     CATEGORIES,
     CATEGORY_INDEX,
@@ -52,15 +53,14 @@ from .._model import (
     category_remap,
     open_regular_file,
 )
-from .cuda_convert import profile_from_snapshot
-from .snapshot_columns import (
+from .columns import (
     TraceColumns,
     check_numbers,
     columns_from_trace,
     profile_from_columns,
     trace_numbers,
 )
-from .snapshot_stream import UnsupportedPickle, read_snapshot_stream
+from .stream import UnsupportedPickle, read_snapshot_stream
 
 __all__ = [
     "SafeUnpickler",
@@ -250,7 +250,7 @@ def _is_big_pickle(path: Path) -> bool:
 def _from_stream(
     path: Path, device: int | str | None, progress: Callable[[int], None] | None = None
 ) -> Profile:
-    """Read with :mod:`.snapshot_stream` (trace entries straight to columns)."""
+    """Read with :mod:`.stream` (trace entries straight to columns)."""
     where = str(path)
     try:
         with _open_maybe_gzip(path) as fh:

@@ -1,15 +1,15 @@
-"""The pickle interpreter of the streaming snapshot reader (:mod:`.snapshot_stream`).
+"""The pickle interpreter of the streaming snapshot reader (:mod:`.stream`).
 
 ``pickle.load`` of a 1 GB snapshot builds a dict, a list and a dozen ints for each of millions
 of trace entries: many GB. This reader interprets the pickle's opcodes itself (plain data only:
 any opcode that names a class or calls something is refused, as in :class:`SafeUnpickler`),
 builds everything but the trace entries as usual, and writes each entry of a device trace into
-:class:`.snapshot_columns.TraceColumns` as soon as it is read; the entry itself is never kept.
+:class:`.columns.TraceColumns` as soon as it is read; the entry itself is never kept.
 
 Speed comes from the shape ``pickle.dump`` gives those entries: each is
 ``EMPTY_DICT MEMOIZE MARK (key value)* SETITEMS`` with the keys memo references to the same
 strings, and most values references or short literals. Once the first entry has shown the keys,
-long runs of entries are decoded with array operations (:mod:`._snapshot_bulk`, a subclass
+long runs of entries are decoded with array operations (:mod:`.bulk`, a subclass
 of this interpreter); shorter ones by a compiled regular expression per key layout that
 matches a whole entry at once. An entry
 neither matches (a frame seen for the first time, a long string, a pickle frame boundary
@@ -32,7 +32,7 @@ from typing import IO, Any
 import numpy as np
 
 from .._model import ProfileFileError
-from .snapshot_columns import ACTION_CODE, TraceColumns, UnsupportedPickle
+from .columns import ACTION_CODE, TraceColumns, UnsupportedPickle
 
 __all__ = ["CHUNK", "Layout", "Reader", "UnsupportedPickle"]
 
@@ -412,7 +412,7 @@ class Reader:
 
     def bulk_entries(self, target: list[Any]) -> bool:
         """Read a run of entries at ``pos`` with array operations; this plain interpreter has
-        no such path (:class:`._snapshot_bulk.BulkReader` adds it) and reads nothing here."""
+        no such path (:class:`.bulk.BulkReader` adds it) and reads nothing here."""
         return False
 
     def value_of(self, g: bytes) -> Any:

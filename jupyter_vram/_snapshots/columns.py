@@ -2,18 +2,19 @@
 
 Snapshots dumped outside jupyter_vram reach millions of trace entries; a dict per entry costs
 hundreds of bytes and a Python loop per entry seconds per million. Here a device's trace is a
-handful of integer columns (:class:`TraceColumns`, filled by :mod:`.snapshot_stream` straight
+handful of integer columns (:class:`TraceColumns`, filled by :mod:`.stream` straight
 from the pickle, or from a dict by :func:`columns_from_trace`) plus tables of the distinct
 stacks and metadata strings, and :func:`profile_from_columns` converts it with numpy.
 
-The rules are those of :func:`.cuda_convert.profile_from_snapshot` without a baseline (which a
-foreign snapshot never has): an ``alloc`` opens a row, the first ``free_completed`` at its
-address closes it (else another ``alloc`` there, else an uncompleted ``free_requested``); a
-``free_requested`` at an address with no open row is a block from before the trace; sizes are
-rounded requests, exact for blocks live at the end (from ``segments``), where blocks the trace
-never touched are added as alive throughout. tests/test_snapshot_io.py checks both agree.
+The rules are those of :func:`jupyter_vram._capture.cuda_convert.profile_from_snapshot`
+without a baseline (which a foreign snapshot never has): an ``alloc`` opens a row, the first
+``free_completed`` at its address closes it (else another ``alloc`` there, else an uncompleted
+``free_requested``); a ``free_requested`` at an address with no open row is a block from before
+the trace; sizes are rounded requests, exact for blocks live at the end (from ``segments``),
+where blocks the trace never touched are added as alive throughout.
+tests/test_snapshot_io.py checks both agree.
 
-Labels (see :mod:`.snapshot_file`): the phase of each allocation comes from its stack (one
+Labels (see :mod:`.file`): the phase of each allocation comes from its stack (one
 decision per distinct stack), carried forward over allocations without Python frames, and the
 optimizer's annotations; the module from its ``user_metadata``; the op from its innermost
 user frame.
@@ -31,6 +32,9 @@ import numpy as np
 import numpy.typing as npt
 
 from .._allocator_rules import round_size
+from .._capture.builder import BASELINE_OP, OTHER, TEMPORARY, UNKNOWN, ProfileBuilder
+from .._capture.cuda_allocator import active_blocks, device_segments, roundup_divisions
+from .._capture.cuda_convert import MARKER_PREFIX, SOURCE, SnapshotStacks
 from .._model import (
     MAX_BYTES,
     MAX_SEQ,
@@ -40,9 +44,6 @@ from .._model import (
     ProfileFileError,
     SegmentEvents,
 )
-from .builder import BASELINE_OP, OTHER, TEMPORARY, UNKNOWN, ProfileBuilder
-from .cuda_allocator import _active_blocks, _device_segments, _divisions
-from .cuda_convert import MARKER_PREFIX, SOURCE, _Stacks
 
 ACTIONS: tuple[str, ...] = (
     "alloc",
@@ -281,8 +282,9 @@ def _rows(
 
 
 def _round_sizes(requests: IntArray, divisions: Sequence[int]) -> IntArray:
-    """:func:`.cuda_allocator.round_size` of each request: the default 512-byte rounding with
-    array operations; the requests ``roundup_power2_divisions`` may change, one at a time."""
+    """:func:`jupyter_vram._allocator_rules.round_size` of each request: the default 512-byte
+    rounding with array operations; the requests ``roundup_power2_divisions`` may change, one
+    at a time."""
     size = np.maximum((requests + 511) // 512 * 512, 512).astype(np.int64)
     if any(int(d) > 1 for d in divisions):
         special = np.flatnonzero(requests > 512)
@@ -344,7 +346,7 @@ def profile_from_columns(
         return (time_us[index] - t0) * 1000
 
     settings = snapshot.get("allocator_settings") or {}
-    divisions = _divisions(settings)
+    divisions = roundup_divisions(settings)
     seg_seq = np.flatnonzero(action > FREE_COMPLETED)  # segment events among them
     seg_seq = seg_seq[np.isin(action[seg_seq], (*_SEGMENT_ADD, *_SEGMENT_REMOVE))]
     expandable = bool(settings.get("expandable_segments")) or bool(
@@ -352,7 +354,7 @@ def profile_from_columns(
     )
 
     # -- per-stack facts: interned frames, innermost user function, phase shown ---------------
-    stacks = _Stacks(b)
+    stacks = SnapshotStacks(b)
     stack_ids = np.full(len(cols.stacks) + 1, -1, np.int64)  # last slot: no frames
     inner_ops = np.zeros(len(cols.stacks) + 1, np.int64)
     stack_phase = np.full(len(cols.stacks) + 1, -1, np.int64)
@@ -401,7 +403,7 @@ def profile_from_columns(
     estimated = (is_alloc & (not expandable)) | ~is_alloc
 
     # -- the end state: exact sizes of live blocks, blocks the trace never touched ------------
-    end = _active_blocks(snapshot, device_index)
+    end = active_blocks(snapshot, device_index)
     live = free_seq < 0
     extra: list[tuple[int, Mapping[str, Any]]] = []
     notes = {"size_mismatches": 0, "inconsistencies": inconsistencies}
@@ -464,7 +466,7 @@ def profile_from_columns(
     # -- reserved memory ---------------------------------------------------------------------
     seg_delta = np.where(np.isin(action[seg_seq], _SEGMENT_ADD), req[seg_seq], -req[seg_seq])
     if "segments" in snapshot:
-        end_reserved = sum(int(s["total_size"]) for s in _device_segments(snapshot, device_index))
+        end_reserved = sum(int(s["total_size"]) for s in device_segments(snapshot, device_index))
         reserved0 = max(end_reserved - int(seg_delta.sum()), 0)
     else:
         running = np.cumsum(seg_delta)

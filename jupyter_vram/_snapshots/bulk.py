@@ -1,6 +1,6 @@
 """The streaming reader's bulk path: a run of trace entries decoded with array operations.
 
-Once a trace's key layout is known (see :mod:`.snapshot_stream`), every entry written like the
+Once a trace's key layout is known (see :mod:`.stream`), every entry written like the
 ones before it starts with the same bytes: ``EMPTY_DICT MEMOIZE MARK`` and the memo reference
 of its first key. Over a whole window, this finds every such start at once (the read-ahead
 thread has found the EMPTY_DICT bytes), then reads the candidates by shape: each shape of
@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .snapshot_columns import ACTION_CODE, UnsupportedPickle
-from .snapshot_reader import CHUNK, Layout, Reader
+from .columns import ACTION_CODE, UnsupportedPickle
+from .reader import CHUNK, Layout, Reader
 
 __all__ = ["BulkReader", "read_run"]
 
