@@ -54,6 +54,19 @@ Role = tuple[int, int, int, int]
 
 _MAX_FRAMES = 48  # user frames kept per stack, as on the CPU path
 _METADATA = re.compile(r"(\d+)\|(\d+)\|(.+)", re.DOTALL)
+_SEGMENT_ACTIONS = ("segment_alloc", "segment_map", "segment_free", "segment_unmap")
+
+
+def _segment_event(entry: Mapping[str, Any], model: _AllocatorModel | None) -> int:
+    """A segment mapped (+ its size) or unmapped (- its size); the replayed layout follows."""
+    size = int(entry["size"])
+    if entry.get("action") in ("segment_alloc", "segment_map"):
+        if model is not None:
+            model.add_segment(int(entry["addr"]), size, is_small_segment(size))
+        return size
+    if model is not None:
+        model.remove_segment(int(entry["addr"]))
+    return -size
 
 
 class SnapshotStacks:
@@ -258,19 +271,36 @@ class _Converter:
 
     # -- the walk ----------------------------------------------------------------------------
 
-    def run(self) -> tuple[dict[int, int], list[int], list[int], dict[str, Any]]:
-        """Replay the trace into rows; return marker positions, segment events and notes."""
-        b = self.b
-        model: _AllocatorModel | None = None
-        if self.baseline is not None and not self.expandable:
-            model = _AllocatorModel.from_segments(
-                device_segments(self.baseline, self.index), self.round, self.max_split
-            )
-        live: dict[int, int] = {}  # address -> open row
-        requested: dict[int, tuple[int, int]] = {}  # row -> (seq, ns) of its free_requested
+    def replay_model(self) -> _AllocatorModel | None:
+        """The allocator's block layout, replayed from the baseline's segments (None without
+        a baseline, or on expandable segments, which always split: sizes are exact)."""
+        if self.baseline is None or self.expandable:
+            return None
+        return _AllocatorModel.from_segments(
+            device_segments(self.baseline, self.index), self.round, self.max_split
+        )
+
+    def open_baseline(self) -> dict[int, int]:
+        """Address -> row of each block the baseline holds, made before the trace."""
+        live: dict[int, int] = {}
         if self.baseline is not None:
             for addr, block in active_blocks(self.baseline, self.index).items():
                 live[addr] = self.add_before(addr, int(block["size"]), block.get("frames"))
+        return live
+
+    def end_requested(self, requested: Mapping[int, tuple[int, int]], live: dict[int, int]) -> None:
+        """Freed, but still waiting on another stream when the trace ends: end at the
+        request."""
+        for row, (seq, ns) in requested.items():
+            self.b.free(row, seq, ns)
+            del live[self.row_addr[row]]
+
+    def run(self) -> tuple[dict[int, int], list[int], list[int], dict[str, Any]]:
+        """Replay the trace into rows; return marker positions, segment events and notes."""
+        b = self.b
+        model = self.replay_model()
+        live = self.open_baseline()  # address -> open row
+        requested: dict[int, tuple[int, int]] = {}  # row -> (seq, ns) of its free_requested
         markers: dict[int, int] = {}  # marker index -> seq of its allocation
         marker_blocks: set[int] = set()
         seg_seq: list[int] = []
@@ -325,25 +355,14 @@ class _Converter:
                     b.free(row, seq, ns)
                     requested.pop(row, None)
                 # else: its free was requested before the trace started (not allocated then)
-            elif action in ("segment_alloc", "segment_map"):
+            elif action in _SEGMENT_ACTIONS:
                 seg_seq.append(seq)
-                seg_delta.append(int(entry["size"]))
-                if model is not None:
-                    small = is_small_segment(int(entry["size"]))
-                    model.add_segment(int(entry["addr"]), int(entry["size"]), small)
-            elif action in ("segment_free", "segment_unmap"):
-                seg_seq.append(seq)
-                seg_delta.append(-int(entry["size"]))
-                if model is not None:
-                    model.remove_segment(int(entry["addr"]))
+                seg_delta.append(_segment_event(entry, model))
             elif action == "oom":
                 ooms.append({"seq": seq, "size": int(entry.get("size", 0)),
                              "device_free": int(entry.get("device_free", 0))})  # fmt: skip
 
-        # Freed, but still waiting on another stream when the trace ends: end at the request.
-        for row, (seq, ns) in requested.items():
-            b.free(row, seq, ns)
-            del live[self.row_addr[row]]
+        self.end_requested(requested, live)
         self.reconcile(live)
         notes: dict[str, Any] = {"oom": ooms} if ooms else {}
         notes["sizes_replayed"] = model is not None and not model.broken
