@@ -142,10 +142,7 @@ class Simulator:
                     first = rows_of(recorder, _held_tensors(self.slots, optimizer, args, kwargs))
                     watch = AccumulationWatch(recorder)
                     self._step(optimizer, args, kwargs, settings, watch.around_backward)
-                host_counters = _step_counters(optimizer, host_only=True)
-                all_counters = _step_counters(optimizer, host_only=False)
-                state_itemsizes = _state_itemsizes(optimizer)
-                real_eight_bit = is_bitsandbytes(optimizer)
+                facts = _OptimizerFacts.of(optimizer)
                 del args, kwargs
                 steady = before is not None and self._steady_state(optimizer) == before
                 if self._unchanged(cast):
@@ -163,6 +160,17 @@ class Simulator:
         self._kept = keep
         if rnn is not None and not calls.seen and not self._has_rnn_modules:
             self._may_run_rnn = False  # a whole step ran without an LSTM layer op
+        info = self._step_info(settings, batch, started, unit_bytes, facts)
+        raw, in_sums = canonical_baseline(rec.profile, first, watch.sums)
+        raw, sums = accumulate_in_place(raw, watch.segments, in_sums)
+        info["in_place_sums"] = sums
+        return finish_profile(canonical_bursts(raw), settings, info)
+
+    def _step_info(
+        self, settings: StepSettings, batch: BatchSpec, started: float, unit_bytes: int,
+        facts: _OptimizerFacts,
+    ) -> dict[str, Any]:  # fmt: skip
+        """What the estimate says about the step it simulated (``Profile.meta``)."""
         info = {
             "settings": settings.to_dict(),
             "batch_size": batch.batch_size,
@@ -176,15 +184,12 @@ class Simulator:
             "simulated_on": "fake tensors (torch FakeTensorMode) on the CPU",
         }
         if settings.target_type == "cuda":
-            info["host_step_counters"] = host_counters
+            info["host_step_counters"] = facts.host_counters
         if settings.optimizer in EIGHT_BIT:
-            info["state_itemsizes"] = state_itemsizes
-            info["step_counters"] = all_counters
-            info["bitsandbytes"] = real_eight_bit
-        raw, in_sums = canonical_baseline(rec.profile, first, watch.sums)
-        raw, sums = accumulate_in_place(raw, watch.segments, in_sums)
-        info["in_place_sums"] = sums
-        return finish_profile(canonical_bursts(raw), settings, info)
+            info["state_itemsizes"] = facts.state_itemsizes
+            info["step_counters"] = facts.all_counters
+            info["bitsandbytes"] = facts.real_eight_bit
+        return info
 
     def _run_generation(self, settings: StepSettings, batch_size: int | None) -> Profile:
         """Record one ``generate()`` call of ``settings.generate`` tokens on fake tensors (no
@@ -358,6 +363,26 @@ class Simulator:
                 optimizer_context=scalars_read_as_one,
                 backward_context=backward_context,
             )
+
+
+@dataclass(frozen=True)
+class _OptimizerFacts:
+    """What the optimizer holds after the step: its step counters (those on the host, all),
+    the item size of each state tensor, whether it is bitsandbytes' own 8-bit optimizer."""
+
+    host_counters: list[int]
+    all_counters: list[int]
+    state_itemsizes: list[list[int]]
+    real_eight_bit: bool
+
+    @classmethod
+    def of(cls, optimizer: Any) -> _OptimizerFacts:
+        return cls(
+            _step_counters(optimizer, host_only=True),
+            _step_counters(optimizer, host_only=False),
+            _state_itemsizes(optimizer),
+            is_bitsandbytes(optimizer),
+        )
 
 
 def _fake_factory(

@@ -166,6 +166,11 @@ def _decode_int(g: bytes) -> int:
     return int.from_bytes(g[1:5], "little", signed=True)  # J
 
 
+def _dict_of_items(items: list[Any]) -> dict[Any, Any]:
+    """DICT: the items since the mark, key and value in turn."""
+    return {items[i]: items[i + 1] for i in range(0, len(items) - 1, 2)}
+
+
 class Reader:
     """The interpreter (see the module docstring)."""
 
@@ -636,9 +641,6 @@ class Reader:
             else:
                 self.pop_mark()
 
-        def as_dict(items: list[Any]) -> dict[Any, Any]:
-            return {items[i]: items[i + 1] for i in range(0, len(items) - 1, 2)}
-
         t[0x28] = mark
         t[0x7D] = lambda: push({})
         t[0x5D] = lambda: push([])
@@ -655,7 +657,7 @@ class Reader:
         t[0x90] = additems
         t[0x91] = from_mark(frozenset)
         t[0x6C] = from_mark(list)
-        t[0x64] = from_mark(as_dict)
+        t[0x64] = from_mark(_dict_of_items)
         t[0x30] = pop
         t[0x31] = pop_mark
         t[0x32] = lambda: push(self.stack[-1])
