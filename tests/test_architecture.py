@@ -63,8 +63,9 @@ LAYERS: Layers = (
     ("estimator", _names("_estimator")),
     # the kernel's state: the last profile, the cell run under recording
     ("session", _names("_session", "_async_cells")),
-    # what runs a cell again or elsewhere: reruns, ranks, devices
-    ("reruns", _names("_rerun", "_distributed", "_devices")),
+    # what runs a cell again or elsewhere: reruns (and what a cell's source says it does),
+    # ranks, devices
+    ("reruns", _names("_rerun", "_cell_source", "_distributed", "_devices")),
     # make it fit: plans over estimates and reruns
     ("planning", _names("_planning", "_budgets")),
     # the widgets

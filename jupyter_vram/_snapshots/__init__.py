@@ -2,9 +2,10 @@
 
 Apart from the recorders (:mod:`jupyter_vram._capture`) because reading a file is not
 recording: no torch call, no private torch API, only plain data from a pickle that is never
-allowed to run code. It sits above the recorders and uses the one conversion they share
-(:func:`jupyter_vram._capture.cuda_convert.profile_from_snapshot`); nothing in ``_capture``
-imports from here.
+allowed to run code. It sits above the recorders and uses the conversion the CUDA recorder
+ends with (:func:`jupyter_vram._capture.cuda_convert.profile_from_snapshot`, and its public
+pieces: the profile builder, the allocator's block helpers, the stack interner); nothing in
+``_capture`` imports from here.
 
 The modules, lowest first:
 

@@ -14,6 +14,11 @@ the per-entry reader takes it from there.
 
 Memo slots are accounted exactly: one per entry dict, one per inline string, one per new frame
 list (whose slot gets its interned stack id, for the frees that refer to it).
+
+About 800 lines in one file, on purpose: it is one algorithm whose steps (find, match by
+shape or walk, chain, account the memo, write the columns) share the byte layout of an entry
+and the memo's count; apart, each would have to restate them. Its only caller is
+:class:`BulkReader`.
 """
 
 from __future__ import annotations
