@@ -315,9 +315,9 @@ def measure(path: Path, how: str) -> dict[str, Any]:
         result["allocations"] = len(prof.allocations)
         result["peak_breakdown_mib"] = {k: v >> 20 for k, v in prof.peak_breakdown().items() if v}
     elif how == "phases":  # jupyter_vram's read and conversion apart, the import not timed
-        from jupyter_vram._capture import snapshot_file
-        from jupyter_vram._capture.snapshot_columns import profile_from_columns
-        from jupyter_vram._capture.snapshot_stream import read_snapshot_stream
+        from jupyter_vram._snapshots import file as snapshot_file
+        from jupyter_vram._snapshots.columns import profile_from_columns
+        from jupyter_vram._snapshots.stream import read_snapshot_stream
 
         t0, cpu0 = time.perf_counter(), time.process_time()
         with path.open("rb") as fh:

@@ -84,7 +84,7 @@ def load_profile(path: str, *, device: str | None, progress: Progress) -> Profil
             not_json = isinstance(exc.__cause__, (ValueError, RecursionError))
             if not not_json and "not a jupyter_vram profile" not in str(exc):
                 raise UsageError(str(exc)) from None
-    from ._capture.snapshot_file import profile_from_snapshot_source
+    from ._snapshots.file import profile_from_snapshot_source
 
     total = file.stat().st_size / 2**20
 

@@ -158,8 +158,6 @@ def find_leaks(profile: Profile) -> pd.DataFrame:
     """
     import pandas as pd
 
-    from ._analysis.groups import stack_label
-
     found = _held(profile)
     frame = pd.DataFrame(columns=COLUMNS)
     if found is None:
@@ -170,43 +168,8 @@ def find_leaks(profile: Profile) -> pd.DataFrame:
             else "what the run left alive could not be noted when it ended"
         )
         return frame
-    storages, by_size, sizes = found
     state = _runs[profile]
-    a = profile.allocations
-
-    def labels(rows: list[int], prefix: str) -> list[str]:
-        return [
-            prefix + _which([profile.ops[int(a.op[r])] for r in rows]),
-            prefix + _which([profile.modules[int(a.module[r])] for r in rows]),
-            prefix + _which([CATEGORIES[int(a.category[r])] for r in rows]),
-            prefix + _which([stack_label(profile, int(a.stack[r])) for r in rows]),
-        ]
-
-    records = []
-    guesses: dict[int, list[str]] = {}  # size -> the labels of its rows (one pass a size)
-    for item in sorted(storages, key=lambda s: -s.nbytes):
-        row = state.rows.get(item.key)
-        if row is not None:
-            matched, how = labels([row], ""), "address"
-        else:
-            size = sizes.match(item.nbytes)
-            if size is None:
-                continue  # more storages of this size than the run left (another thread's)
-            sizes.take(size)
-            if size not in guesses:
-                guesses[size] = labels(by_size[size], BY_SIZE)
-            matched, how = guesses[size], "size"
-        records.append(
-            [
-                item.nbytes,
-                item.holders[0].kind if item.holders else "unknown",
-                "; ".join(h.name for h in item.holders),
-                bool(item.holders) and all(h.releasable for h in item.holders),
-                *matched,
-                how,
-                item.key,
-            ]
-        )
+    records = _records(profile, state, *found)
     notes = []
     if records:
         frame = pd.DataFrame(records, columns=COLUMNS)
@@ -227,6 +190,53 @@ def find_leaks(profile: Profile) -> pd.DataFrame:
     if notes:
         frame.attrs["note"] = "; ".join(notes)
     return frame
+
+
+def _records(
+    profile: Profile, state: _RunState, storages: list[HeldStorage],
+    by_size: dict[int, list[int]], sizes: SizeMatcher,
+) -> list[list[Any]]:  # fmt: skip
+    """A row of :data:`COLUMNS` per storage still alive, largest first, labelled by the
+    allocation at its address, else by the run's allocations of its size."""
+    records = []
+    guesses: dict[int, list[str]] = {}  # size -> the labels of its rows (one pass a size)
+    for item in sorted(storages, key=lambda s: -s.nbytes):
+        row = state.rows.get(item.key)
+        if row is not None:
+            matched, how = _labels(profile, [row], ""), "address"
+        else:
+            size = sizes.match(item.nbytes)
+            if size is None:
+                continue  # more storages of this size than the run left (another thread's)
+            sizes.take(size)
+            if size not in guesses:
+                guesses[size] = _labels(profile, by_size[size], BY_SIZE)
+            matched, how = guesses[size], "size"
+        records.append(
+            [
+                item.nbytes,
+                item.holders[0].kind if item.holders else "unknown",
+                "; ".join(h.name for h in item.holders),
+                bool(item.holders) and all(h.releasable for h in item.holders),
+                *matched,
+                how,
+                item.key,
+            ]
+        )
+    return records
+
+
+def _labels(profile: Profile, rows: list[int], prefix: str) -> list[str]:
+    """Op, module, category and site of these rows (each one value, or the ones they have)."""
+    from ._analysis.groups import stack_label
+
+    a = profile.allocations
+    return [
+        prefix + _which([profile.ops[int(a.op[r])] for r in rows]),
+        prefix + _which([profile.modules[int(a.module[r])] for r in rows]),
+        prefix + _which([CATEGORIES[int(a.category[r])] for r in rows]),
+        prefix + _which([stack_label(profile, int(a.stack[r])) for r in rows]),
+    ]
 
 
 def _which(values: list[str]) -> str:

@@ -102,15 +102,15 @@ class Profile(ProfileData):
         recovered from the snapshot's frames, annotations and user metadata where it has them
         (``meta["categories_inferred"]``).
         """
-        from ._capture.snapshot_file import profile_from_snapshot_source
+        from ._snapshots.file import profile_from_snapshot_source
 
         return cls.of(profile_from_snapshot_source(source, device=device))
 
     def to_snapshot(self, path: str | Path) -> Path:
         """Write a pickle in ``_dump_snapshot``'s format that PyTorch's memory viewer and
         ``torch.cuda._memory_viz`` read, and :meth:`from_snapshot` reads back to the same
-        peak and categories (addresses are synthesized: see ``_capture/snapshot_file.py``)."""
-        from ._capture.snapshot_file import write_snapshot
+        peak and categories (addresses are synthesized: see ``_snapshots/file.py``)."""
+        from ._snapshots.file import write_snapshot
 
         return write_snapshot(self, path)
 

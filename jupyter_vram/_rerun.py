@@ -10,14 +10,13 @@ transformers' checkpointing switch) live only for the rerun.
 
 from __future__ import annotations
 
-import ast
-import collections.abc
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from ._cell_source import CellFacts, read_cell, warnings_for
 from ._model import Profile as ProfileData
 from ._model import Variant
 from ._profile import Profile
@@ -54,110 +53,6 @@ def default_amp(device: str) -> AmpName:
     if torch.device(device).type == "cuda" and not torch.cuda.is_bf16_supported():
         return "fp16"
     return "bf16"
-
-
-# -- what the cell does (read from its source) -------------------------------------------------
-
-_MUTATORS = frozenset(
-    {"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "add",
-     "discard", "popitem", "sort", "reverse"}
-)  # fmt: skip
-_WRITE_CALLS = frozenset({"save", "save_pretrained", "to_csv", "write_text", "write_bytes"})
-
-
-@dataclass(frozen=True)
-class CellFacts:
-    """What the source of a cell says it does, for warnings and refusals."""
-
-    names: frozenset[str]  # every name the cell reads or binds
-    bound: frozenset[str]  # names the cell binds (assignments, imports, definitions)
-    autocast_line: int | None
-    writes_files: tuple[str, ...]
-    iterators: tuple[str, ...]
-    mutated: tuple[str, ...]
-
-
-def read_cell(source: str, namespace: Mapping[str, Any]) -> CellFacts:
-    """Names, autocast, file writes, iterator draws and container mutations in a cell."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return CellFacts(frozenset(), frozenset(), None, (), (), ())
-    names: set[str] = set()
-    bound: set[str] = set()
-    autocast_line = None
-    writes: list[str] = []
-    iterators: list[str] = []
-    mutated: list[str] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            names.add(node.id)
-            if isinstance(node.ctx, ast.Store):
-                bound.add(node.id)
-            if node.id == "autocast" and autocast_line is None:
-                autocast_line = node.lineno
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, ast.Attribute) and node.attr == "autocast":
-            autocast_line = autocast_line or node.lineno
-        if not isinstance(node, ast.Call):
-            continue
-        func = node.func
-        called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
-        if called == "open" and _opens_for_writing(node):
-            writes.append(f"open(..., write) on line {node.lineno}")
-        elif called in _WRITE_CALLS:
-            writes.append(f".{called}(...) on line {node.lineno}")
-        elif called == "next":
-            iterators.append(f"next(...) on line {node.lineno}")
-        if (
-            isinstance(func, ast.Attribute)
-            and func.attr in _MUTATORS
-            and isinstance(func.value, ast.Name)
-            and isinstance(namespace.get(func.value.id), (list, dict, set, bytearray))
-        ):
-            mutated.append(f"{func.value.id}.{func.attr}(...)")
-    for name in sorted(names):
-        value = namespace.get(name)
-        if isinstance(value, collections.abc.Iterator) and not isinstance(value, (str, bytes)):
-            iterators.append(f"{name} (an iterator)")
-    return CellFacts(
-        frozenset(names),
-        frozenset(bound),
-        autocast_line,
-        tuple(writes),
-        tuple(iterators),
-        tuple(mutated),
-    )
-
-
-def _opens_for_writing(call: ast.Call) -> bool:
-    mode: ast.expr | None = call.args[1] if len(call.args) > 1 else None
-    for keyword in call.keywords:
-        if keyword.arg == "mode":
-            mode = keyword.value
-    if not isinstance(mode, ast.Constant) or not isinstance(mode.value, str):
-        return mode is not None  # a computed mode: assume it may write
-    return any(c in mode.value for c in "wax+")
-
-
-def warnings_for(facts: CellFacts) -> list[str]:
-    """One line per thing a rerun cannot undo (these become the variant's notes)."""
-    notes: list[str] = []
-    if facts.writes_files:
-        notes.append(f"the cell writes files ({facts.writes_files[0]}): the rerun wrote them again")
-    if facts.iterators:
-        notes.append(
-            f"the cell draws from an iterator ({facts.iterators[0]}): the rerun took the next "
-            "item, so its inputs may differ"
-        )
-    if facts.mutated:
-        notes.append(
-            f"the cell changes a notebook container ({facts.mutated[0]}): the rerun's change stays"
-        )
-    return notes
 
 
 # -- planning: can it apply, and to what ---------------------------------------------------
@@ -241,10 +136,28 @@ def _plan(
     offload: bool,
     micro_batch: int | None = None,
 ) -> _Plan:
+    """What a rerun of ``profile`` with these options would apply, or a RerunError saying why
+    it cannot (checked in this order: the profile, the options, host memory)."""
     from ._analysis.compare import activation_bytes_by_module
+
+    cell = _recorded_cell(profile)
+    facts = read_cell(cell.source, cell.namespace)
+    amp_name = _amp_choice(amp, facts)
+    saved_any = bool(activation_bytes_by_module(profile))
+    blocks: list[tuple[str, nn.Module]] = []
+    if checkpoint is not None:
+        blocks = _blocks_to_checkpoint(profile, cell, checkpoint, saved_any)
+    if offload:
+        _check_offload(profile, saved_any)
+    batch = batch_split(cell.namespace, facts, micro_batch) if micro_batch else None
+    _check_host_memory(profile, cell, facts)
+    return _Plan(cell, amp_name, tuple(blocks), bool(offload), facts, batch)
+
+
+def _recorded_cell(profile: ProfileData) -> Cell:
+    """The cell ``profile`` recorded, when a rerun can apply to it: a plain %%vram profile of
+    this kernel, of one process."""
     from ._session import cell_of
-    from ._transforms.offload import offload_unavailable
-    from ._transforms.state import available_host_bytes, host_bytes_needed
 
     if not isinstance(profile, ProfileData):  # jv.rerun(5), jv.rerun(None): one clear line
         raise RerunError(
@@ -272,39 +185,46 @@ def _plan(
         )
     if cell is None:
         raise RerunError(NOT_A_CELL)
-    facts = read_cell(cell.source, cell.namespace)
-    amp_name = _amp_choice(amp, facts)
-    ran_modules = [m for m in profile.modules if m]
-    saved_any = bool(activation_bytes_by_module(profile))
-    blocks: list[tuple[str, nn.Module]] = []
-    if checkpoint is not None:
-        if not ran_modules:
-            raise RerunError(
-                "checkpointing needs an nn.Module: the cell called none from the notebook"
-            )
-        roots = _roots(cell.namespace)
-        if isinstance(checkpoint, str) and checkpoint == "auto":
-            if not saved_any:
-                raise RerunError(
-                    "the cell saved nothing for backward (no autograd): nothing to checkpoint"
-                )
-            blocks = _auto_blocks(profile, roots)
-            if not blocks:
-                raise RerunError(
-                    "no repeated blocks (a ModuleList / Sequential of same-typed modules) held "
-                    "activations in this run: nothing to checkpoint"
-                )
-        else:
-            blocks = [_resolve(roots, p) for p in _paths(checkpoint)]
-    if offload:
-        reason = offload_unavailable(profile.device)
-        if reason is not None:
-            raise RerunError(reason)
-        if not saved_any:
-            raise RerunError(
-                "the cell saved nothing for backward (no autograd): nothing to offload"
-            )
-    batch = batch_split(cell.namespace, facts, micro_batch) if micro_batch else None
+    return cell
+
+
+def _blocks_to_checkpoint(
+    profile: ProfileData, cell: Cell, checkpoint: str | Sequence[str], saved_any: bool
+) -> list[tuple[str, nn.Module]]:
+    """(profile path, module) of each block to checkpoint: those named, or for ``"auto"`` the
+    repeated blocks that held the most activations."""
+    if not [m for m in profile.modules if m]:
+        raise RerunError("checkpointing needs an nn.Module: the cell called none from the notebook")
+    roots = _roots(cell.namespace)
+    if not (isinstance(checkpoint, str) and checkpoint == "auto"):
+        return [_resolve(roots, p) for p in _paths(checkpoint)]
+    if not saved_any:
+        raise RerunError("the cell saved nothing for backward (no autograd): nothing to checkpoint")
+    blocks = _auto_blocks(profile, roots)
+    if not blocks:
+        raise RerunError(
+            "no repeated blocks (a ModuleList / Sequential of same-typed modules) held "
+            "activations in this run: nothing to checkpoint"
+        )
+    return blocks
+
+
+def _check_offload(profile: ProfileData, saved_any: bool) -> None:
+    """Offloading needs a device it can offload from, and activations saved for backward."""
+    from ._transforms.offload import offload_unavailable
+
+    reason = offload_unavailable(profile.device)
+    if reason is not None:
+        raise RerunError(reason)
+    if not saved_any:
+        raise RerunError("the cell saved nothing for backward (no autograd): nothing to offload")
+
+
+def _check_host_memory(profile: ProfileData, cell: Cell, facts: CellFacts) -> None:
+    """The copy that protects the notebook's state must fit in host memory (with the run
+    itself, on the CPU)."""
+    from ._transforms.state import available_host_bytes, host_bytes_needed
+
     tensor_names = [n for n in facts.names if n in cell.namespace]
     needed = host_bytes_needed(cell.namespace, tensor_names)
     # on the CPU the run itself needs host memory too: what the first run added at most
@@ -318,7 +238,6 @@ def _plan(
             f"not enough host memory to protect the notebook's state: the copy needs "
             f"{format_bytes(needed)}{run}, {format_bytes(available)} is available"
         )
-    return _Plan(cell, amp_name, tuple(blocks), bool(offload), facts, batch)
 
 
 def rerun_unavailable(
@@ -465,10 +384,7 @@ def rerun(
     call, even when the cell raises (the error propagates) or is interrupted. Raises
     :class:`RerunError` when the change cannot apply.
     """
-    from ._capture import RECORDING_LOCK, interrupts_deferred
-    from ._capture.cpu_recorder import discarded_on_error
-    from ._session import run_code
-    from ._transforms import state as state_module
+    from ._capture import RECORDING_LOCK
 
     __tracebackhide__ = True
     plan = _plan(profile, amp, checkpoint, offload, micro_batch)
@@ -478,12 +394,7 @@ def rerun(
     say = progress or (lambda _message: None)
     notes = warnings_for(plan.facts)
     say("saving state")
-    with interrupts_deferred():
-        saved = state_module.take(
-            cell.namespace,
-            [n for n in plan.facts.names if n in cell.namespace],
-            extra_modules=[b for _, b in plan.blocks],
-        )
+    saved = _save_state(plan)
     notes.append(
         f"state copy: {saved.host_bytes / 2**20:.1f} MiB of host memory, {saved.seconds:.2f} s"
     )
@@ -492,36 +403,9 @@ def rerun(
     switch = _checkpointing(plan.blocks, cell.namespace)
     start = time.perf_counter()
     try:
-        if cell.start is not None:  # start where the first run did (its random draws too)
-            dropped = cell.start.put(namespace, plan.facts.bound)
-            if dropped:
-                notes.append("started where the first run did: " + "; ".join(dropped))
-        if plan.batch is not None:
-            notes.append(plan.batch.apply(namespace))
-        switch.start()
-        say("running")
-        with discarded_on_error():  # a raising rerun (Cancel) returns no profile: none is read
-            run = run_code(
-                cell.source,
-                namespace,
-                filename=cell.filename,
-                device=profile.device,
-                stacks=cell.stacks if stacks is True else stacks,
-                around=lambda: _transforms(_Changes(plan.amp, plan.offload), profile.device),
-                keep=False,
-            )
-        result = run.profile
+        result = _run_cell(plan, profile.device, namespace, switch, notes, stacks, say)
     finally:
-        restore_start = time.perf_counter()
-        try:
-            say("restoring")
-        finally:
-            with interrupts_deferred():
-                try:
-                    switch.stop()
-                finally:
-                    _restore(saved)
-        restore_seconds = time.perf_counter() - restore_start
+        restore_seconds = _put_back(switch, saved, say)
         namespace.clear()
     if result is None:  # a recording started meanwhile (another thread): ran unrecorded
         raise RerunError("a rerun cannot run inside another recording (%%vram / jv.record)")
@@ -545,6 +429,68 @@ def rerun(
         "restore_seconds": round(restore_seconds, 6),
     }
     return result.replace(meta=meta)
+
+
+def _save_state(plan: _Plan) -> StateCopy:
+    """Copy what the cell may change (Ctrl-C waits until the copy is whole)."""
+    from ._capture import interrupts_deferred
+    from ._transforms import state as state_module
+
+    cell = plan.cell
+    with interrupts_deferred():
+        return state_module.take(
+            cell.namespace,
+            [n for n in plan.facts.names if n in cell.namespace],
+            extra_modules=[b for _, b in plan.blocks],
+        )
+
+
+def _run_cell(
+    plan: _Plan, device: str, namespace: dict[str, Any], switch: Checkpointing,
+    notes: list[str], stacks: bool | str, say: Progress,
+) -> Profile | None:  # fmt: skip
+    """Run the cell's code in ``namespace`` with the plan's changes, recorded: its profile
+    (None when another recording started meanwhile). Notes what could not be kept equal."""
+    from ._capture.cpu_recorder import discarded_on_error
+    from ._session import run_code
+
+    __tracebackhide__ = True
+    cell = plan.cell
+    if cell.start is not None:  # start where the first run did (its random draws too)
+        dropped = cell.start.put(namespace, plan.facts.bound)
+        if dropped:
+            notes.append("started where the first run did: " + "; ".join(dropped))
+    if plan.batch is not None:
+        notes.append(plan.batch.apply(namespace))
+    switch.start()
+    say("running")
+    with discarded_on_error():  # a raising rerun (Cancel) returns no profile: none is read
+        run = run_code(
+            cell.source,
+            namespace,
+            filename=cell.filename,
+            device=device,
+            stacks=cell.stacks if stacks is True else stacks,
+            around=lambda: _transforms(_Changes(plan.amp, plan.offload), device),
+            keep=False,
+        )
+    return run.profile
+
+
+def _put_back(switch: Checkpointing, saved: StateCopy, say: Progress) -> float:
+    """Checkpointing off and the saved state back, whatever happens; the seconds it took."""
+    from ._capture import interrupts_deferred
+
+    restore_start = time.perf_counter()
+    try:
+        say("restoring")
+    finally:
+        with interrupts_deferred():
+            try:
+                switch.stop()
+            finally:
+                _restore(saved)
+    return time.perf_counter() - restore_start
 
 
 _NOT_CHECKPOINTED = (

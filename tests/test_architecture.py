@@ -43,8 +43,10 @@ LAYERS: Layers = (
     # the data every layer passes: the Profile's columns and tables, its timeline replay,
     # what a rerun changed (Variant)
     ("data", _names("_model")),
-    # recorders and snapshot readers: they build Profiles
+    # recorders: they build Profiles
     ("capture", _names("_capture")),
+    # PyTorch snapshot files read and written, with the recorders' conversion
+    ("snapshots", _names("_snapshots")),
     # numpy / pandas over a Profile: peaks, groups, flame tree, allocator model, compare
     ("analysis", _names("_analysis")),
     # what a rerun applies to a model (AMP, checkpointing, offload)
@@ -64,8 +66,9 @@ LAYERS: Layers = (
     ("estimate views", _names("_render.estimate_text", "_render.mime", "_render.static_report")),
     # the kernel's state: the last profile, the cell run under recording
     ("session", _names("_session", "_async_cells")),
-    # what runs a cell again or elsewhere: reruns, ranks, devices
-    ("reruns", _names("_rerun", "_distributed", "_devices")),
+    # what runs a cell again or elsewhere: reruns (and what a cell's source says it does),
+    # ranks, devices
+    ("reruns", _names("_rerun", "_cell_source", "_distributed", "_devices")),
     # make it fit: plans over estimates and reruns
     ("planning", _names("_planning", "_budgets")),
     # the widgets

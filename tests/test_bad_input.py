@@ -23,9 +23,9 @@ from jupyter_vram import ProfileFileError
 from jupyter_vram import _cli as cli
 from jupyter_vram._capture import RECORDING_LOCK, RecordingError
 from jupyter_vram._capture.capacity import parse_capacity
-from jupyter_vram._capture.snapshot_file import profile_from_snapshot_source
 from jupyter_vram._devices import memory_now
 from jupyter_vram._rerun import RerunError
+from jupyter_vram._snapshots.file import profile_from_snapshot_source
 
 from .conftest import CLEAN, ipython_shell, recording_state
 

@@ -15,8 +15,8 @@ import pytest
 
 from jupyter_vram._analysis.tables import allocations_frame
 from jupyter_vram._capture.cuda_convert import profile_from_snapshot
-from jupyter_vram._capture.snapshot_file import _raw_roles
 from jupyter_vram._model import CATEGORIES
+from jupyter_vram._snapshots.file import _raw_roles
 
 HERE = Path(__file__).parent / "fixtures" / "h200"
 SUMMARY = json.loads((HERE / "summary.json").read_text())

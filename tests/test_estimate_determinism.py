@@ -19,8 +19,8 @@ from torch import nn
 
 from jupyter_vram._estimator.inputs import make_batch_spec
 from jupyter_vram._estimator.job import Job
+from jupyter_vram._estimator.simulator import Simulator
 from jupyter_vram._estimator.step import StepSettings
-from jupyter_vram._estimator.worker import Simulator
 from jupyter_vram._model import Profile
 
 

@@ -63,7 +63,7 @@ def test_sequence_longer_than_a_plain_position_table() -> None:
 
 def test_rotary_models_are_not_limited_by_max_position_embeddings() -> None:
     """Llama's rotary positions have no table: the real model runs past the config's limit."""
-    from jupyter_vram._estimator.worker import position_tables
+    from jupyter_vram._estimator.simulator import position_tables
 
     config = transformers.LlamaConfig(
         hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,

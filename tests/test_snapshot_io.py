@@ -16,8 +16,8 @@ import torch
 from torch.cuda import _memory_viz
 
 import jupyter_vram as jv
-from jupyter_vram._capture.snapshot_file import profile_from_snapshot_source, profiles_from_snapshot
 from jupyter_vram._model import CATEGORY_INDEX, ProfileFileError
+from jupyter_vram._snapshots.file import profile_from_snapshot_source, profiles_from_snapshot
 
 H200 = Path(__file__).parent / "fixtures" / "h200"
 
@@ -219,7 +219,7 @@ def test_column_conversion_matches_the_recorders_converter(name: str) -> None:
     real H200 snapshots, every row (sizes, alloc/free order and times, stacks, ops) and the
     reserved memory match the recorder's entry-by-entry converter."""
     from jupyter_vram._capture.cuda_convert import profile_from_snapshot
-    from jupyter_vram._capture.snapshot_columns import columns_from_trace, profile_from_columns
+    from jupyter_vram._snapshots.columns import columns_from_trace, profile_from_columns
 
     snapshot = unlabelled(raw(name)["snapshot"])
     ref = profile_from_snapshot(snapshot)
@@ -294,7 +294,7 @@ def test_column_conversion_matches_the_recorders_converter_on_random_traces(seed
     import random
 
     from jupyter_vram._capture.cuda_convert import profile_from_snapshot
-    from jupyter_vram._capture.snapshot_columns import columns_from_trace, profile_from_columns
+    from jupyter_vram._snapshots.columns import columns_from_trace, profile_from_columns
 
     rng = random.Random(seed)
     actions = ["alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom"]
@@ -322,7 +322,7 @@ def test_address_order_is_a_stable_sort_by_address_whatever_the_range() -> None:
     far apart to pack with the positions) both order as a stable argsort by address."""
     import numpy as np
 
-    from jupyter_vram._capture.snapshot_columns import _address_order
+    from jupyter_vram._snapshots.columns import _address_order
 
     rng = np.random.default_rng(0)
     cases = [
@@ -370,8 +370,8 @@ def test_streaming_reader_reads_every_shape_of_entry(seed: int, odd: float) -> N
     import io
     import random
 
-    from jupyter_vram._capture.snapshot_columns import columns_from_trace
-    from jupyter_vram._capture.snapshot_stream import read_snapshot_stream
+    from jupyter_vram._snapshots.columns import columns_from_trace
+    from jupyter_vram._snapshots.stream import read_snapshot_stream
 
     def fresh(value: Any) -> Any:
         """A new str object (torch makes one per entry; pickle then writes each inline)."""
@@ -424,7 +424,7 @@ def test_known_frame_lists_are_matched_byte_for_byte(
     hash made equal), whatever bytes follow it in the buffer."""
     import numpy as np
 
-    from jupyter_vram._capture import _snapshot_bulk as bulk
+    from jupyter_vram._snapshots import bulk
 
     if collide:
         monkeypatch.setattr(bulk, "_hash", lambda words, sizes: np.zeros(len(sizes), np.uint64))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -163,24 +164,8 @@ def allocator_state(profile: Profile) -> AllocatorState:
     used = info.get("device_used")
     total = info.get("total")
     end_allocated = t.total_at(len(t) - 1)
-    gaps: list[Gap] = []
-    advice: list[str] = []
     if not has_segments(profile):
-        gaps.append(
-            Gap(
-                "no caching allocator",
-                0,
-                f"Allocated is what was recorded ({capture_words(profile)[1]}) while live; "
-                "there is no reserved pool on this device, so it is what the process holds "
-                "for tensors.",
-            )
-        )
-        state = AllocatorState(
-            profile.device, False, profile.peak_bytes, None, None, end_allocated, None,
-            used, total, None, None, None, (), tuple(gaps), tuple(_category_advice(profile)),
-        )  # fmt: skip
-        return state
-
+        return _without_allocator(profile, end_allocated, used, total)
     seqs, reserved = reserved_series(profile)
     peak_reserved = reserved_peak(profile)
     if len(reserved) and int(reserved.max()) >= profile.segments.baseline:
@@ -197,7 +182,38 @@ def allocator_state(profile: Profile) -> AllocatorState:
     excess = max(0, peak_reserved - peak)
     stranded = tuple(stranded_requests(profile))
     expandable = bool(profile.meta.get("expandable_segments"))
-    gaps.append(
+    gaps = _reserved_gaps(cached, used, end_reserved)
+    advice = _fragmentation_advice(stranded, expandable, peak_reserved, excess)
+    if total and used is not None and int(used) > 0.9 * int(total):
+        advice.append("The device is more than 90% full: the next larger batch will likely OOM.")
+    advice += _category_advice(profile)
+    return AllocatorState(
+        profile.device, True, peak, peak_reserved, allocated_then, end_allocated,
+        end_reserved, used, total, reserved_then, share, excess, stranded, tuple(gaps),
+        tuple(advice), expandable, tuple(device_parts(profile)),
+    )  # fmt: skip
+
+
+def _without_allocator(
+    profile: Profile, end_allocated: int, used: int | None, total: int | None
+) -> AllocatorState:
+    """A device with no caching allocator (the CPU): allocated is all there is."""
+    gap = Gap(
+        "no caching allocator",
+        0,
+        f"Allocated is what was recorded ({capture_words(profile)[1]}) while live; "
+        "there is no reserved pool on this device, so it is what the process holds "
+        "for tensors.",
+    )
+    return AllocatorState(
+        profile.device, False, profile.peak_bytes, None, None, end_allocated, None,
+        used, total, None, None, None, (), (gap,), tuple(_category_advice(profile)),
+    )  # fmt: skip
+
+
+def _reserved_gaps(cached: int, used: int | None, end_reserved: int) -> list[Gap]:
+    """What lies between allocated and reserved, and between reserved and the device's use."""
+    gaps = [
         Gap(
             "cached free blocks",
             cached,
@@ -205,7 +221,7 @@ def allocator_state(profile: Profile) -> AllocatorState:
             "after tensors are freed, for reuse. torch.cuda.empty_cache() hands them back, but "
             "the next step reserves them again.",
         )
-    )
+    ]
     if used is not None:
         gaps.append(
             Gap(
@@ -217,29 +233,30 @@ def allocator_state(profile: Profile) -> AllocatorState:
                 "GPU (cuBLAS workspaces are in reserved).",
             )
         )
-    if (
+    return gaps
+
+
+def _fragmentation_advice(
+    stranded: Sequence[StrandedRequest], expandable: bool, peak_reserved: int, excess: int
+) -> list[str]:
+    """Expandable segments, when reserved memory peaked well above allocated because requests
+    found the cached memory in pieces too small."""
+    if not (
         stranded
         and not expandable
         and peak_reserved >= EXPANDABLE_MIN_RESERVED
         and excess > EXCESS_RESERVED_ADVICE_SHARE * peak_reserved
     ):
-        big = stranded[0]
-        advice.append(
-            f"Reserved memory peaked {format_bytes(excess)} ({100 * excess / peak_reserved:.0f}% "
-            f"of it) above the allocated peak, and {len(stranded)} request(s) needed a new "
-            f"segment while enough was cached but free in smaller pieces (largest: "
-            f"{format_bytes(big.size)} with {format_bytes(big.cached_free)} free): set "
-            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (before CUDA initialises) so "
-            "segments can grow instead of fragmenting."
-        )
-    if total and used is not None and int(used) > 0.9 * int(total):
-        advice.append("The device is more than 90% full: the next larger batch will likely OOM.")
-    advice += _category_advice(profile)
-    return AllocatorState(
-        profile.device, True, peak, peak_reserved, allocated_then, end_allocated,
-        end_reserved, used, total, reserved_then, share, excess, stranded, tuple(gaps),
-        tuple(advice), expandable, tuple(device_parts(profile)),
-    )  # fmt: skip
+        return []
+    big = stranded[0]
+    return [
+        f"Reserved memory peaked {format_bytes(excess)} ({100 * excess / peak_reserved:.0f}% "
+        f"of it) above the allocated peak, and {len(stranded)} request(s) needed a new "
+        f"segment while enough was cached but free in smaller pieces (largest: "
+        f"{format_bytes(big.size)} with {format_bytes(big.cached_free)} free): set "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (before CUDA initialises) so "
+        "segments can grow instead of fragmenting."
+    ]
 
 
 def _end_workspaces(profile: Profile) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -105,13 +105,31 @@ def flame_tree(
     """
     from .groups import allocated_during_run
 
-    a = profile.allocations
     if mask is None:
         if mode == "peak":
             mask = profile.timeline.live_mask(profile.timeline.peak_index)
         else:
             mask = allocated_during_run(profile)
-    rows = np.flatnonzero(mask)
+    uniq, sums = _leaf_sums(profile, hierarchy, np.flatnonzero(mask))
+    # Tree shape in plain dicts first (one entry per node), then sums with numpy.
+    names, parents, leaves = _shape(profile, hierarchy, uniq)
+    return _rolled_up(names, parents, leaves, sums)
+
+
+@dataclass(frozen=True)
+class _LeafSums:
+    """Per leaf: bytes, allocations, bytes per category (a row each)."""
+
+    totals: npt.NDArray[Any]
+    counts: npt.NDArray[Any]
+    per_cat: npt.NDArray[Any]
+
+
+def _leaf_sums(
+    profile: Profile, hierarchy: Hierarchy, rows: npt.NDArray[np.intp]
+) -> tuple[npt.NDArray[np.int64], _LeafSums]:
+    """The distinct leaves of ``rows`` (a key of path and op each), and their sums."""
+    a = profile.allocations
     if hierarchy == "module":
         prefix_key = a.module[rows].astype(np.int64) * len(PHASES) + a.phase[rows]
     else:
@@ -125,8 +143,14 @@ def flame_tree(
     per_cat = np.bincount(
         inverse * n_cat + a.category[rows], weights=sizes, minlength=len(uniq) * n_cat
     ).reshape(-1, n_cat)
+    return uniq, _LeafSums(totals, counts, per_cat)
 
-    # Tree shape in plain dicts first (one entry per node), then sums with numpy.
+
+def _shape(
+    profile: Profile, hierarchy: Hierarchy, uniq: npt.NDArray[np.int64]
+) -> tuple[list[str], list[int], npt.NDArray[np.int64]]:
+    """The tree's nodes (name and parent of each, the root first, a parent always before its
+    children) and the node of each leaf key."""
     names = ["all"]
     parents = [-1]
     index: dict[tuple[int, str], int] = {}
@@ -146,11 +170,18 @@ def flame_tree(
                 node = _child(index, names, parents, node, name)
             prefix_nodes[prefix] = node
         leaves[i] = _child(index, names, parents, node, profile.ops[op])
+    return names, parents, leaves
+
+
+def _rolled_up(
+    names: list[str], parents: list[int], leaves: npt.NDArray[np.int64], sums: _LeafSums
+) -> FlameNode:
+    """The tree of FlameNodes, each with the sums of the leaves below it."""
     n_nodes = len(names)
-    node_bytes = np.bincount(leaves, weights=totals, minlength=n_nodes)
-    node_counts = np.bincount(leaves, weights=counts, minlength=n_nodes)
-    node_cats = np.zeros((n_nodes, n_cat))
-    np.add.at(node_cats, leaves, per_cat)
+    node_bytes = np.bincount(leaves, weights=sums.totals, minlength=n_nodes)
+    node_counts = np.bincount(leaves, weights=sums.counts, minlength=n_nodes)
+    node_cats = np.zeros((n_nodes, len(CATEGORIES)))
+    np.add.at(node_cats, leaves, sums.per_cat)
     # roll sums up the tree, deepest level first (a parent is always created before its child)
     parent_of = np.asarray(parents, np.int64)
     depth = np.zeros(n_nodes, np.int64)

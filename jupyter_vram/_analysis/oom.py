@@ -200,10 +200,26 @@ def suggest(profile: Profile, report: OomReport, mask: Any) -> list[Suggestion]:
     a = profile.allocations
     cats = report.live_by_category
     act = mask & (a.category == CATEGORY_INDEX["activation"])
-    out: list[Suggestion] = []
-    activations = cats["activation"]
-    cuda = profile.device.startswith("cuda")
-    # checkpointing: per block, all activations but its output, minus one block recomputed
+    out = _checkpointing(profile, act) + _autocast(profile, act)
+    out += _offload(profile, cats["activation"])
+    out.extend(_optimizer(profile, cats["optimizer_state"], report.optimizers))
+    out += _expandable_segments(report)
+    batch = _batch(profile, report)
+    if batch is not None:
+        out.append(batch)
+    short = report.shortfall_bytes
+    out = [
+        Suggestion(s.action, s.bytes_saved, s.reason, s.toggle, short is not None and
+                   s.bytes_saved >= short)
+        for s in out
+    ]  # fmt: skip
+    return sorted(out, key=lambda s: -s.bytes_saved)
+
+
+def _checkpointing(profile: Profile, act: Any) -> list[Suggestion]:
+    """Checkpointing: per block, all activations but its output, minus one block
+    recomputed."""
+    a = profile.allocations
     internal: dict[str, int] = {}
     latest: dict[str, tuple[int, int]] = {}
     for row in np.flatnonzero(act):
@@ -216,70 +232,76 @@ def suggest(profile: Profile, report: OomReport, mask: Any) -> list[Suggestion]:
             latest[block] = (seq, size)
     inner = {b: internal[b] - latest[b][1] for b in internal}
     saved = sum(inner.values()) - max(inner.values(), default=0)
-    if saved > 0:
-        out.append(
-            Suggestion(
-                "activation checkpointing of each block",
-                saved,
-                f"{len(inner)} blocks hold {_mb(sum(inner.values()))} of activations besides "
-                "their outputs; checkpointing keeps only the outputs and recomputes one block "
-                f"at a time in backward (the largest: {_mb(max(inner.values()))})",
-                toggle="checkpointing",
-            )
+    if saved <= 0:
+        return []
+    return [
+        Suggestion(
+            "activation checkpointing of each block",
+            saved,
+            f"{len(inner)} blocks hold {_mb(sum(inner.values()))} of activations besides "
+            "their outputs; checkpointing keeps only the outputs and recomputes one block "
+            f"at a time in backward (the largest: {_mb(max(inner.values()))})",
+            toggle="checkpointing",
         )
-    # autocast: half of the activations made by ops that would run in 16 bits
+    ]
+
+
+def _autocast(profile: Profile, act: Any) -> list[Suggestion]:
+    """Autocast: half of the activations made by ops that would run in 16 bits."""
+    a = profile.allocations
     ops = np.array([name not in FLOAT32_OPS for name in profile.ops], dtype=bool)
     low = int(a.size[act & ops[a.op]].sum())
-    if low // 2 > 0:
-        out.append(
-            Suggestion(
-                "mixed precision (autocast to bf16 / fp16)",
-                low // 2,
-                f"{_mb(low)} of activations come from matmul / conv / elementwise ops, which "
-                "autocast runs in 16 bits (half the bytes, if they are float32 now); norms, "
-                "softmax and losses stay float32",
-                toggle="AMP",
-            )
+    if low // 2 <= 0:
+        return []
+    return [
+        Suggestion(
+            "mixed precision (autocast to bf16 / fp16)",
+            low // 2,
+            f"{_mb(low)} of activations come from matmul / conv / elementwise ops, which "
+            "autocast runs in 16 bits (half the bytes, if they are float32 now); norms, "
+            "softmax and losses stay float32",
+            toggle="AMP",
         )
-    if cuda and activations > 0:
-        out.append(
-            Suggestion(
-                "offload saved activations to the host (save_on_cpu)",
-                activations,
-                f"{_mb(activations)} of activations wait for backward on the device; "
-                "torch.autograd.graph.save_on_cpu keeps them in pinned host memory instead "
-                "(slower: each one crosses PCIe twice)",
-                toggle="offload",
-            )
+    ]
+
+
+def _offload(profile: Profile, activations: int) -> list[Suggestion]:
+    """Offloading: every activation live at the failure (CUDA only: the host is the CPU's)."""
+    if not (profile.device.startswith("cuda") and activations > 0):
+        return []
+    return [
+        Suggestion(
+            "offload saved activations to the host (save_on_cpu)",
+            activations,
+            f"{_mb(activations)} of activations wait for backward on the device; "
+            "torch.autograd.graph.save_on_cpu keeps them in pinned host memory instead "
+            "(slower: each one crosses PCIe twice)",
+            toggle="offload",
         )
-    out.extend(_optimizer(profile, cats["optimizer_state"], report.optimizers))
-    if report.allocator is not None:
-        cached = max(0, report.allocator.get("reserved", 0) - report.allocator.get("allocated", 0))
-        if cached > 0:
-            verdict = (
-                "that would have served this request"
-                if report.expandable_would_serve
-                else "not enough for this request on its own"
-            )
-            out.append(
-                Suggestion(
-                    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before CUDA starts)",
-                    cached,
-                    f"{_mb(cached)} was reserved but free in partly used segments, "
-                    f"{verdict}: expandable segments grow one mapping instead of cutting "
-                    "new segments, so freed memory is not stranded",
-                )
-            )
-    batch = _batch(profile, report)
-    if batch is not None:
-        out.append(batch)
-    short = report.shortfall_bytes
-    out = [
-        Suggestion(s.action, s.bytes_saved, s.reason, s.toggle, short is not None and
-                   s.bytes_saved >= short)
-        for s in out
-    ]  # fmt: skip
-    return sorted(out, key=lambda s: -s.bytes_saved)
+    ]
+
+
+def _expandable_segments(report: OomReport) -> list[Suggestion]:
+    """Expandable segments: what was reserved but free when the request failed."""
+    if report.allocator is None:
+        return []
+    cached = max(0, report.allocator.get("reserved", 0) - report.allocator.get("allocated", 0))
+    if cached <= 0:
+        return []
+    verdict = (
+        "that would have served this request"
+        if report.expandable_would_serve
+        else "not enough for this request on its own"
+    )
+    return [
+        Suggestion(
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before CUDA starts)",
+            cached,
+            f"{_mb(cached)} was reserved but free in partly used segments, "
+            f"{verdict}: expandable segments grow one mapping instead of cutting "
+            "new segments, so freed memory is not stranded",
+        )
+    ]
 
 
 def _optimizer(profile: Profile, state: int, held: list[str]) -> list[Suggestion]:

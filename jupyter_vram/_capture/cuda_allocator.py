@@ -140,20 +140,23 @@ def _block_addresses(seg: Mapping[str, Any]) -> Iterator[tuple[int, Mapping[str,
         addr += int(block["size"])
 
 
-def _device_segments(snapshot: Mapping[str, Any], device: int) -> list[Mapping[str, Any]]:
+def device_segments(snapshot: Mapping[str, Any], device: int) -> list[Mapping[str, Any]]:
+    """The snapshot's segments on one device."""
     return [s for s in snapshot.get("segments") or () if int(s.get("device", 0)) == device]
 
 
-def _active_blocks(snapshot: Mapping[str, Any], device: int) -> dict[int, Mapping[str, Any]]:
+def active_blocks(snapshot: Mapping[str, Any], device: int) -> dict[int, Mapping[str, Any]]:
+    """Address -> block, for the blocks allocated (and not freed) on one device."""
     return {
         addr: block
-        for seg in _device_segments(snapshot, device)
+        for seg in device_segments(snapshot, device)
         for addr, block in _block_addresses(seg)
         if block.get("state") == _ACTIVE
     }
 
 
-def _divisions(settings: Mapping[str, Any]) -> list[int]:
+def roundup_divisions(settings: Mapping[str, Any]) -> list[int]:
+    """``roundup_power2_divisions`` of the allocator settings, as a list by power of two."""
     raw = settings.get("roundup_power2_divisions") or ()
     if isinstance(raw, Mapping):
         return [int(v) for _, v in sorted(raw.items(), key=lambda kv: int(kv[0]))]

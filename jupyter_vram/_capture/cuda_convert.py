@@ -26,7 +26,7 @@ from .._allocator_rules import UNLIMITED_SPLIT, is_small_segment, round_size
 from .._blas_workspaces import ANY_VERSION_SIZES
 from .._model import PHASES, Frame, Profile, SegmentEvents
 from .builder import BASELINE_OP, OTHER, TEMPORARY, UNKNOWN, ProfileBuilder
-from .cuda_allocator import _active_blocks, _AllocatorModel, _device_segments, _divisions
+from .cuda_allocator import _AllocatorModel, active_blocks, device_segments, roundup_divisions
 from .stacks import FrameFilter
 from .tagging import PHASE_OTHER
 from .workspace_rows import name_workspaces
@@ -54,9 +54,22 @@ Role = tuple[int, int, int, int]
 
 _MAX_FRAMES = 48  # user frames kept per stack, as on the CPU path
 _METADATA = re.compile(r"(\d+)\|(\d+)\|(.+)", re.DOTALL)
+_SEGMENT_ACTIONS = ("segment_alloc", "segment_map", "segment_free", "segment_unmap")
 
 
-class _Stacks:
+def _segment_event(entry: Mapping[str, Any], model: _AllocatorModel | None) -> int:
+    """A segment mapped (+ its size) or unmapped (- its size); the replayed layout follows."""
+    size = int(entry["size"])
+    if entry.get("action") in ("segment_alloc", "segment_map"):
+        if model is not None:
+            model.add_segment(int(entry["addr"]), size, is_small_segment(size))
+        return size
+    if model is not None:
+        model.remove_segment(int(entry["addr"]))
+    return -size
+
+
+class SnapshotStacks:
     """Trace frames (innermost first) to interned stacks (outermost first), user frames only.
 
     A fresh snapshot shares one list between the events of an allocation and one dict between
@@ -193,19 +206,19 @@ class _Converter:
         self.b = ProfileBuilder()
         self.device_id = self.b.devices(self.device)
         self.baseline_op = self.b.ops(BASELINE_OP)
-        self.stacks = _Stacks(self.b, boundary)
+        self.stacks = SnapshotStacks(self.b, boundary)
         self.row_addr: list[int] = []  # the block address of each row
         self.labels: dict[str, tuple[int, int, int] | None] = {}
         self.module_ids: dict[int, int] = {}
         settings = snapshot.get("allocator_settings") or {}
-        divisions = _divisions(settings)
+        divisions = roundup_divisions(settings)
         self.round: Callable[[int], int] = lambda size: round_size(size, divisions)
         max_split = int(settings.get("max_split_size", -1) or -1)
         self.max_split = max_split if max_split > 0 else UNLIMITED_SPLIT
         self.expandable = bool(settings.get("expandable_segments")) or any(
             e.get("action") in ("segment_map", "segment_unmap") for e in self.trace
         )
-        start_live = None if baseline is None else _active_blocks(baseline, device_index)
+        start_live = None if baseline is None else active_blocks(baseline, device_index)
         self.truncated = _detect_truncation(self.trace, start_live, max_entries)
         self.baseline = None if self.truncated else baseline
         self.estimated: set[int] = set()  # rows whose size is a rounding estimate
@@ -258,19 +271,36 @@ class _Converter:
 
     # -- the walk ----------------------------------------------------------------------------
 
+    def replay_model(self) -> _AllocatorModel | None:
+        """The allocator's block layout, replayed from the baseline's segments (None without
+        a baseline, or on expandable segments, which always split: sizes are exact)."""
+        if self.baseline is None or self.expandable:
+            return None
+        return _AllocatorModel.from_segments(
+            device_segments(self.baseline, self.index), self.round, self.max_split
+        )
+
+    def open_baseline(self) -> dict[int, int]:
+        """Address -> row of each block the baseline holds, made before the trace."""
+        live: dict[int, int] = {}
+        if self.baseline is not None:
+            for addr, block in active_blocks(self.baseline, self.index).items():
+                live[addr] = self.add_before(addr, int(block["size"]), block.get("frames"))
+        return live
+
+    def end_requested(self, requested: Mapping[int, tuple[int, int]], live: dict[int, int]) -> None:
+        """Freed, but still waiting on another stream when the trace ends: end at the
+        request."""
+        for row, (seq, ns) in requested.items():
+            self.b.free(row, seq, ns)
+            del live[self.row_addr[row]]
+
     def run(self) -> tuple[dict[int, int], list[int], list[int], dict[str, Any]]:
         """Replay the trace into rows; return marker positions, segment events and notes."""
         b = self.b
-        model: _AllocatorModel | None = None
-        if self.baseline is not None and not self.expandable:
-            model = _AllocatorModel.from_segments(
-                _device_segments(self.baseline, self.index), self.round, self.max_split
-            )
-        live: dict[int, int] = {}  # address -> open row
+        model = self.replay_model()
+        live = self.open_baseline()  # address -> open row
         requested: dict[int, tuple[int, int]] = {}  # row -> (seq, ns) of its free_requested
-        if self.baseline is not None:
-            for addr, block in _active_blocks(self.baseline, self.index).items():
-                live[addr] = self.add_before(addr, int(block["size"]), block.get("frames"))
         markers: dict[int, int] = {}  # marker index -> seq of its allocation
         marker_blocks: set[int] = set()
         seg_seq: list[int] = []
@@ -325,25 +355,14 @@ class _Converter:
                     b.free(row, seq, ns)
                     requested.pop(row, None)
                 # else: its free was requested before the trace started (not allocated then)
-            elif action in ("segment_alloc", "segment_map"):
+            elif action in _SEGMENT_ACTIONS:
                 seg_seq.append(seq)
-                seg_delta.append(int(entry["size"]))
-                if model is not None:
-                    small = is_small_segment(int(entry["size"]))
-                    model.add_segment(int(entry["addr"]), int(entry["size"]), small)
-            elif action in ("segment_free", "segment_unmap"):
-                seg_seq.append(seq)
-                seg_delta.append(-int(entry["size"]))
-                if model is not None:
-                    model.remove_segment(int(entry["addr"]))
+                seg_delta.append(_segment_event(entry, model))
             elif action == "oom":
                 ooms.append({"seq": seq, "size": int(entry.get("size", 0)),
                              "device_free": int(entry.get("device_free", 0))})  # fmt: skip
 
-        # Freed, but still waiting on another stream when the trace ends: end at the request.
-        for row, (seq, ns) in requested.items():
-            b.free(row, seq, ns)
-            del live[self.row_addr[row]]
+        self.end_requested(requested, live)
         self.reconcile(live)
         notes: dict[str, Any] = {"oom": ooms} if ooms else {}
         notes["sizes_replayed"] = model is not None and not model.broken
@@ -351,7 +370,7 @@ class _Converter:
 
     def reconcile(self, live: Mapping[int, int]) -> None:
         """Blocks live at the end are known exactly: fix their sizes, add blocks never seen."""
-        end = _active_blocks(self.snapshot, self.index)
+        end = active_blocks(self.snapshot, self.index)
         for addr, row in live.items():
             block = end.get(addr)
             if block is None:
@@ -410,9 +429,9 @@ class _Converter:
     def reserved_baseline(self, seg_delta: Sequence[int]) -> int:
         """Bytes reserved when the trace starts: from the baseline, else from the end state."""
         if self.baseline is not None:
-            return sum(int(s["total_size"]) for s in _device_segments(self.baseline, self.index))
+            return sum(int(s["total_size"]) for s in device_segments(self.baseline, self.index))
         if "segments" in self.snapshot:
-            end = sum(int(s["total_size"]) for s in _device_segments(self.snapshot, self.index))
+            end = sum(int(s["total_size"]) for s in device_segments(self.snapshot, self.index))
             return max(end - sum(seg_delta), 0)
         running = lowest = 0
         for d in seg_delta:
@@ -484,7 +503,7 @@ def profile_from_snapshot(
         **notes,
     }
     if "segments" in snapshot:
-        end = sum(int(s["total_size"]) for s in _device_segments(snapshot, device_index))
+        end = sum(int(s["total_size"]) for s in device_segments(snapshot, device_index))
         info["reserved_end"] = end
         if reserved0 + sum(seg_delta) != end:
             info["reserved_mismatch"] = reserved0 + sum(seg_delta) - end

@@ -14,6 +14,12 @@ from itertools import repeat
 from typing import Any
 
 import torch
+from torch._C._profiler import (
+    _ExtraFields_Allocation,
+    _ExtraFields_PyCall,
+    _ExtraFields_PyCCall,
+    _ExtraFields_TorchOp,
+)
 
 from .._model import Frame
 from .builder import UNKNOWN, Interner, ProfileBuilder
@@ -360,14 +366,6 @@ def _walk(
     first_op: int,
 ) -> None:
     """The tree walk of :func:`read_events`: reports into ``allocs``, ranges into ``points``."""
-    from torch._C._profiler import (
-        _ExtraFields_Allocation,
-        _ExtraFields_PyCall,
-        _ExtraFields_PyCCall,
-        _ExtraFields_TorchOp,
-    )
-
-    backward_scope = torch._C._profiler.RecordScope.BACKWARD_FUNCTION
     check_device = _device_matters(device_type)
     py_kinds: dict[str, int] = {}  # a Python call event's name -> _py_kind
     # walk context: op, chain of Python calls, backward seq (-2: not in backward), where in
@@ -396,29 +394,14 @@ def _walk(
                 continue
             if kind is _ExtraFields_TorchOp:
                 name = event.name
-                if name.startswith(MODULE_RANGE):
-                    mid = int(name[len(MODULE_RANGE) :])
-                    points.append((event.start_time_ns, _OPEN_MODULE, mid, event.end_time_ns))
-                    points.append((event.end_time_ns, _CLOSE_MODULE, mid, 0))
-                elif name.startswith(_STEP):
-                    opt = modules(f"{name[len(_STEP) :].split('.')[0]}.step")
-                    points.append((event.start_time_ns, _OPEN_STEP, opt, 0))
-                    points.append((event.end_time_ns, _CLOSE_STEP, opt, 0))
-                elif name.startswith(_EVALUATE):
-                    if bseq == -2:
-                        points.append((event.start_time_ns, _BACKWARD, 0, event.end_time_ns))
-                    bseq = extra.sequence_number
-                elif name.startswith("aten::"):
+                if name.startswith("aten::"):  # the common case first (no range starts so)
                     if name not in _PLUMBING or not op:  # empty() alone is the op itself
                         op = ops(name[6:])
                         seq = extra.sequence_number
                         if seq >= 0 and bseq == -2:
                             points.append((event.start_time_ns, _FORWARD_OP, seq, 0))
-                elif extra.scope == backward_scope:
-                    op = ops(name.rsplit("::", 1)[-1])
-                    if bseq == -2:  # a lean chunk: the node without the engine's range around it
-                        bseq = extra.sequence_number
-                        points.append((event.start_time_ns, _BACKWARD, bseq, event.end_time_ns))
+                else:
+                    op, bseq = _range_or_node(event, name, extra, op, bseq, points, modules, ops)
                 if op != first_op and not s0:
                     s0, s1 = event.start_time_ns, event.end_time_ns
             elif kind is _ExtraFields_PyCall:
@@ -448,6 +431,33 @@ def _walk(
                 context = repeat(op), repeat(chain), repeat(bseq), repeat(ours)
                 spans = repeat(s0), repeat(s1)
                 push(zip(reversed(children), *context, *spans, strict=False))
+
+
+def _range_or_node(
+    event: Any, name: str, extra: Any, op: int, bseq: int,
+    points: list[tuple[int, int, int, int]], modules: Interner, ops: Interner,
+) -> tuple[int, int]:  # fmt: skip
+    """A torch op event that is not an aten op: our module range, an optimizer step, the
+    autograd engine running a node, or (a lean chunk) the node itself. Its time points go to
+    ``points``; returns the (op, backward seq) its children run under."""
+    if name.startswith(MODULE_RANGE):
+        mid = int(name[len(MODULE_RANGE) :])
+        points.append((event.start_time_ns, _OPEN_MODULE, mid, event.end_time_ns))
+        points.append((event.end_time_ns, _CLOSE_MODULE, mid, 0))
+    elif name.startswith(_STEP):
+        opt = modules(f"{name[len(_STEP) :].split('.', maxsplit=1)[0]}.step")
+        points.append((event.start_time_ns, _OPEN_STEP, opt, 0))
+        points.append((event.end_time_ns, _CLOSE_STEP, opt, 0))
+    elif name.startswith(_EVALUATE):
+        if bseq == -2:
+            points.append((event.start_time_ns, _BACKWARD, 0, event.end_time_ns))
+        bseq = extra.sequence_number
+    elif extra.scope == torch._C._profiler.RecordScope.BACKWARD_FUNCTION:
+        op = ops(name.rsplit("::", 1)[-1])
+        if bseq == -2:  # a lean chunk: the node without the engine's range around it
+            bseq = extra.sequence_number
+            points.append((event.start_time_ns, _BACKWARD, bseq, event.end_time_ns))
+    return op, bseq
 
 
 _OPEN_MODULE, _CLOSE_MODULE, _OPEN_STEP, _CLOSE_STEP, _BACKWARD, _FORWARD_OP, _ALLOC = range(7)

@@ -5,6 +5,13 @@ their ``.grad``, the state tensors of optimizers that step, tensors autograd sav
 (saved-tensor hooks) and tensors passed into a top-level module. Every hook installed here is
 removed in :meth:`Tagger.stop`, and nothing here holds a strong reference to a user object once
 a hook returns.
+
+One file of about 900 lines, on purpose: the profiler walk (:mod:`.profiler_read`) skips the
+calls of this file's hooks and helpers by file and function name (its ``_BOOKKEEPING``), so
+that what they allocate is never charged to the user; moving any of them to another module
+would silently make their allocations the user's. The parts: finding tensors and the objects
+that hold them (``iter_tensors`` .. ``live_objects``), the :class:`Tagger` and its hooks, the
+KV-cache registry.
 """
 
 from __future__ import annotations

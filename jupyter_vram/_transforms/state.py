@@ -427,7 +427,7 @@ def take(
     """
     start = time.perf_counter()
     copy = StateCopy(random=RandomState.take())
-    counter = [0]
+    counter = [0]  # bytes copied
     modules, optimizers = protected_objects(namespace)
     known = {id(m) for m in modules}
     for extra in extra_modules:
@@ -435,6 +435,30 @@ def take(
             if id(sub) not in known:
                 known.add(id(sub))
                 modules.append(sub)
+    _take_modules(copy, modules, counter)
+    for opt in optimizers:
+        opt_state = {p: _copy_value(dict(s), counter) for p, s in opt.state.items()}
+        groups = [
+            {k: (v if k == "params" else _copy_value(v, counter)) for k, v in g.items()}
+            for g in opt.param_groups
+        ]
+        params = [list(g["params"]) for g in opt.param_groups]
+        copy.optimizers.append(_OptimizerState(opt, opt_state, groups, params))
+    names = list(tensor_names)
+    for obj in _stateful_objects(namespace, list(namespace)):
+        saved = obj.state_dict()
+        if saved:  # a disabled GradScaler has none (and refuses to load an empty one)
+            copy.stateful.append((obj, _copy_value(saved, counter)))
+    _take_named_tensors(copy, namespace, names, counter)
+    copy.stateful = [(obj, _unwrap(state)) for obj, state in copy.stateful]
+    copy.host_bytes = counter[0]
+    copy.seconds = time.perf_counter() - start
+    return copy
+
+
+def _take_modules(copy: StateCopy, modules: list[nn.Module], counter: list[int]) -> None:
+    """Each module's attributes, buffers and switches, each parameter (and its gradient)
+    once, and the configs a model's ``use_cache`` / ``gradient_checkpointing`` live in."""
     seen_params: set[int] = set()
     for module in modules:
         buffers = {
@@ -470,19 +494,12 @@ def take(
             copy.configs.append(
                 (config, {k: getattr(config, k) for k in flags if hasattr(config, k)})
             )
-    for opt in optimizers:
-        opt_state = {p: _copy_value(dict(s), counter) for p, s in opt.state.items()}
-        groups = [
-            {k: (v if k == "params" else _copy_value(v, counter)) for k, v in g.items()}
-            for g in opt.param_groups
-        ]
-        params = [list(g["params"]) for g in opt.param_groups]
-        copy.optimizers.append(_OptimizerState(opt, opt_state, groups, params))
-    names = list(tensor_names)
-    for obj in _stateful_objects(namespace, list(namespace)):
-        saved = obj.state_dict()
-        if saved:  # a disabled GradScaler has none (and refuses to load an empty one)
-            copy.stateful.append((obj, _copy_value(saved, counter)))
+
+
+def _take_named_tensors(
+    copy: StateCopy, namespace: Mapping[str, Any], names: list[str], counter: list[int]
+) -> None:
+    """The tensors the cell names that are not parameters: values, gradient, requires_grad."""
     for name in names:
         value = namespace.get(name)
         if not isinstance(value, torch.Tensor) or isinstance(value, nn.Parameter):
@@ -492,10 +509,6 @@ def take(
         values = _TensorCopy.of(value)
         counter[0] += _nbytes(values.values)
         copy.named_tensors.append((value, values, value.requires_grad, grad_copy))
-    copy.stateful = [(obj, _unwrap(state)) for obj, state in copy.stateful]
-    copy.host_bytes = counter[0]
-    copy.seconds = time.perf_counter() - start
-    return copy
 
 
 def _unwrap(value: Any) -> Any:

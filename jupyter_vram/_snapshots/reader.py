@@ -1,15 +1,15 @@
-"""The pickle interpreter of the streaming snapshot reader (:mod:`.snapshot_stream`).
+"""The pickle interpreter of the streaming snapshot reader (:mod:`.stream`).
 
 ``pickle.load`` of a 1 GB snapshot builds a dict, a list and a dozen ints for each of millions
 of trace entries: many GB. This reader interprets the pickle's opcodes itself (plain data only:
 any opcode that names a class or calls something is refused, as in :class:`SafeUnpickler`),
 builds everything but the trace entries as usual, and writes each entry of a device trace into
-:class:`.snapshot_columns.TraceColumns` as soon as it is read; the entry itself is never kept.
+:class:`.columns.TraceColumns` as soon as it is read; the entry itself is never kept.
 
 Speed comes from the shape ``pickle.dump`` gives those entries: each is
 ``EMPTY_DICT MEMOIZE MARK (key value)* SETITEMS`` with the keys memo references to the same
 strings, and most values references or short literals. Once the first entry has shown the keys,
-long runs of entries are decoded with array operations (:mod:`._snapshot_bulk`, a subclass
+long runs of entries are decoded with array operations (:mod:`.bulk`, a subclass
 of this interpreter); shorter ones by a compiled regular expression per key layout that
 matches a whole entry at once. An entry
 neither matches (a frame seen for the first time, a long string, a pickle frame boundary
@@ -32,7 +32,7 @@ from typing import IO, Any
 import numpy as np
 
 from .._model import ProfileFileError
-from .snapshot_columns import ACTION_CODE, TraceColumns, UnsupportedPickle
+from .columns import ACTION_CODE, TraceColumns, UnsupportedPickle
 
 __all__ = ["CHUNK", "Layout", "Reader", "UnsupportedPickle"]
 
@@ -164,6 +164,11 @@ def _decode_int(g: bytes) -> int:
     if op == 0x4D:  # M
         return g[1] | g[2] << 8
     return int.from_bytes(g[1:5], "little", signed=True)  # J
+
+
+def _dict_of_items(items: list[Any]) -> dict[Any, Any]:
+    """DICT: the items since the mark, key and value in turn."""
+    return {items[i]: items[i + 1] for i in range(0, len(items) - 1, 2)}
 
 
 class Reader:
@@ -412,7 +417,7 @@ class Reader:
 
     def bulk_entries(self, target: list[Any]) -> bool:
         """Read a run of entries at ``pos`` with array operations; this plain interpreter has
-        no such path (:class:`._snapshot_bulk.BulkReader` adds it) and reads nothing here."""
+        no such path (:class:`.bulk.BulkReader` adds it) and reads nothing here."""
         return False
 
     def value_of(self, g: bytes) -> Any:
@@ -509,6 +514,13 @@ class Reader:
     def table(self) -> list[Callable[[], None] | None]:
         """The handler of each opcode (None: refused or unknown)."""
         t: list[Callable[[], None] | None] = [None] * 256
+        self._literal_handlers(t)
+        self._memo_handlers(t)
+        self._container_handlers(t)
+        return t
+
+    def _literal_handlers(self, t: list[Callable[[], None] | None]) -> None:
+        """Framing, and the opcodes that push one value read from the bytes after them."""
         take, push = self.take, self.push
         unpack = struct.unpack
 
@@ -517,13 +529,6 @@ class Reader:
                 take(n)
 
             return read
-
-        def pop_mark() -> None:
-            self.pop_mark()
-
-        def mark() -> None:
-            self.marks.append(self.stack)
-            self.stack = []
 
         def text(size: int, fmt: str) -> Callable[[], None]:
             def read() -> None:
@@ -548,6 +553,47 @@ class Reader:
             if n < 0 or n > 1 << 16:
                 raise ProfileFileError("not a memory snapshot (an integer of absurd size)")
             push(int.from_bytes(take(n), "little", signed=True))
+
+        t[0x95] = skip(8)  # FRAME: framing only
+        t[0x80] = skip(1)  # PROTO
+        t[0x4B] = lambda: push(take(1)[0])
+        t[0x4D] = lambda: push(unpack("<H", take(2))[0])
+        t[0x4A] = lambda: push(unpack("<i", take(4))[0])
+        t[0x8A] = long1
+        t[0x8B] = long4
+        t[0x8C] = text(1, "")
+        t[0x58] = text(4, "<I")
+        t[0x8D] = text(8, "<Q")
+        t[0x43] = binary(1, bytes)
+        t[0x42] = binary(4, bytes)
+        t[0x8E] = binary(8, bytes)
+        t[0x96] = binary(8, bytearray)
+        t[0x4E] = lambda: push(None)
+        t[0x88] = lambda: push(True)
+        t[0x89] = lambda: push(False)
+        t[0x47] = lambda: push(unpack(">d", take(8))[0])
+
+    def _memo_handlers(self, t: list[Callable[[], None] | None]) -> None:
+        """The memo: store the top of the stack, push what a slot holds."""
+        take, push = self.take, self.push
+        unpack = struct.unpack
+        t[0x94] = lambda: self.memoize(self.stack[-1])
+        t[0x71] = lambda: self.put(take(1)[0], self.stack[-1])
+        t[0x72] = lambda: self.put(unpack("<I", take(4))[0], self.stack[-1])
+        t[0x68] = lambda: push(self.get(take(1)[0]))
+        t[0x6A] = lambda: push(self.get(unpack("<I", take(4))[0]))
+
+    def _container_handlers(self, t: list[Callable[[], None] | None]) -> None:
+        """Marks, the stack, and the containers built on it (a dict's items may end a trace
+        entry: :meth:`after_dict`)."""
+        push = self.push
+
+        def pop_mark() -> None:
+            self.pop_mark()
+
+        def mark() -> None:
+            self.marks.append(self.stack)
+            self.stack = []
 
         def setitems() -> None:
             items = self.pop_mark()
@@ -595,36 +641,10 @@ class Reader:
             else:
                 self.pop_mark()
 
-        def as_dict(items: list[Any]) -> dict[Any, Any]:
-            return {items[i]: items[i + 1] for i in range(0, len(items) - 1, 2)}
-
-        t[0x95] = skip(8)  # FRAME: framing only
-        t[0x80] = skip(1)  # PROTO
         t[0x28] = mark
-        t[0x94] = lambda: self.memoize(self.stack[-1])
-        t[0x71] = lambda: self.put(take(1)[0], self.stack[-1])
-        t[0x72] = lambda: self.put(unpack("<I", take(4))[0], self.stack[-1])
-        t[0x68] = lambda: push(self.get(take(1)[0]))
-        t[0x6A] = lambda: push(self.get(unpack("<I", take(4))[0]))
         t[0x7D] = lambda: push({})
         t[0x5D] = lambda: push([])
         t[0x29] = lambda: push(())
-        t[0x4B] = lambda: push(take(1)[0])
-        t[0x4D] = lambda: push(unpack("<H", take(2))[0])
-        t[0x4A] = lambda: push(unpack("<i", take(4))[0])
-        t[0x8A] = long1
-        t[0x8B] = long4
-        t[0x8C] = text(1, "")
-        t[0x58] = text(4, "<I")
-        t[0x8D] = text(8, "<Q")
-        t[0x43] = binary(1, bytes)
-        t[0x42] = binary(4, bytes)
-        t[0x8E] = binary(8, bytes)
-        t[0x96] = binary(8, bytearray)
-        t[0x4E] = lambda: push(None)
-        t[0x88] = lambda: push(True)
-        t[0x89] = lambda: push(False)
-        t[0x47] = lambda: push(unpack(">d", take(8))[0])
         t[0x75] = setitems
         t[0x73] = setitem
         t[0x65] = appends
@@ -637,11 +657,10 @@ class Reader:
         t[0x90] = additems
         t[0x91] = from_mark(frozenset)
         t[0x6C] = from_mark(list)
-        t[0x64] = from_mark(as_dict)
+        t[0x64] = from_mark(_dict_of_items)
         t[0x30] = pop
         t[0x31] = pop_mark
         t[0x32] = lambda: push(self.stack[-1])
-        return t
 
     def push(self, value: Any) -> None:
         self.stack.append(value)

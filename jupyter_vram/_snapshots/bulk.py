@@ -1,6 +1,6 @@
 """The streaming reader's bulk path: a run of trace entries decoded with array operations.
 
-Once a trace's key layout is known (see :mod:`.snapshot_stream`), every entry written like the
+Once a trace's key layout is known (see :mod:`.stream`), every entry written like the
 ones before it starts with the same bytes: ``EMPTY_DICT MEMOIZE MARK`` and the memo reference
 of its first key. Over a whole window, this finds every such start at once (the read-ahead
 thread has found the EMPTY_DICT bytes), then reads the candidates by shape: each shape of
@@ -14,6 +14,11 @@ the per-entry reader takes it from there.
 
 Memo slots are accounted exactly: one per entry dict, one per inline string, one per new frame
 list (whose slot gets its interned stack id, for the frees that refer to it).
+
+About 800 lines in one file, on purpose: it is one algorithm whose steps (find, match by
+shape or walk, chain, account the memo, write the columns) share the byte layout of an entry
+and the memo's count; apart, each would have to restate them. Its only caller is
+:class:`BulkReader`.
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .snapshot_columns import ACTION_CODE, UnsupportedPickle
-from .snapshot_reader import CHUNK, Layout, Reader
+from .columns import ACTION_CODE, UnsupportedPickle
+from .reader import CHUNK, Layout, Reader
 
 __all__ = ["BulkReader", "read_run"]
 
@@ -618,9 +623,28 @@ def _finish(reader: Reader, target: list[Any], buf: bytes, cand: I64, got: _Run)
         reader.bulk_span = _MIN_SPAN  # an irregular entry here: look less far next time
         return False
     run = int(np.argmin(chained)) if not chained.all() else len(chained)
-    end = got.end
-    # frame lists seen for the first time: interned in order; one the reader cannot follow
-    # (a frame dict written inside it) ends the run there
+    stack, run = _intern_new_lists(reader, buf, got, run)
+    # look about twice as far as this run reached: scanning stays proportional to reading
+    if run == len(chained):
+        reader.bulk_span = min(reader.bulk_span * 2, _MAX_SPAN)
+    else:
+        reached = int(got.end[run - 1]) - start if run else 0
+        reader.bulk_span = min(max(2 * reached, _MIN_SPAN), _MAX_SPAN)
+    if run < 1:
+        return False
+    stack = stack[:run]
+    _account_memo(reader, got, run, stack)
+    _write_columns(reader, target, got, run, stack)
+    if got.batch[: run - 1].any():
+        reader.stack = []  # the batches' APPENDS + MARK, with every entry already consumed
+    reader.pos = int(got.end[run - 1])
+    return True
+
+
+def _intern_new_lists(reader: Reader, buf: bytes, got: _Run, run: int) -> tuple[I64, int]:
+    """The stack id of each entry of the run whose frames are a list written in it (-1 for
+    the others), frame lists seen for the first time interned in order; and the run's length,
+    shortened where a list the reader cannot follow (a frame dict written inside it) ends it."""
     stack = np.full(max(run, 0), -1, np.int64)
     run_of = reader.stack_of_run
     frames_pos, frames_end = got.frames_pos, got.frames_end
@@ -642,18 +666,13 @@ def _finish(reader: Reader, target: list[Any], buf: bytes, cand: I64, got: _Run)
         found[i] = sid
     stack[lists] = np.asarray(found, np.int64)
     table.update(run_of)
-    # look about twice as far as this run reached: scanning stays proportional to reading
-    if run == len(chained):
-        reader.bulk_span = min(reader.bulk_span * 2, _MAX_SPAN)
-    else:
-        reached = int(end[run - 1]) - start if run else 0
-        reader.bulk_span = min(max(2 * reached, _MIN_SPAN), _MAX_SPAN)
-    if run < 1:
-        return False
-    sl = slice(0, run)
-    stack = stack[:run]
+    return stack, run
 
-    # memo: every slot of the run, the frame lists' stack ids in theirs
+
+def _account_memo(reader: Reader, got: _Run, run: int, stack: I64) -> None:
+    """Take every memo slot of the run, the new frame lists' stack ids in theirs; fill in
+    the stack of the entries whose frames are a reference to a list met before."""
+    sl = slice(0, run)
     slots = got.slots[sl]
     base = reader.memo_len + np.concatenate(([0], np.cumsum(slots)[:-1]))
     reader.memo_len += int(slots.sum())
@@ -669,7 +688,10 @@ def _finish(reader: Reader, target: list[Any], buf: bytes, cand: I64, got: _Run)
         for r, i in zip(refs[known == -2].tolist(), index[known == -2].tolist(), strict=True):
             stack[r] = reader.stack_id(reader.get(i))  # a list the interpreter built
 
-    # the columns
+
+def _write_columns(reader: Reader, target: list[Any], got: _Run, run: int, stack: I64) -> None:
+    """Append the run's entries to the trace's columns."""
+    sl = slice(0, run)
     cols = reader.trace_columns(target)
     other = ACTION_CODE["other"]
     cols.action.frombytes(
@@ -697,10 +719,6 @@ def _finish(reader: Reader, target: list[Any], buf: bytes, cand: I64, got: _Run)
         )
     else:
         cols.meta.frombytes(np.zeros(run, np.int32).tobytes())
-    if got.batch[: run - 1].any():
-        reader.stack = []  # the batches' APPENDS + MARK, with every entry already consumed
-    reader.pos = int(end[run - 1])
-    return True
 
 
 def _raw(values: npt.NDArray[Any]) -> memoryview:

@@ -3,7 +3,7 @@
 Reading never executes code from the file: pickles go through :class:`SafeUnpickler`, which
 refuses every class lookup, so a pickle can build only plain data (dicts, lists, strings,
 numbers). The dict then goes through the same conversion the CUDA recorder uses
-(:func:`.cuda_convert.profile_from_snapshot`).
+(:func:`jupyter_vram._capture.cuda_convert.profile_from_snapshot`).
 
 Snapshots dumped outside jupyter_vram carry no labels of ours, so phases, modules and
 categories are recovered from what the snapshot holds:
@@ -41,6 +41,7 @@ from typing import IO, Any
 import numpy as np
 
 from .._allocator_rules import MIN_BLOCK
+from .._capture.cuda_convert import profile_from_snapshot
 from .._model import (
     CATEGORIES,
     CATEGORY_INDEX,
@@ -52,15 +53,14 @@ from .._model import (
     category_remap,
     open_regular_file,
 )
-from .cuda_convert import profile_from_snapshot
-from .snapshot_columns import (
+from .columns import (
     TraceColumns,
     check_numbers,
     columns_from_trace,
     profile_from_columns,
     trace_numbers,
 )
-from .snapshot_stream import UnsupportedPickle, read_snapshot_stream
+from .stream import UnsupportedPickle, read_snapshot_stream
 
 __all__ = [
     "SafeUnpickler",
@@ -250,7 +250,7 @@ def _is_big_pickle(path: Path) -> bool:
 def _from_stream(
     path: Path, device: int | str | None, progress: Callable[[int], None] | None = None
 ) -> Profile:
-    """Read with :mod:`.snapshot_stream` (trace entries straight to columns)."""
+    """Read with :mod:`.stream` (trace entries straight to columns)."""
     where = str(path)
     try:
         with _open_maybe_gzip(path) as fh:
@@ -449,96 +449,19 @@ def snapshot_from_profile(profile: Profile) -> dict[str, Any]:
     A profile without reserved memory (a CPU run) gets no segment events.
     """
     a = profile.allocations
-    on_device = a.device == profile.devices.index(profile.device)
-    rows = np.flatnonzero(on_device)
+    rows = np.flatnonzero(a.device == profile.devices.index(profile.device))
     m = re.fullmatch(r"cuda:(\d+)", profile.device)
     index = int(m[1]) if m else 0
-    step = np.maximum((a.size[rows] + _ALIGN - 1) // _ALIGN * _ALIGN, _ALIGN)
-    addresses = _BASE_ADDRESS + np.concatenate(([0], np.cumsum(step)[:-1])).astype(np.int64)
-    addr_of = dict(zip(rows.tolist(), addresses.tolist(), strict=True))
-
-    frame_dicts = [{"filename": f.filename, "line": f.line, "name": f.name}
-                   for f in profile.frames]  # fmt: skip
-    stack_lists: dict[int, list[dict[str, Any]]] = {}
-
-    def frames_of(stack: int) -> list[dict[str, Any]]:
-        found = stack_lists.get(stack)
-        if found is None:
-            found = stack_lists[stack] = [frame_dicts[i] for i in reversed(
-                profile.stacks[stack])] if stack >= 0 else []  # fmt: skip
-        return found
-
-    # (seq, order within a seq, kind, row or segment index)
-    events: list[tuple[int, int, str, int]] = []
-    for row in rows.tolist():
-        if a.alloc_seq[row] >= 0:
-            events.append((int(a.alloc_seq[row]), 1, "alloc", row))
-        if a.free_seq[row] >= 0:
-            events.append((int(a.free_seq[row]), 2, "free", row))
-    seg = profile.segments
-    for i in range(len(seg.seq)):
-        kind = "segment_alloc" if seg.delta[i] > 0 else "segment_free"
-        events.append((int(seg.seq[i]), 0 if kind == "segment_alloc" else 3, kind, i))
-    events.sort()
-
-    trace: list[dict[str, Any]] = []
-    categories: list[str] = []
-    seg_free: dict[int, list[int]] = {}  # size -> addresses of trace segments, last first
-    seg_next = _SEGMENT_BASE
-
-    def entry(action: str, addr: int, size: int, ns: int, **extra: Any) -> None:
-        time_us = max(ns, 0) // 1000
-        trace.append({"action": action, "addr": addr, "size": size, "stream": 0,
-                      "time_us": time_us, "compile_context": "N/A", **extra})  # fmt: skip
-
-    for seq, _, kind, i in events:
+    writer = _TraceWriter(profile, rows)
+    for seq, _, kind, i in _events(profile, rows):
         if kind in ("segment_alloc", "segment_free"):
-            size = abs(int(seg.delta[i]))
-            ns = _ns_near(profile, seq)
-            if kind == "segment_alloc":
-                addr, seg_next = seg_next, seg_next + max(size, _ALIGN)
-                seg_free.setdefault(size, []).append(addr)
-            else:
-                pool = seg_free.get(size)
-                addr = pool.pop() if pool else seg_next
-                if not pool:
-                    seg_next += max(size, _ALIGN)
-            entry(kind, addr, size, ns, frames=[])
-            categories.append("-")
-            continue
-        row = i
-        label = f"{int(a.phase[row])}|{int(a.module[row])}|{profile.ops[int(a.op[row])]}"
-        frames = frames_of(int(a.stack[row]))
-        size = int(a.size[row])
-        addr = addr_of[row]
-        cat = chr(ord("0") + int(a.category[row]))  # one character each, also past 9
-        if kind == "alloc":
-            entry("alloc", addr, size, int(a.alloc_ns[row]), user_metadata=label, frames=frames)
-            categories.append(cat)
+            writer.segment(kind, i, seq)
         else:
-            ns = int(a.free_ns[row])
-            for action in ("free_requested", "free_completed"):
-                entry(action, addr, size, ns, user_metadata=label, frames=frames)
-                categories.append(cat)
-
+            writer.row(kind, i)
     live = [r for r in rows.tolist() if a.free_seq[r] < 0]
-    segments: list[dict[str, Any]] = []
-    for r in live:
-        size = int(a.size[r])
-        frames = frames_of(int(a.stack[r]))
-        block = {"address": addr_of[r], "size": size, "requested_size": size,
-                 "state": "active_allocated", "frames": frames}  # fmt: skip
-        segments.append(_segment(index, addr_of[r], size, size, [block]))
-    has_reserved = len(seg.seq) > 0 or seg.baseline > 0
-    live_bytes = sum(int(a.size[r]) for r in live)
-    reserved_end = seg.baseline + int(seg.delta.sum()) if has_reserved else live_bytes
-    spare = reserved_end - live_bytes
-    if spare > 0:
-        block = {"address": seg_next, "size": spare, "requested_size": 0, "state": "inactive",
-                 "frames": []}  # fmt: skip
-        segments.append(_segment(index, seg_next, spare, 0, [block]))
-    traces: list[list[dict[str, Any]]] = [[] for _ in range(index)] + [trace]
-    roles = [[addr_of[r], int(a.category[r]), int(a.module[r])] for r in live
+    segments, has_reserved = writer.end_segments(index, live)
+    traces: list[list[dict[str, Any]]] = [[] for _ in range(index)] + [writer.trace]
+    roles = [[writer.addr_of[r], int(a.category[r]), int(a.module[r])] for r in live
              if a.alloc_seq[r] < 0]  # fmt: skip
     return {
         "segments": segments,
@@ -550,7 +473,7 @@ def snapshot_from_profile(profile: Profile) -> dict[str, Any]:
             "device": profile.device,
             "source": profile.source,
             "modules": list(profile.modules),
-            "categories": "".join(c if c != "-" else "/" for c in categories),
+            "categories": "".join(c if c != "-" else "/" for c in writer.categories),
             "category_names": list(CATEGORIES),
             "roles": roles,
             "reserved": has_reserved,
@@ -558,6 +481,110 @@ def snapshot_from_profile(profile: Profile) -> dict[str, Any]:
             "meta": _plain(profile.meta),
         },
     }
+
+
+def _events(profile: Profile, rows: np.ndarray[Any, Any]) -> list[tuple[int, int, str, int]]:
+    """(seq, order within a seq, kind, row or segment index) of every event, in order: at one
+    seq a segment is mapped before an alloc, a free comes before the segment's unmap."""
+    a = profile.allocations
+    events: list[tuple[int, int, str, int]] = []
+    for row in rows.tolist():
+        if a.alloc_seq[row] >= 0:
+            events.append((int(a.alloc_seq[row]), 1, "alloc", row))
+        if a.free_seq[row] >= 0:
+            events.append((int(a.free_seq[row]), 2, "free", row))
+    seg = profile.segments
+    for i in range(len(seg.seq)):
+        kind = "segment_alloc" if seg.delta[i] > 0 else "segment_free"
+        events.append((int(seg.seq[i]), 0 if kind == "segment_alloc" else 3, kind, i))
+    events.sort()
+    return events
+
+
+class _TraceWriter:
+    """The trace entries of one device's rows, with the category of each (``-`` for segment
+    events): every row at its own synthesized address, segments at addresses of their own."""
+
+    def __init__(self, profile: Profile, rows: np.ndarray[Any, Any]) -> None:
+        self.profile = profile
+        a = profile.allocations
+        step = np.maximum((a.size[rows] + _ALIGN - 1) // _ALIGN * _ALIGN, _ALIGN)
+        addresses = _BASE_ADDRESS + np.concatenate(([0], np.cumsum(step)[:-1])).astype(np.int64)
+        self.addr_of = dict(zip(rows.tolist(), addresses.tolist(), strict=True))
+        self.frame_dicts = [{"filename": f.filename, "line": f.line, "name": f.name}
+                            for f in profile.frames]  # fmt: skip
+        self.stack_lists: dict[int, list[dict[str, Any]]] = {}
+        self.trace: list[dict[str, Any]] = []
+        self.categories: list[str] = []
+        self.seg_free: dict[int, list[int]] = {}  # size -> addresses of trace segments, last first
+        self.seg_next = _SEGMENT_BASE
+
+    def frames_of(self, stack: int) -> list[dict[str, Any]]:
+        """A stack's frame dicts, innermost first; one list per stack, shared by its entries."""
+        found = self.stack_lists.get(stack)
+        if found is None:
+            found = self.stack_lists[stack] = [self.frame_dicts[i] for i in reversed(
+                self.profile.stacks[stack])] if stack >= 0 else []  # fmt: skip
+        return found
+
+    def entry(self, action: str, addr: int, size: int, ns: int, **extra: Any) -> None:
+        time_us = max(ns, 0) // 1000
+        self.trace.append({"action": action, "addr": addr, "size": size, "stream": 0,
+                           "time_us": time_us, "compile_context": "N/A", **extra})  # fmt: skip
+
+    def segment(self, kind: str, i: int, seq: int) -> None:
+        """A segment event: a new address when mapped; unmapped, the last one of its size."""
+        size = abs(int(self.profile.segments.delta[i]))
+        ns = _ns_near(self.profile, seq)
+        if kind == "segment_alloc":
+            addr, self.seg_next = self.seg_next, self.seg_next + max(size, _ALIGN)
+            self.seg_free.setdefault(size, []).append(addr)
+        else:
+            pool = self.seg_free.get(size)
+            addr = pool.pop() if pool else self.seg_next
+            if not pool:
+                self.seg_next += max(size, _ALIGN)
+        self.entry(kind, addr, size, ns, frames=[])
+        self.categories.append("-")
+
+    def row(self, kind: str, row: int) -> None:
+        """A row's alloc, or its free (a ``free_requested`` and a ``free_completed``)."""
+        a, ops = self.profile.allocations, self.profile.ops
+        label = f"{int(a.phase[row])}|{int(a.module[row])}|{ops[int(a.op[row])]}"
+        frames = self.frames_of(int(a.stack[row]))
+        size = int(a.size[row])
+        addr = self.addr_of[row]
+        cat = chr(ord("0") + int(a.category[row]))  # one character each, also past 9
+        if kind == "alloc":
+            self.entry("alloc", addr, size, int(a.alloc_ns[row]), user_metadata=label,
+                       frames=frames)  # fmt: skip
+            self.categories.append(cat)
+        else:
+            ns = int(a.free_ns[row])
+            for action in ("free_requested", "free_completed"):
+                self.entry(action, addr, size, ns, user_metadata=label, frames=frames)
+                self.categories.append(cat)
+
+    def end_segments(self, index: int, live: list[int]) -> tuple[list[dict[str, Any]], bool]:
+        """The segments at the end: one per live block, one inactive for the rest of what is
+        reserved; and whether the profile has reserved memory at all."""
+        a, seg = self.profile.allocations, self.profile.segments
+        segments: list[dict[str, Any]] = []
+        for r in live:
+            size = int(a.size[r])
+            frames = self.frames_of(int(a.stack[r]))
+            block = {"address": self.addr_of[r], "size": size, "requested_size": size,
+                     "state": "active_allocated", "frames": frames}  # fmt: skip
+            segments.append(_segment(index, self.addr_of[r], size, size, [block]))
+        has_reserved = len(seg.seq) > 0 or seg.baseline > 0
+        live_bytes = sum(int(a.size[r]) for r in live)
+        reserved_end = seg.baseline + int(seg.delta.sum()) if has_reserved else live_bytes
+        spare = reserved_end - live_bytes
+        if spare > 0:
+            block = {"address": self.seg_next, "size": spare, "requested_size": 0,
+                     "state": "inactive", "frames": []}  # fmt: skip
+            segments.append(_segment(index, self.seg_next, spare, 0, [block]))
+        return segments, has_reserved
 
 
 def _segment(device: int, address: int, total: int, allocated: int,

@@ -4,11 +4,11 @@
 of trace entries: many GB. This reader interprets the pickle's opcodes itself (plain data only:
 any opcode that names a class or calls something is refused, as in :class:`SafeUnpickler`),
 builds everything but the trace entries as usual, and writes each entry of a device trace into
-:class:`.snapshot_columns.TraceColumns` as soon as it is read; the entry itself is never kept.
+:class:`.columns.TraceColumns` as soon as it is read; the entry itself is never kept.
 
-Two modules do the work, the lower one first: :mod:`.snapshot_reader` (the interpreter, and the
+Two modules do the work, the lower one first: :mod:`.reader` (the interpreter, and the
 compiled expression per key layout that reads a whole entry at once) and
-:mod:`._snapshot_bulk` (long runs of entries decoded with array operations, a subclass of the
+:mod:`.bulk` (long runs of entries decoded with array operations, a subclass of the
 interpreter). This module is their entry point.
 """
 
@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from .._model import ProfileFileError
-from ._snapshot_bulk import BulkReader
-from .snapshot_columns import TraceColumns, UnsupportedPickle
+from .bulk import BulkReader
+from .columns import TraceColumns, UnsupportedPickle
 
 __all__ = ["UnsupportedPickle", "read_snapshot_stream"]
 
@@ -32,7 +32,7 @@ def read_snapshot_stream(
 
     Raises :class:`ProfileFileError` for what is not a snapshot or names code, and
     :class:`UnsupportedPickle` for old text-protocol pickles (read those with
-    :class:`.snapshot_file.SafeUnpickler`).
+    :class:`.file.SafeUnpickler`).
     """
     reader = BulkReader(fh, progress)
     try:

@@ -2,18 +2,19 @@
 
 Snapshots dumped outside jupyter_vram reach millions of trace entries; a dict per entry costs
 hundreds of bytes and a Python loop per entry seconds per million. Here a device's trace is a
-handful of integer columns (:class:`TraceColumns`, filled by :mod:`.snapshot_stream` straight
+handful of integer columns (:class:`TraceColumns`, filled by :mod:`.stream` straight
 from the pickle, or from a dict by :func:`columns_from_trace`) plus tables of the distinct
 stacks and metadata strings, and :func:`profile_from_columns` converts it with numpy.
 
-The rules are those of :func:`.cuda_convert.profile_from_snapshot` without a baseline (which a
-foreign snapshot never has): an ``alloc`` opens a row, the first ``free_completed`` at its
-address closes it (else another ``alloc`` there, else an uncompleted ``free_requested``); a
-``free_requested`` at an address with no open row is a block from before the trace; sizes are
-rounded requests, exact for blocks live at the end (from ``segments``), where blocks the trace
-never touched are added as alive throughout. tests/test_snapshot_io.py checks both agree.
+The rules are those of :func:`jupyter_vram._capture.cuda_convert.profile_from_snapshot`
+without a baseline (which a foreign snapshot never has): an ``alloc`` opens a row, the first
+``free_completed`` at its address closes it (else another ``alloc`` there, else an uncompleted
+``free_requested``); a ``free_requested`` at an address with no open row is a block from before
+the trace; sizes are rounded requests, exact for blocks live at the end (from ``segments``),
+where blocks the trace never touched are added as alive throughout.
+tests/test_snapshot_io.py checks both agree.
 
-Labels (see :mod:`.snapshot_file`): the phase of each allocation comes from its stack (one
+Labels (see :mod:`.file`): the phase of each allocation comes from its stack (one
 decision per distinct stack), carried forward over allocations without Python frames, and the
 optimizer's annotations; the module from its ``user_metadata``; the op from its innermost
 user frame.
@@ -31,6 +32,9 @@ import numpy as np
 import numpy.typing as npt
 
 from .._allocator_rules import round_size
+from .._capture.builder import BASELINE_OP, OTHER, TEMPORARY, UNKNOWN, ProfileBuilder
+from .._capture.cuda_allocator import active_blocks, device_segments, roundup_divisions
+from .._capture.cuda_convert import MARKER_PREFIX, SOURCE, SnapshotStacks
 from .._model import (
     MAX_BYTES,
     MAX_SEQ,
@@ -40,9 +44,6 @@ from .._model import (
     ProfileFileError,
     SegmentEvents,
 )
-from .builder import BASELINE_OP, OTHER, TEMPORARY, UNKNOWN, ProfileBuilder
-from .cuda_allocator import _active_blocks, _device_segments, _divisions
-from .cuda_convert import MARKER_PREFIX, SOURCE, _Stacks
 
 ACTIONS: tuple[str, ...] = (
     "alloc",
@@ -281,8 +282,9 @@ def _rows(
 
 
 def _round_sizes(requests: IntArray, divisions: Sequence[int]) -> IntArray:
-    """:func:`.cuda_allocator.round_size` of each request: the default 512-byte rounding with
-    array operations; the requests ``roundup_power2_divisions`` may change, one at a time."""
+    """:func:`jupyter_vram._allocator_rules.round_size` of each request: the default 512-byte
+    rounding with array operations; the requests ``roundup_power2_divisions`` may change, one
+    at a time."""
     size = np.maximum((requests + 511) // 512 * 512, 512).astype(np.int64)
     if any(int(d) > 1 for d in divisions):
         special = np.flatnonzero(requests > 512)
@@ -323,118 +325,169 @@ def trace_numbers(trace: Sequence[Mapping[str, Any]]) -> tuple[IntArray, IntArra
     return addr, size, time_us
 
 
-def profile_from_columns(
-    cols: TraceColumns, snapshot: Mapping[str, Any], device_index: int
-) -> Profile:
-    """Convert one device's trace columns (see the module docstring)."""
-    b = ProfileBuilder()
-    device = f"cuda:{device_index}"
-    device_id = b.devices(device)
-    action = np.frombuffer(cols.action, np.int8)
-    addr = np.frombuffer(cols.addr, np.int64)
-    req = np.frombuffer(cols.size, np.int64)
-    time_us = np.frombuffer(cols.time_us, np.int64)
-    check_numbers(addr, req, time_us)
-    stack_of = np.frombuffer(cols.stack, np.int32)
-    meta_of = np.frombuffer(cols.meta, np.int32)
-    n = len(action)  # sequence numbers are trace indices
-    t0 = int(time_us[0]) if n else 0
+@dataclass
+class _Entries:
+    """A trace's columns as numpy views (no copies), with the sequence and time helpers."""
 
-    def ns(index: IntArray) -> IntArray:
-        return (time_us[index] - t0) * 1000
+    action: npt.NDArray[np.int8]
+    addr: IntArray
+    req: IntArray
+    time_us: IntArray
+    stack_of: IntArray
+    meta_of: IntArray
 
-    settings = snapshot.get("allocator_settings") or {}
-    divisions = _divisions(settings)
-    seg_seq = np.flatnonzero(action > FREE_COMPLETED)  # segment events among them
-    seg_seq = seg_seq[np.isin(action[seg_seq], (*_SEGMENT_ADD, *_SEGMENT_REMOVE))]
-    expandable = bool(settings.get("expandable_segments")) or bool(
-        np.isin(action[seg_seq], (5, 6)).any()
-    )
+    @classmethod
+    def of(cls, cols: TraceColumns) -> _Entries:
+        entries = cls(
+            np.frombuffer(cols.action, np.int8),
+            np.frombuffer(cols.addr, np.int64),
+            np.frombuffer(cols.size, np.int64),
+            np.frombuffer(cols.time_us, np.int64),
+            np.frombuffer(cols.stack, np.int32),
+            np.frombuffer(cols.meta, np.int32),
+        )
+        check_numbers(entries.addr, entries.req, entries.time_us)
+        return entries
 
-    # -- per-stack facts: interned frames, innermost user function, phase shown ---------------
-    stacks = _Stacks(b)
-    stack_ids = np.full(len(cols.stacks) + 1, -1, np.int64)  # last slot: no frames
-    inner_ops = np.zeros(len(cols.stacks) + 1, np.int64)
-    stack_phase = np.full(len(cols.stacks) + 1, -1, np.int64)
-    unknown_op = b.ops(UNKNOWN)
-    inner_ops[-1] = unknown_op
-    for i, frames in enumerate(cols.stacks):
-        sid, inner = stacks(frames)
-        stack_ids[i] = sid
-        inner_ops[i] = b.ops(inner) if inner else unknown_op
-        stack_phase[i] = _frame_phase(frames)
+    @property
+    def n(self) -> int:
+        """How many entries; sequence numbers are trace indices."""
+        return len(self.action)
 
-    # -- rows: openers are allocs and free_requests at addresses with no open row --------------
-    marker = np.asarray([t.startswith(MARKER_PREFIX) for t in cols.metas], bool)
-    mem = np.flatnonzero((action <= FREE_COMPLETED) & ~marker[meta_of])
-    src, free_at, inconsistencies = _rows(action, addr, mem, n)
-    del mem
-    is_alloc = action[src] == ALLOC  # per row, rows in trace order of their opening event
-    free_seq = free_at
-    free_ns = np.where(free_at >= 0, ns(free_at.clip(0)), -1)
-    alloc_seq = np.where(is_alloc, src, -1)
-    alloc_ns = np.where(is_alloc, ns(src), 0)  # as the converter: 0 before the trace
-    del free_at
-    size = _round_sizes(req[src], divisions)
-    row_addr = addr[src]
-    row_stack = stack_of[src]
-    stack_slot = np.where(row_stack >= 0, row_stack, len(cols.stacks))
-    stack_col = stack_ids[stack_slot]
-    op_col = np.where(is_alloc, inner_ops[stack_slot], b.ops(BASELINE_OP))
+    def ns(self, index: IntArray) -> IntArray:
+        """Nanoseconds since the first entry, of the entries at ``index``."""
+        t0 = int(self.time_us[0]) if self.n else 0
+        return (self.time_us[index] - t0) * 1000
 
-    # -- phases: per alloc in trace order, from its stack, carried over frameless allocs -----
-    allocs = np.flatnonzero(action == ALLOC)
-    slot = np.where(stack_of[allocs] >= 0, stack_of[allocs], len(cols.stacks))
-    phase_seen = stack_phase[slot]
+
+@dataclass
+class _StackFacts:
+    """Per distinct stack (a last slot for no frames): interned stack id, the op of its
+    innermost user function, the phase its frames show (-1: none)."""
+
+    ids: IntArray
+    inner_ops: IntArray
+    phase: IntArray
+
+    @classmethod
+    def of(cls, cols: TraceColumns, b: ProfileBuilder, stacks: SnapshotStacks) -> _StackFacts:
+        facts = cls(
+            np.full(len(cols.stacks) + 1, -1, np.int64),
+            np.zeros(len(cols.stacks) + 1, np.int64),
+            np.full(len(cols.stacks) + 1, -1, np.int64),
+        )
+        unknown_op = b.ops(UNKNOWN)
+        facts.inner_ops[-1] = unknown_op
+        for i, frames in enumerate(cols.stacks):
+            sid, inner = stacks(frames)
+            facts.ids[i] = sid
+            facts.inner_ops[i] = b.ops(inner) if inner else unknown_op
+            facts.phase[i] = _frame_phase(frames)
+        return facts
+
+    def slots(self, stack_of: IntArray) -> IntArray:
+        """The slot of each stack index (-1, no frames: the last one)."""
+        return np.where(stack_of >= 0, stack_of, len(self.ids) - 1)
+
+
+def _phase_of_allocs(
+    e: _Entries, facts: _StackFacts, snapshot: Mapping[str, Any], device_index: int
+) -> npt.NDArray[np.int8]:
+    """Per trace entry, the phase of the allocation there (other elsewhere): from its stack,
+    carried over frameless allocations, the optimizer's annotated spans over both."""
+    allocs = np.flatnonzero(e.action == ALLOC)
+    phase_seen = facts.phase[facts.slots(e.stack_of[allocs])]
     phase_by_alloc = _forward_fill(phase_seen) if len(allocs) else phase_seen
     for t_start, t_end in _optimizer_spans(snapshot, device_index):
-        inside = (time_us[allocs] >= t_start) & (time_us[allocs] <= t_end)
+        inside = (e.time_us[allocs] >= t_start) & (e.time_us[allocs] <= t_end)
         phase_by_alloc[inside] = OPTIMIZER
-    phase_at = np.full(n, OTHER_PHASE, np.int8)
+    phase_at = np.full(e.n, OTHER_PHASE, np.int8)
     phase_at[allocs] = phase_by_alloc
-    del allocs, slot, phase_seen, phase_by_alloc
-    phase_col = np.where(is_alloc, phase_at[src], OTHER_PHASE)
+    return phase_at
 
-    module_of_meta = np.asarray([0] + [b.modules(name) for name in cols.metas[1:]], np.int64)
-    module_col = np.where(is_alloc, module_of_meta[meta_of[src]], 0)
-    category_col = np.where(is_alloc, TEMPORARY, OTHER)
-    estimated = (is_alloc & (not expandable)) | ~is_alloc
 
-    # -- the end state: exact sizes of live blocks, blocks the trace never touched ------------
-    end = _active_blocks(snapshot, device_index)
-    live = free_seq < 0
-    extra: list[tuple[int, Mapping[str, Any]]] = []
-    notes = {"size_mismatches": 0, "inconsistencies": inconsistencies}
-    if end:
-        live_rows = np.flatnonzero(live)
-        seen: set[int] = set()
-        for r in live_rows.tolist():
-            block = end.get(int(row_addr[r]))
-            seen.add(int(row_addr[r]))
-            if block is None:
-                notes["inconsistencies"] += 1
-                continue
-            exact = int(block["size"])
-            if size[r] != exact and not estimated[r]:
-                notes["size_mismatches"] += 1
-            size[r] = exact
-            estimated[r] = False
-        extra = [(a, blk) for a, blk in end.items() if a not in seen]
-
-    k = len(src)
+def _row_columns(
+    e: _Entries, cols: TraceColumns, b: ProfileBuilder, facts: _StackFacts,
+    snapshot: Mapping[str, Any], device_index: int, expandable: bool,
+) -> tuple[dict[str, Any], npt.NDArray[np.bool_], int]:  # fmt: skip
+    """The rows the trace opens (allocs, and free_requests at addresses with no open row), in
+    trace order of their opening event: their columns, whose sizes are still rounded requests,
+    which sizes are estimates, and the count of inconsistencies met."""
+    marker = np.asarray([t.startswith(MARKER_PREFIX) for t in cols.metas], bool)
+    mem = np.flatnonzero((e.action <= FREE_COMPLETED) & ~marker[e.meta_of])
+    src, free_at, inconsistencies = _rows(e.action, e.addr, mem, e.n)
+    del mem
+    is_alloc = e.action[src] == ALLOC
+    divisions = roundup_divisions(snapshot.get("allocator_settings") or {})
+    stack_slot = facts.slots(e.stack_of[src])
     columns: dict[str, Any] = {
-        "size": size,
-        "alloc_seq": alloc_seq,
-        "free_seq": free_seq,
-        "alloc_ns": alloc_ns,
-        "free_ns": free_ns,
-        "device": np.full(k, device_id, np.int32),
-        "op": op_col,
-        "module": module_col,
-        "stack": stack_col,
-        "phase": phase_col,
-        "category": category_col,
+        "size": _round_sizes(e.req[src], divisions),
+        "alloc_seq": np.where(is_alloc, src, -1),
+        "free_seq": free_at,
+        "alloc_ns": np.where(is_alloc, e.ns(src), 0),  # as the converter: 0 before the trace
+        "free_ns": np.where(free_at >= 0, e.ns(free_at.clip(0)), -1),
+        "op": np.where(is_alloc, facts.inner_ops[stack_slot], b.ops(BASELINE_OP)),
+        "stack": facts.ids[stack_slot],
+        "addr": e.addr[src],
     }
+    columns["phase"] = np.where(
+        is_alloc, _phase_of_allocs(e, facts, snapshot, device_index)[src], OTHER_PHASE
+    )
+    module_of_meta = np.asarray([0] + [b.modules(name) for name in cols.metas[1:]], np.int64)
+    columns["module"] = np.where(is_alloc, module_of_meta[e.meta_of[src]], 0)
+    columns["category"] = np.where(is_alloc, TEMPORARY, OTHER)
+    estimated = (is_alloc & (not expandable)) | ~is_alloc
+    return columns, estimated, inconsistencies
+
+
+def _segment_entries(action: npt.NDArray[np.int8]) -> npt.NDArray[np.intp]:
+    """The trace indices of segment events (map, unmap, alloc, free)."""
+    seg_seq = np.flatnonzero(action > FREE_COMPLETED)
+    return seg_seq[np.isin(action[seg_seq], (*_SEGMENT_ADD, *_SEGMENT_REMOVE))]
+
+
+def _expandable(e: _Entries, seg_seq: IntArray, snapshot: Mapping[str, Any]) -> bool:
+    """Expandable segments: said by the settings, or shown by segment map / unmap events."""
+    settings = snapshot.get("allocator_settings") or {}
+    return bool(settings.get("expandable_segments")) or bool(
+        np.isin(e.action[seg_seq], (5, 6)).any()
+    )
+
+
+def _fit_end_state(
+    columns: dict[str, Any], estimated: npt.NDArray[np.bool_], end: Mapping[int, Any],
+    notes: dict[str, int],
+) -> list[tuple[int, Mapping[str, Any]]]:  # fmt: skip
+    """Give the rows live at the end their exact block sizes from the end state (counting
+    mismatches and rows with no block in ``notes``); the blocks no row reached."""
+    if not end:
+        return []
+    size, row_addr = columns["size"], columns["addr"]
+    seen: set[int] = set()
+    for r in np.flatnonzero(columns["free_seq"] < 0).tolist():
+        block = end.get(int(row_addr[r]))
+        seen.add(int(row_addr[r]))
+        if block is None:
+            notes["inconsistencies"] += 1
+            continue
+        exact = int(block["size"])
+        if size[r] != exact and not estimated[r]:
+            notes["size_mismatches"] += 1
+        size[r] = exact
+        estimated[r] = False
+    return [(a, blk) for a, blk in end.items() if a not in seen]
+
+
+def _allocations(
+    columns: dict[str, Any], extra: list[tuple[int, Mapping[str, Any]]], b: ProfileBuilder,
+    stacks: SnapshotStacks, device_id: int,
+) -> Allocations:  # fmt: skip
+    """The rows in the order the converter makes them (by the trace index of their first
+    event), then the blocks the trace never touched; each column written once, in its final
+    type."""
+    k = len(columns["size"])
+    columns = {key: v for key, v in columns.items() if key != "addr"}
+    columns["device"] = np.full(k, device_id, np.int32)
     more: dict[str, list[int]] = {}
     if extra:
         baseline_op = b.ops(BASELINE_OP)
@@ -451,28 +504,54 @@ def profile_from_columns(
             "phase": [OTHER_PHASE] * len(extra),
             "category": [OTHER] * len(extra),
         }
-    # rows in the order the converter makes them (by the trace index of their first event),
-    # then the blocks the trace never touched; each column written once, in its final type
     kinds = Allocations.empty()
     for key, v in columns.items():
         out = np.empty(k + len(extra), getattr(kinds, key).dtype)
         out[:k] = v
         out[k:] = more.get(key, ())
         columns[key] = out
-    allocations = Allocations.from_columns(columns)
+    return Allocations.from_columns(columns)
 
-    # -- reserved memory ---------------------------------------------------------------------
-    seg_delta = np.where(np.isin(action[seg_seq], _SEGMENT_ADD), req[seg_seq], -req[seg_seq])
+
+def _reserved(
+    e: _Entries, seg_seq: npt.NDArray[np.intp], snapshot: Mapping[str, Any], device_index: int
+) -> tuple[SegmentEvents, int | None]:
+    """The segment events, and the reserved bytes at the end when the snapshot has its
+    segments (the start is then worked back from the end; else it is what keeps the running
+    total from going below zero)."""
+    req = e.req[seg_seq]
+    seg_delta = np.where(np.isin(e.action[seg_seq], _SEGMENT_ADD), req, -req)
+    end_reserved = None
     if "segments" in snapshot:
-        end_reserved = sum(int(s["total_size"]) for s in _device_segments(snapshot, device_index))
+        end_reserved = sum(int(s["total_size"]) for s in device_segments(snapshot, device_index))
         reserved0 = max(end_reserved - int(seg_delta.sum()), 0)
     else:
         running = np.cumsum(seg_delta)
         reserved0 = -int(min(running.min(initial=0), 0))
-    ooms = [{"seq": int(i), "size": int(req[i]), "device_free": 0}
-            for i in np.flatnonzero(action == OOM)]  # fmt: skip
+    return SegmentEvents(seg_seq, seg_delta, reserved0), end_reserved
+
+
+def profile_from_columns(
+    cols: TraceColumns, snapshot: Mapping[str, Any], device_index: int
+) -> Profile:
+    """Convert one device's trace columns (see the module docstring)."""
+    b = ProfileBuilder()
+    device = f"cuda:{device_index}"
+    device_id = b.devices(device)
+    e = _Entries.of(cols)
+    stacks = SnapshotStacks(b)
+    facts = _StackFacts.of(cols, b, stacks)
+    seg_seq = _segment_entries(e.action)
+    expandable = _expandable(e, seg_seq, snapshot)
+    columns, estimated, inconsistencies = _row_columns(
+        e, cols, b, facts, snapshot, device_index, expandable
+    )
+    notes = {"size_mismatches": 0, "inconsistencies": inconsistencies}
+    extra = _fit_end_state(columns, estimated, active_blocks(snapshot, device_index), notes)
+    allocations = _allocations(columns, extra, b, stacks, device_id)
+    segments, end_reserved = _reserved(e, seg_seq, snapshot, device_index)
     meta: dict[str, Any] = {
-        "trace_events": n,
+        "trace_events": e.n,
         "truncated": False,
         "markers": 0,
         "estimated_sizes": int(estimated.sum()),
@@ -480,9 +559,11 @@ def profile_from_columns(
         **notes,
         "sizes_replayed": False,
     }
+    ooms = [{"seq": int(i), "size": int(e.req[i]), "device_free": 0}
+            for i in np.flatnonzero(e.action == OOM)]  # fmt: skip
     if ooms:
         meta["oom"] = ooms
-    if "segments" in snapshot:
+    if end_reserved is not None:
         meta["reserved_end"] = end_reserved
     return Profile(
         allocations,
@@ -493,6 +574,6 @@ def profile_from_columns(
         modules=b.modules.names,
         frames=b.frames,
         stacks=b.stacks,
-        segments=SegmentEvents(seg_seq, seg_delta, reserved0),
+        segments=segments,
         meta=meta,
     )
