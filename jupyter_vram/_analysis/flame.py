@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -216,3 +216,30 @@ def _child(
         names.append(name)
         parents.append(parent)
     return node
+
+
+#: the saved flame layout's x and width: millionths of the root's bytes
+LAYOUT_UNITS = 1_000_000
+
+
+def saved_layout_columns(layout: IcicleLayout) -> dict[str, list[int]]:
+    """The layout as integers (compact JSON), each x and width rounded on its own so a block
+    at least 0.1 % of the root wide is saved at least 1000 millionths wide."""
+    return {
+        "x": [round(v * LAYOUT_UNITS) for v in layout.x],
+        "width": [round(v * LAYOUT_UNITS) for v in layout.width],
+        "depth": layout.depth,
+    }
+
+
+def saved_flame_layout(flame: Mapping[str, Any]) -> IcicleLayout:
+    """The layout a saved profile's ``flame`` carries, as fractions; computed from its
+    parent and bytes columns for profiles saved before it was (same function, same result
+    but for the rounding)."""
+    if all(k in flame for k in ("x", "width", "depth")):
+        return IcicleLayout(
+            [v / LAYOUT_UNITS for v in flame["x"]],
+            [v / LAYOUT_UNITS for v in flame["width"]],
+            list(flame["depth"]),
+        )
+    return icicle_layout(flame["parent"], flame["bytes"])

@@ -66,13 +66,12 @@ Bytes are integers; ``categories`` fixes the order of every per-category array::
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from .._analysis.allocator import has_segments, reserved_at, reserved_peak
-from .._analysis.flame import FlameNode, IcicleLayout, flame_tree, icicle_layout
+from .._analysis.flame import FlameNode, flame_tree, icicle_layout, saved_layout_columns
 from .._analysis.groups import live_at_peak
 from .._analysis.tables import top_sites
 from .._model import CATEGORIES
@@ -91,7 +90,6 @@ MIN_SHARE = 0.001  # flame nodes under this share of the peak are dropped
 MAX_NODES = 500  # and at most this many are kept (the largest), whatever the tree's size
 TIMELINE_BUCKETS = 300  # at most two steps per bucket: <= ~600 points
 TOP = 20  # rows of the top-modules and top-sites lists
-LAYOUT_UNITS = 1_000_000  # the saved flame layout's x and width: millionths of the root
 
 
 def profile_payload(profile: Profile, estimate: Estimate | None = None) -> dict[str, Any]:
@@ -239,31 +237,8 @@ def flame_payload(
         "category": category,
         "mix": mix,
         "type": kinds,
-        **_saved_layout_columns(icicle_layout(cols["parent"], cols["bytes"])),
+        **saved_layout_columns(icicle_layout(cols["parent"], cols["bytes"])),
     }
-
-
-def _saved_layout_columns(layout: IcicleLayout) -> dict[str, list[int]]:
-    """The layout as integers (compact JSON), each x and width rounded on its own so a block
-    at least 0.1 % of the root wide is saved at least 1000 millionths wide."""
-    return {
-        "x": [round(v * LAYOUT_UNITS) for v in layout.x],
-        "width": [round(v * LAYOUT_UNITS) for v in layout.width],
-        "depth": layout.depth,
-    }
-
-
-def saved_flame_layout(flame: Mapping[str, Any]) -> IcicleLayout:
-    """The layout a saved profile's ``flame`` carries, as fractions; computed from its
-    parent and bytes columns for profiles saved before it was (same function, same result
-    but for the rounding)."""
-    if all(k in flame for k in ("x", "width", "depth")):
-        return IcicleLayout(
-            [v / LAYOUT_UNITS for v in flame["x"]],
-            [v / LAYOUT_UNITS for v in flame["width"]],
-            list(flame["depth"]),
-        )
-    return icicle_layout(flame["parent"], flame["bytes"])
 
 
 def timeline_payload(profile: Profile, axis: Axis) -> dict[str, Any]:

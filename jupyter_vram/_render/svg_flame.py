@@ -13,9 +13,9 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._analysis.flame import saved_flame_layout
 from .._units import format_bytes
 from .figures import BLOCK_LINE, CRUMB_SEP, ROOT_COLOR, fit_label
-from .mime import saved_flame_layout
 
 ROW_PX = 20  # height of one flame level
 FONT = "font-family='-apple-system,BlinkMacSystemFont,Segoe UI,Helvetica,Arial,sans-serif'"
