@@ -124,9 +124,12 @@ def _targets(node: ast.Import | ast.ImportFrom, name: str, is_package: bool,
         yield full if full in modules else parent
 
 
-def imports_of(name: str, path: Path, modules: Mapping[str, Path]) -> list[Import]:
-    """Every import of the package in one module, with its kind."""
-    root = name.split(".", maxsplit=1)[0]
+def imports_of(
+    name: str, path: Path, modules: Mapping[str, Path], root: str | None = None
+) -> list[Import]:
+    """Every import of the package (``root``: by default the one ``name`` is in) in one
+    module, with its kind."""
+    root = root or name.split(".", maxsplit=1)[0]
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     is_package = path.name == "__init__.py"
     found: list[Import] = []

@@ -1,4 +1,7 @@
-"""The interactive profile app (ipywidgets + bokeh). The only place that holds UI state."""
+"""The interactive profile app (ipywidgets + bokeh). The only place that holds UI state.
+
+Where each module here is tested: tests/INDEX.md.
+"""
 
 from .profile_app import ProfileApp
 

@@ -1,4 +1,7 @@
-"""Recorders: the only place that touches private torch APIs."""
+"""Recorders: the only place that touches private torch APIs.
+
+Where each module here is tested: tests/INDEX.md.
+"""
 
 from __future__ import annotations
 

@@ -4,6 +4,8 @@
 jupyter_vram.run``) records the ranks of a script; ``files.load_ranks`` reads the
 per-rank profiles back. Importing this package imports no torch: the parent of a launch only
 pickles, waits and reads files.
+
+Where each module here is tested: tests/INDEX.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Predict a training step's memory without a GPU: fake-tensor runs in a separate process."""
+"""Predict a training step's memory without a GPU: fake-tensor runs in a separate process.
+
+Where each module here is tested: tests/INDEX.md.
+"""
 
 from .api import Comparison, Estimate, RunSummary, estimate, estimate_generate
 from .gpus import GPUS, Gpu, find_gpu

@@ -6,6 +6,8 @@ events, limits); :mod:`.timeline` (the replay of a profile's events into live by
 :mod:`.variant` (what a rerun changed), :mod:`.oom` (the facts of an OOM post-mortem) and
 :mod:`.files` (a saved profile read and checked); :mod:`.profile` (the Profile). This package
 re-exports their names.
+
+Where each module here is tested: tests/INDEX.md.
 """
 
 from __future__ import annotations

@@ -1,1 +1,4 @@
-"""Pure renderers: analysis results to text, tables, figures and HTML."""
+"""Pure renderers: analysis results to text, tables, figures and HTML.
+
+Where each module here is tested: tests/INDEX.md.
+"""

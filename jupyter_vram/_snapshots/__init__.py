@@ -15,4 +15,6 @@ The modules, lowest first:
 * :mod:`.stream`: the streaming reader's entry point;
 * :mod:`.file`: the files themselves (safe unpickling, devices, labels recovered from stacks,
   writing a Profile as a snapshot PyTorch's viewers load).
+
+Where each module here is tested: tests/INDEX.md.
 """
