@@ -421,6 +421,18 @@ class VramMagics(Magics):
     @argument("--checkpoint", action="store_true", help="activation checkpointing")
     @argument("--inference", action="store_true", help="forward only, under no_grad")
     @argument(
+        "--lora",
+        default=None,
+        metavar="SPEC",
+        help="what if the model were fine-tuned with peft LoRA adapters: LoraConfig arguments "
+        "(r=16,target_modules=q_proj+v_proj) or a notebook variable holding a dict",
+    )
+    @argument(
+        "--qlora",
+        action="store_true",
+        help="what if its linear layers were bitsandbytes NF4 (QLoRA; adapters from --lora)",
+    )
+    @argument(
         "--generate",
         type=int,
         default=None,

@@ -10,7 +10,7 @@ device used adds a fixed allowance for the CUDA context and library workspaces.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from torch import nn
 from .. import _display
 from .._model import CATEGORIES, CATEGORY_INDEX, PHASES, Allocations, Profile
 from .._units import format_bytes
+from .adapters import Adapters, check_adapters, table_adapters, with_adapters
 from .gpus import GPUS, RUNTIME_HIDDEN_BYTES, Gpu, find_gpu
 from .inputs import make_batch_spec
 from .job import Job
@@ -523,6 +524,8 @@ def estimate(
     stacks: bool = True,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     torch_version: str | None = None,
+    lora: Mapping[str, Any] | None = None,
+    qlora: bool | Mapping[str, Any] = False,
 ) -> Estimate:
     """Predict the memory of one training step of ``model`` on ``inputs``.
 
@@ -534,6 +537,13 @@ def estimate(
     ``f(params) -> optimizer``. ``device``: the device predicted, "cuda" (default) or "cpu".
     ``torch_version``: the torch the step will run under, when not this one (``"2.11"``): the
     cuBLAS / cuBLASLt workspaces it keeps differ by version.
+
+    What-ifs on a plain model (``model`` as peft would make it, see :mod:`.adapters`):
+    ``lora``: peft ``LoraConfig`` arguments (``dict(r=16, target_modules=["q_proj",
+    "v_proj"])``; peft's defaults for what is left out). ``qlora``: True, or a dict of
+    ``quant_type`` ("nf4" / "fp4"), ``double_quant`` and ``compute_dtype``: every linear layer
+    but the output one a bitsandbytes 4-bit layer (NF4, nested statistics by default) under
+    the LoRA adapters.
     """
     if not isinstance(model, nn.Module) and not callable(model):
         raise EstimateError(
@@ -553,14 +563,26 @@ def estimate(
         from .._transforms.amp import amp_dtype
 
         amp_dtype(amp)
-    spec = make_batch_spec(_probe(model), inputs, batch_size)
+    adapters = check_adapters(lora, qlora)
+    probe = _probe(model)
+    if adapters is not None:
+        model = probe = with_adapters(probe, adapters, dtype)
+    spec = make_batch_spec(probe, inputs, batch_size)
     settings = StepSettings(device=device, dtype=dtype, amp=amp, checkpoint=checkpoint,
                             optimizer=name, inference=inference, stacks=stacks,
                             torch_version=torch_version)  # fmt: skip
     payload = pack_job(Job(model, spec, loss_fn, factory))
     with EstimatorProcess(payload, timeout_s=timeout_s) as process:
         profile = process.run(settings, None)
+    if adapters is not None:
+        profile = _with_what_if(profile, adapters.describe())
     return Estimate(profile, settings, payload, timeout_s=timeout_s)
+
+
+def _with_what_if(profile: Profile, what_if: str) -> Profile:
+    """``profile`` saying which adapters the estimated model was given (meta "adapters")."""
+    info = {**profile.meta.get("estimate", {}), "adapters": what_if}
+    return profile.replace(meta={**profile.meta, "estimate": info})
 
 
 def estimate_generate(
@@ -701,6 +723,14 @@ def what_if_table(estimate: Estimate, *, data_parallel: int = 8,
                 continue
             add(name, "simulated", run.peak_bytes, run.reserved_bytes, run.predicted_device_bytes)
     if not base.inference:
+        for adapters, run_or_error in adapter_runs(estimate, progress):
+            if isinstance(run_or_error, str):
+                nan = float("nan")
+                add(adapters.describe(), "simulated", nan, nan, nan, note=run_or_error)
+            else:
+                add(adapters.describe(), "simulated", run_or_error.peak_bytes,
+                    run_or_error.reserved_bytes, run_or_error.predicted_device_bytes)  # fmt: skip
+
         unit = int(estimate.profile.meta.get("estimate", {}).get("unit_parameter_bytes", 0))
         ratio = summary.reserved_bytes / max(summary.peak_bytes, 1)
         overhead = summary.predicted_device_bytes - summary.reserved_bytes
@@ -710,6 +740,29 @@ def what_if_table(estimate: Estimate, *, data_parallel: int = 8,
             add(f"{sharding.name} on {data_parallel} GPUs (per GPU)", "arithmetic", peak,
                 reserved, reserved + overhead)  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def adapter_runs(
+    estimate: Estimate, progress: Callable[[str], None] | None = None
+) -> Iterator[tuple[Adapters, RunSummary | str]]:
+    """The estimated step with LoRA / QLoRA adapters (:func:`.adapters.table_adapters`), each
+    model simulated in an estimator process of its own; a failure is its first line."""
+    from .transport import loads
+
+    job = loads(estimate._payload)
+    base = _probe(job.model)
+    for adapters in table_adapters(base):
+        if progress is not None:
+            progress(f"simulating {adapters.describe()} ...")
+        try:
+            model = with_adapters(base, adapters, estimate.settings.dtype)
+            payload = pack_job(replace(job, model=model))
+            with EstimatorProcess(payload, timeout_s=estimate._timeout_s) as process:
+                profile = process.run(estimate.settings, estimate.batch_size)
+        except EstimateError as error:
+            yield adapters, str(error).splitlines()[0]
+            continue
+        yield adapters, RunSummary.of(profile, estimate.batch_size)
 
 
 def what_if_fits(estimate: Estimate, frame: pd.DataFrame, gpu: Gpu) -> list[bool | None]:
