@@ -415,7 +415,11 @@ class VramMagics(Magics):
         default=None,
         help="a function loss(output, batch) in the notebook (default: output.loss, else a sum)",
     )
-    @argument("--optimizer", default="adamw", help="adamw, adam, sgd, adafactor, adamw8bit, ...")
+    @argument(
+        "--optimizer",
+        default="adamw",
+        help="adamw, adam, sgd, adafactor, adamw8bit, pagedadamw8bit, ...",
+    )
     @argument("--dtype", default=None, help="cast parameters: fp32, bf16, fp16")
     @argument("--amp", default=None, help="autocast dtype: bf16 or fp16")
     @argument("--checkpoint", action="store_true", help="activation checkpointing")

@@ -17,6 +17,7 @@ from ._estimator.runner import EstimateError
 from ._estimator.search import format_batch
 from ._estimator.step import StepError
 from ._estimator.whatif import check_gpus
+from ._units import format_bytes
 
 #: Failures that deserve a one-paragraph message, not a traceback.
 EXPECTED_ERRORS = (EstimateError, InputError, StepError)
@@ -139,6 +140,10 @@ def run_estimate_magic(args: Namespace, namespace: dict[str, Any]) -> Estimate |
         adapters = result.profile.meta.get("estimate", {}).get("adapters")
         if adapters:
             print(f"what if: the model with {adapters} (peft; the step trains the adapters)")
+        if result.paged_state_bytes:
+            print(f"paged optimizer state: {format_bytes(result.paged_state_bytes)} in CUDA "
+                  "managed memory, not in the figures above (paged to the host when the GPU "
+                  "runs short)")  # fmt: skip
         if what_ifs is not None:
             print(what_if_text(what_ifs))
         if gpu is not None and largest is not None:

@@ -159,6 +159,14 @@ class Estimate:
         return FirstFit(first, tuple(g.name for g in gpus if g not in checked))
 
     @property
+    def paged_state_bytes(self) -> int:
+        """Optimizer state a bitsandbytes paged optimizer keeps in CUDA managed memory (a
+        CUDA target; 0 otherwise): beside the caching allocator, so in no peak, reserved or
+        device-used figure; on the GPU while it has room, paged to the host when it runs
+        short."""
+        return int(self.profile.meta.get("estimate", {}).get("paged_state_bytes", 0))
+
+    @property
     def runtime_hidden_bytes(self) -> int:
         """What a card's driver keeps of its memory, left out of every fit (a guess:
         :data:`~.gpus.RUNTIME_HIDDEN_BYTES`)."""
@@ -533,7 +541,8 @@ def estimate(
     function that builds it. ``inputs``: a shape (``"8x3x224x224"``; ``"8x512"`` is token ids
     for a language model), named shapes (``"input_ids=8x512,attention_mask=8x512"``), example
     tensors, a dict of them, or ``f(batch_size) -> batch``; None reads a transformers config.
-    ``optimizer``: a name (adamw, adam, sgd, adafactor, adagrad, rmsprop, adamw8bit, none) or
+    ``optimizer``: a name (adamw, adam, sgd, adafactor, adagrad, rmsprop, adamw8bit, none;
+    bitsandbytes' pagedadamw8bit, pagedadamw: see :attr:`Estimate.paged_state_bytes`) or
     ``f(params) -> optimizer``. ``device``: the device predicted, "cuda" (default) or "cpu".
     ``torch_version``: the torch the step will run under, when not this one (``"2.11"``): the
     cuBLAS / cuBLASLt workspaces it keeps differ by version.

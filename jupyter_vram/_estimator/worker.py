@@ -50,6 +50,8 @@ from .order import canonical_baseline, canonical_bursts, rows_of
 from .runner import JOB_FOLDER_PREFIX
 from .step import (
     EIGHT_BIT,
+    PAGED,
+    PAGED_MIN_ELEMENTS,
     StepSettings,
     float_dtype,
     is_bitsandbytes,
@@ -145,6 +147,7 @@ class Simulator:
                 host_counters = _step_counters(optimizer, host_only=True)
                 all_counters = _step_counters(optimizer, host_only=False)
                 state_itemsizes = _state_itemsizes(optimizer)
+                paged_sizes = _paged_state_sizes(optimizer, settings)
                 real_eight_bit = is_bitsandbytes(optimizer)
                 del args, kwargs
                 steady = before is not None and self._steady_state(optimizer) == before
@@ -177,6 +180,7 @@ class Simulator:
         }
         if settings.target_type == "cuda":
             info["host_step_counters"] = host_counters
+            info["paged_state_sizes"] = paged_sizes
         if settings.optimizer in EIGHT_BIT:
             info["state_itemsizes"] = state_itemsizes
             info["step_counters"] = all_counters
@@ -566,6 +570,10 @@ def finish_profile(raw: Profile, settings: StepSettings, info: dict[str, Any]) -
     fake_rows = raw.allocations.device == raw.devices.index(raw.device)
     if settings.target_type == "cuda":
         fake_rows &= ~_rows_of_host_counters(raw, info.get("host_step_counters", []))
+        # paged optimizer state: CUDA managed memory, beside the caching allocator
+        paged = info.get("paged_state_sizes", [])
+        fake_rows &= ~_rows_of_host_counters(raw, paged)
+        info["paged_state_bytes"] = sum(paged)
     kept = _without_rows(raw, ~fake_rows)
     kept = Allocations.from_columns(
         {**{name: getattr(kept, name) for name in _COLUMN_NAMES},
@@ -611,6 +619,23 @@ def _step_counters(optimizer: Any, *, host_only: bool) -> list[int]:
             step = optimizer.state.get(p, {}).get("step")
             if isinstance(step, torch.Tensor) and step.dim() == 0:
                 sizes.append(step.element_size())
+    return sizes
+
+
+def _paged_state_sizes(optimizer: Any, settings: StepSettings) -> list[int]:
+    """Byte sizes of the state buffers a bitsandbytes paged optimizer keeps in CUDA managed
+    memory on a CUDA target (``state1`` / ``state2`` of parameters of at least
+    :data:`~.step.PAGED_MIN_ELEMENTS` elements); none on the CPU, where it pages nothing."""
+    if optimizer is None or settings.optimizer not in PAGED or settings.target_type != "cuda":
+        return []
+    sizes = []
+    for param, state in optimizer.state.items():
+        if param.numel() < PAGED_MIN_ELEMENTS:
+            continue
+        for name in ("state1", "state2"):
+            buffer = state.get(name)
+            if isinstance(buffer, torch.Tensor):
+                sizes.append(buffer.numel() * buffer.element_size())
     return sizes
 
 
