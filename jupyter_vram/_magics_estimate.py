@@ -170,6 +170,8 @@ def _generate(args: Namespace, model: Any, namespace: Mapping[str, Any]) -> Esti
     its length in tokens, default 128)."""
     from ._estimator.api import estimate_generate
 
+    if args.lora is not None or args.qlora:
+        raise InputError("--lora / --qlora are what-ifs of a training step, not of --generate")
     prompt = resolve_inputs(args.input, namespace)
     if prompt is None:
         prompt = 128

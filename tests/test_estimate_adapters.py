@@ -67,6 +67,32 @@ def test_qlora_what_if_is_the_bitsandbytes_model_measured() -> None:
     assert within(est.peak_bytes, truth.peak_bytes, 0.01), (est.peak_bytes, truth.peak_bytes)
 
 
+def test_lora_on_a_t4() -> None:
+    """The question as asked: what if I fine-tuned this with LoRA r=16 on a T4? ``gpu=`` is a
+    CUDA run with that card's attention kernel (no flash attention before Ampere)."""
+    est = jv.estimate(llama(), f"{BATCH}x{SEQ}", lora=dict(r=16), gpu="T4")
+    assert est.settings.device == "cuda" and not est.settings.flash_attention
+    assert est.profile.meta["estimate"]["adapters"] == "LoRA r=16"
+    # r=16 on q and v (peft's default layers for Llama), fp32, in 512 B allocator blocks:
+    # A is 16 x 64 (4 KiB), B is 64 x 16 (q, 4 KiB) or 32 x 16 (v, 2 KiB), per layer
+    assert est.peak_breakdown()["parameter"] == LAYERS * (4096 + 4096 + 4096 + 2048)
+    assert est.fits("T4")
+
+
+def test_qlora_in_bf16_keeps_the_quant_state_fp32() -> None:
+    """``dtype="bf16"`` casts the weights, not a QuantState's tables: bitsandbytes' kernels
+    take an fp32 absmax only (cast, the run failed: "absmax must be float32")."""
+    pytest.importorskip("bitsandbytes")
+    est = jv.estimate(llama(), f"{BATCH}x{SEQ}", device="cpu", dtype="bf16", lora=Q_AND_V,
+                      qlora=True)  # fmt: skip
+    at_peak = est.peak_breakdown()
+    sizes = [i * o for i, o in LAYER_LINEARS] * LAYERS
+    assert at_peak["quant_state"] == sum(quant_state_bytes(n) for n in sizes)
+    nf4 = sum(n // 2 for n in sizes)
+    assert at_peak["frozen_parameter"] == nf4 + OTHER_WEIGHT_BYTES // 2  # the rest in bf16
+    assert at_peak["parameter"] == LORA_BYTES // 2
+
+
 def rank16(model: Any) -> Any:
     """peft's own LoRA r=16 on the layers it targets in a Llama by default (q and v)."""
     return peft.get_peft_model(model, peft.LoraConfig(r=16))
@@ -132,3 +158,5 @@ def test_magic_lora_and_qlora(capsys: pytest.CaptureFixture[str]) -> None:
     assert shell.user_ns["_vram_estimate"].peak_breakdown()["parameter"] == 4 * 2 * 2 * 8 * 64
     assert shell.run_cell(f"{line} --lora r").success
     assert "expected key=value pairs" in capsys.readouterr().out
+    assert shell.run_cell(f"{line} --qlora --generate 4").success
+    assert "not of --generate" in capsys.readouterr().out

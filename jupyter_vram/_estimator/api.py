@@ -534,6 +534,7 @@ def estimate(
     torch_version: str | None = None,
     lora: Mapping[str, Any] | None = None,
     qlora: bool | Mapping[str, Any] = False,
+    gpu: str | Gpu | None = None,
 ) -> Estimate:
     """Predict the memory of one training step of ``model`` on ``inputs``.
 
@@ -545,7 +546,9 @@ def estimate(
     bitsandbytes' pagedadamw8bit, pagedadamw: see :attr:`Estimate.paged_state_bytes`) or
     ``f(params) -> optimizer``. ``device``: the device predicted, "cuda" (default) or "cpu".
     ``torch_version``: the torch the step will run under, when not this one (``"2.11"``): the
-    cuBLAS / cuBLASLt workspaces it keeps differ by version.
+    cuBLAS / cuBLASLt workspaces it keeps differ by version. ``gpu``: a GPU name, which
+    implies ``device="cuda"`` with that card's attention kernel (as in
+    :func:`estimate_generate`).
 
     What-ifs on a plain model (``model`` as peft would make it, see :mod:`.adapters`):
     ``lora``: peft ``LoraConfig`` arguments (``dict(r=16, target_modules=["q_proj",
@@ -561,6 +564,9 @@ def estimate(
         )
     factory = optimizer if callable(optimizer) else None
     name = "custom" if factory is not None else check_optimizer(str(optimizer))
+    flash = True
+    if gpu is not None:
+        device, flash = "cuda", _gpu(gpu).flash_attention
     if device not in ("cuda", "cpu") and not device.startswith("cuda:"):
         raise EstimateError(f"device must be 'cuda' or 'cpu', not {device!r}")
     if dtype is not None:
@@ -579,7 +585,7 @@ def estimate(
     spec = make_batch_spec(probe, inputs, batch_size)
     settings = StepSettings(device=device, dtype=dtype, amp=amp, checkpoint=checkpoint,
                             optimizer=name, inference=inference, stacks=stacks,
-                            torch_version=torch_version)  # fmt: skip
+                            flash_attention=flash, torch_version=torch_version)  # fmt: skip
     payload = pack_job(Job(model, spec, loss_fn, factory))
     with EstimatorProcess(payload, timeout_s=timeout_s) as process:
         profile = process.run(settings, None)

@@ -269,7 +269,7 @@ class Simulator:
                 return False
             if seen.setdefault(descriptor.key, id(tensor)) != id(tensor):
                 return False
-            is_float = descriptor.dtype.is_floating_point
+            is_float = descriptor.dtype.is_floating_point and descriptor.castable
             dtype = cast if cast is not None and is_float else descriptor.dtype
             if (
                 tuple(tensor.shape) != tuple(descriptor.shape)
@@ -370,7 +370,7 @@ def _fake_factory(
     """Makes the fake tensor for a model slot (float ones cast to ``cast`` when given)."""
 
     def fake(descriptor: TensorDescriptor) -> torch.Tensor:
-        is_float = descriptor.dtype.is_floating_point
+        is_float = descriptor.dtype.is_floating_point and descriptor.castable
         dtype = cast if cast is not None and is_float else descriptor.dtype
         with mode:
             tensor = torch.empty_strided(
