@@ -416,11 +416,27 @@ class VramMagics(Magics):
         default=None,
         help="a function loss(output, batch) in the notebook (default: output.loss, else a sum)",
     )
-    @argument("--optimizer", default="adamw", help="adamw, adam, sgd, adafactor, adamw8bit, ...")
+    @argument(
+        "--optimizer",
+        default="adamw",
+        help="adamw, adam, sgd, adafactor, adamw8bit, pagedadamw8bit, ...",
+    )
     @argument("--dtype", default=None, help="cast parameters: fp32, bf16, fp16")
     @argument("--amp", default=None, help="autocast dtype: bf16 or fp16")
     @argument("--checkpoint", action="store_true", help="activation checkpointing")
     @argument("--inference", action="store_true", help="forward only, under no_grad")
+    @argument(
+        "--lora",
+        default=None,
+        metavar="SPEC",
+        help="what if the model were fine-tuned with peft LoRA adapters: LoraConfig arguments "
+        "(r=16,target_modules=q_proj+v_proj) or a notebook variable holding a dict",
+    )
+    @argument(
+        "--qlora",
+        action="store_true",
+        help="what if its linear layers were bitsandbytes NF4 (QLoRA; adapters from --lora)",
+    )
     @argument(
         "--generate",
         type=int,

@@ -17,6 +17,7 @@ from ._estimator.runner import EstimateError
 from ._estimator.search import format_batch
 from ._estimator.step import StepError
 from ._estimator.whatif import check_gpus
+from ._units import format_bytes
 
 #: Failures that deserve a one-paragraph message, not a traceback.
 EXPECTED_ERRORS = (EstimateError, InputError, StepError)
@@ -49,6 +50,41 @@ def resolve_inputs(text: str | None, namespace: Mapping[str, Any]) -> Any:
     return name
 
 
+def lora_spec(text: str | None, namespace: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``--lora``: a notebook variable holding a dict, or ``key=value`` pairs separated by
+    commas (a whole number is an int, a decimal a float, ``a+b`` a list of names; the
+    target_modules / modules_to_save given are always a list)."""
+    if text is None:
+        return None
+    spec = unquote(text)
+    if spec.isidentifier() and spec in namespace:
+        value = namespace[spec]
+        if not isinstance(value, Mapping):
+            raise InputError(f"--lora {spec}: a dict of LoraConfig arguments, not {value!r}")
+        return dict(value)
+    config: dict[str, Any] = {}
+    for pair in filter(None, (p.strip() for p in spec.split(","))):
+        key, equals, value = pair.partition("=")
+        if not equals or not key.strip().isidentifier():
+            raise InputError(f"--lora: expected key=value pairs (r=16,lora_alpha=32), not {pair!r}")
+        config[key.strip()] = _lora_value(value.strip())
+    for names in ("target_modules", "modules_to_save"):  # lists of names (a string: a regex)
+        if isinstance(config.get(names), str):
+            config[names] = [config[names]]
+    return config
+
+
+def _lora_value(text: str) -> Any:
+    if "+" in text:
+        return [name for name in text.split("+") if name]
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def run_estimate_magic(args: Namespace, namespace: dict[str, Any]) -> Estimate | None:
     """Run the estimate, show it, and bind it to ``_vram_estimate``; errors become messages."""
     from IPython.display import display
@@ -76,6 +112,8 @@ def run_estimate_magic(args: Namespace, namespace: dict[str, Any]) -> Estimate |
                 inference=args.inference,
                 loss_fn=resolve(args.loss, namespace, "the loss") if args.loss else None,
                 timeout_s=args.timeout,
+                lora=lora_spec(args.lora, namespace),
+                qlora=args.qlora,
             )
         )
         namespace["_vram_estimate"] = result
@@ -100,6 +138,13 @@ def run_estimate_magic(args: Namespace, namespace: dict[str, Any]) -> Estimate |
             s = result.settings
             print(f"simulated: model.generate() of {s.generate} new tokens after the prompt "
                   f"(greedy), {s.cache} KV cache (category kv_cache)")  # fmt: skip
+        adapters = result.profile.meta.get("estimate", {}).get("adapters")
+        if adapters:
+            print(f"what if: the model with {adapters} (peft; the step trains the adapters)")
+        if result.paged_state_bytes:
+            print(f"paged optimizer state: {format_bytes(result.paged_state_bytes)} in CUDA "
+                  "managed memory, not in the figures above (paged to the host when the GPU "
+                  "runs short)")  # fmt: skip
         if what_ifs is not None:
             print(what_if_text(what_ifs))
         if gpu is not None and largest is not None:
@@ -126,6 +171,8 @@ def _generate(args: Namespace, model: Any, namespace: Mapping[str, Any]) -> Esti
     its length in tokens, default 128)."""
     from ._estimator.api import estimate_generate
 
+    if args.lora is not None or args.qlora:
+        raise InputError("--lora / --qlora are what-ifs of a training step, not of --generate")
     prompt = resolve_inputs(args.input, namespace)
     if prompt is None:
         prompt = 128

@@ -16,11 +16,12 @@ import torch
 
 import jupyter_vram as jv
 from jupyter_vram._estimator import EstimateError
+from jupyter_vram._estimator.generation import generate_step
 from jupyter_vram._model import CATEGORIES
 
 from .test_estimate_models import bench
 
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
 
 LAYERS, KV_HEADS, HEAD_DIM = 4, 2, 64  # bench's llama_long: 256 wide, 4 heads, 2 for K / V
 PROMPT, NEW = 128, 64
@@ -154,3 +155,30 @@ def test_prompt_forms() -> None:
     assert ids(_prompt_spec(model, "input_ids=2x64", None)) == ((2, 64), torch.int64, vocab)
     with pytest.raises(EstimateError, match="positive length"):
         _prompt_spec(model, 0, None)
+
+
+def test_sliding_window_cache_keeps_the_window() -> None:
+    """A Mistral-style ``sliding_window``: transformers' dynamic cache keeps the last window - 1
+    positions as a view of each step's ``cat`` (window positions of storage). The prefill's
+    cat holds the whole prompt until the first decoding step replaces it, layer by layer."""
+    torch.manual_seed(0)
+    window, prompt, new, batch, layers, kv_heads, head_dim = 16, 64, 32, 2, 2, 2, 16
+    cfg = transformers.MistralConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=512,
+        sliding_window=window,
+    )  # fmt: skip
+    model = transformers.MistralForCausalLM(cfg).eval()
+    est = jv.estimate_generate(model, prompt=prompt, new_tokens=new, batch=batch, device="cpu")
+    per_position = kv_heads * head_dim * batch * 4  # one K (or V) tensor, fp32
+    prefill = layers * 2 * prompt * per_position  # every layer's K and V of the whole prompt
+    first_step = 2 * window * per_position  # layer 0's new K and V, before the old ones go
+    window_scalars = layers * 8  # each sliding layer's window size, an int64 tensor
+    assert _most(est.profile, "kv_cache") == prefill + first_step + window_scalars == 73_744
+    ids = torch.randint(0, 256, (batch, prompt))
+    generate_step(model, (), {"input_ids": ids}, new, "dynamic")  # its first-call state
+    with jv.record() as rec:
+        generate_step(model, (), {"input_ids": ids}, new, "dynamic")
+    assert _most(rec.profile, "kv_cache") == _most(est.profile, "kv_cache")
+    error = (est.peak_bytes - rec.profile.peak_bytes) / rec.profile.peak_bytes
+    assert abs(error) <= 0.01, error

@@ -10,7 +10,7 @@ device used adds a fixed allowance for the CUDA context and library workspaces.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from torch import nn
 from .. import _profile
 from .._model import CATEGORIES, CATEGORY_INDEX, PHASES, Allocations, Profile
 from .._units import format_bytes, format_count
+from .adapters import Adapters, check_adapters, table_adapters, with_adapters
 from .gpus import GPUS, RUNTIME_HIDDEN_BYTES, Gpu, find_gpu
 from .inputs import make_batch_spec
 from .job import Job
@@ -156,6 +157,14 @@ class Estimate:
         checked = [g for g in gpus if simulate or self.settings_for(g) == self.settings]
         first = next((g.name for g in checked if self.fits(g)), None)
         return FirstFit(first, tuple(g.name for g in gpus if g not in checked))
+
+    @property
+    def paged_state_bytes(self) -> int:
+        """Optimizer state a bitsandbytes paged optimizer keeps in CUDA managed memory (a
+        CUDA target; 0 otherwise): beside the caching allocator, so in no peak, reserved or
+        device-used figure; on the GPU while it has room, paged to the host when it runs
+        short."""
+        return int(self.profile.meta.get("estimate", {}).get("paged_state_bytes", 0))
 
     @property
     def runtime_hidden_bytes(self) -> int:
@@ -579,6 +588,9 @@ def estimate(
     stacks: bool = True,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     torch_version: str | None = None,
+    lora: Mapping[str, Any] | None = None,
+    qlora: bool | Mapping[str, Any] = False,
+    gpu: str | Gpu | None = None,
 ) -> Estimate:
     """Predict the memory of one training step of ``model`` on ``inputs``.
 
@@ -586,10 +598,20 @@ def estimate(
     function that builds it. ``inputs``: a shape (``"8x3x224x224"``; ``"8x512"`` is token ids
     for a language model), named shapes (``"input_ids=8x512,attention_mask=8x512"``), example
     tensors, a dict of them, or ``f(batch_size) -> batch``; None reads a transformers config.
-    ``optimizer``: a name (adamw, adam, sgd, adafactor, adagrad, rmsprop, adamw8bit, none) or
+    ``optimizer``: a name (adamw, adam, sgd, adafactor, adagrad, rmsprop, adamw8bit, none;
+    bitsandbytes' pagedadamw8bit, pagedadamw: see :attr:`Estimate.paged_state_bytes`) or
     ``f(params) -> optimizer``. ``device``: the device predicted, "cuda" (default) or "cpu".
     ``torch_version``: the torch the step will run under, when not this one (``"2.11"``): the
-    cuBLAS / cuBLASLt workspaces it keeps differ by version.
+    cuBLAS / cuBLASLt workspaces it keeps differ by version. ``gpu``: a GPU name, which
+    implies ``device="cuda"`` with that card's attention kernel (as in
+    :func:`estimate_generate`).
+
+    What-ifs on a plain model (``model`` as peft would make it, see :mod:`.adapters`):
+    ``lora``: peft ``LoraConfig`` arguments (``dict(r=16, target_modules=["q_proj",
+    "v_proj"])``; peft's defaults for what is left out). ``qlora``: True, or a dict of
+    ``quant_type`` ("nf4" / "fp4"), ``double_quant`` and ``compute_dtype``: every linear layer
+    but the output one a bitsandbytes 4-bit layer (NF4, nested statistics by default) under
+    the LoRA adapters.
     """
     if not isinstance(model, nn.Module) and not callable(model):
         raise EstimateError(
@@ -598,6 +620,9 @@ def estimate(
         )
     factory = optimizer if callable(optimizer) else None
     name = "custom" if factory is not None else check_optimizer(str(optimizer))
+    flash = True
+    if gpu is not None:
+        device, flash = "cuda", _gpu(gpu).flash_attention
     if device not in ("cuda", "cpu") and not device.startswith("cuda:"):
         raise EstimateError(f"device must be 'cuda' or 'cpu', not {device!r}")
     if dtype is not None:
@@ -609,14 +634,26 @@ def estimate(
         from .._transforms.amp import amp_dtype
 
         amp_dtype(amp)
-    spec = make_batch_spec(_probe(model), inputs, batch_size)
+    adapters = check_adapters(lora, qlora)
+    probe = _probe(model)
+    if adapters is not None:
+        model = probe = with_adapters(probe, adapters, dtype)
+    spec = make_batch_spec(probe, inputs, batch_size)
     settings = StepSettings(device=device, dtype=dtype, amp=amp, checkpoint=checkpoint,
                             optimizer=name, inference=inference, stacks=stacks,
-                            torch_version=torch_version)  # fmt: skip
+                            flash_attention=flash, torch_version=torch_version)  # fmt: skip
     payload = pack_job(Job(model, spec, loss_fn, factory))
     with EstimatorProcess(payload, timeout_s=timeout_s) as process:
         profile = process.run(settings, None)
+    if adapters is not None:
+        profile = _with_what_if(profile, adapters.describe())
     return Estimate(profile, settings, payload, timeout_s=timeout_s)
+
+
+def _with_what_if(profile: Profile, what_if: str) -> Profile:
+    """``profile`` saying which adapters the estimated model was given (meta "adapters")."""
+    info = {**profile.meta.get("estimate", {}), "adapters": what_if}
+    return profile.replace(meta={**profile.meta, "estimate": info})
 
 
 def estimate_generate(
@@ -758,6 +795,14 @@ def what_if_table(estimate: Estimate, *, data_parallel: int = 8,
                 continue
             add(name, "simulated", run.peak_bytes, run.reserved_bytes, run.predicted_device_bytes)
     if not base.inference:
+        for adapters, run_or_error in adapter_runs(estimate, progress):
+            if isinstance(run_or_error, str):
+                nan = float("nan")
+                add(adapters.describe(), "simulated", nan, nan, nan, note=run_or_error)
+            else:
+                add(adapters.describe(), "simulated", run_or_error.peak_bytes,
+                    run_or_error.reserved_bytes, run_or_error.predicted_device_bytes)  # fmt: skip
+
         unit = int(estimate.profile.meta.get("estimate", {}).get("unit_parameter_bytes", 0))
         ratio = summary.reserved_bytes / max(summary.peak_bytes, 1)
         overhead = summary.predicted_device_bytes - summary.reserved_bytes
@@ -767,6 +812,29 @@ def what_if_table(estimate: Estimate, *, data_parallel: int = 8,
             add(f"{sharding.name} on {data_parallel} GPUs (per GPU)", "arithmetic", peak,
                 reserved, reserved + overhead)  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def adapter_runs(
+    estimate: Estimate, progress: Callable[[str], None] | None = None
+) -> Iterator[tuple[Adapters, RunSummary | str]]:
+    """The estimated step with LoRA / QLoRA adapters (:func:`.adapters.table_adapters`), each
+    model simulated in an estimator process of its own; a failure is its first line."""
+    from .transport import loads
+
+    job = loads(estimate._payload)
+    base = _probe(job.model)
+    for adapters in table_adapters(base):
+        if progress is not None:
+            progress(f"simulating {adapters.describe()} ...")
+        try:
+            model = with_adapters(base, adapters, estimate.settings.dtype)
+            payload = pack_job(replace(job, model=model))
+            with EstimatorProcess(payload, timeout_s=estimate._timeout_s) as process:
+                profile = process.run(estimate.settings, estimate.batch_size)
+        except EstimateError as error:
+            yield adapters, str(error).splitlines()[0]
+            continue
+        yield adapters, RunSummary.of(profile, estimate.batch_size)
 
 
 def what_if_fits(estimate: Estimate, frame: pd.DataFrame, gpu: Gpu) -> list[bool | None]:

@@ -63,7 +63,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+import inspect
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -384,35 +385,56 @@ def cuda_kernels(*, flash: bool = True) -> Iterator[None]:
 
 @contextlib.contextmanager
 def bitsandbytes_cpu_update(target_type: str) -> Iterator[None]:
-    """Inside, bitsandbytes' 8-bit blockwise optimizer update runs its CPU implementation
-    (ordinary torch ops, so the fake run allocates its temporaries) when the target is the
-    CPU. Nothing changes for a CUDA target, without bitsandbytes, or where the version has no
-    such implementation (its fake kernel then stands for an update that allocates nothing)."""
+    """Inside, bitsandbytes' optimizer updates (8-bit blockwise and 32-bit) run their CPU
+    implementations (ordinary torch ops, so the fake run allocates their temporaries) when the
+    target is the CPU. Nothing changes for a CUDA target, without bitsandbytes, or where the
+    version has no such implementation (its fake kernel then stands for an update that
+    allocates nothing)."""
     import sys
 
     functional = sys.modules.get("bitsandbytes.functional")
-    cpu_update = None
-    if target_type == "cpu" and functional is not None:
-        try:
-            from bitsandbytes.backends.cpu import ops as cpu_ops
-
-            cpu_update = cpu_ops._optimizer_update_8bit_blockwise_cpu
-        except (ImportError, AttributeError):
-            cpu_update = None
-    original = getattr(functional, "optimizer_update_8bit_blockwise", None)
-    if cpu_update is None or original is None:
+    if target_type != "cpu" or functional is None:
         yield
         return
-
-    @functools.wraps(original)
-    def update(*args: Any, **kwargs: Any) -> None:
-        cpu_update(*args, **kwargs)
-
-    functional.optimizer_update_8bit_blockwise = update  # type: ignore[union-attr]
+    try:
+        from bitsandbytes.backends.cpu import ops as cpu_ops
+    except ImportError:
+        yield
+        return
+    swapped: dict[str, Any] = {}
+    for name, cpu_name in (
+        ("optimizer_update_8bit_blockwise", "_optimizer_update_8bit_blockwise_cpu"),
+        ("optimizer_update_32bit", "_optimizer_update_32bit_cpu"),
+    ):
+        original, cpu_update = getattr(functional, name, None), getattr(cpu_ops, cpu_name, None)
+        if original is not None and cpu_update is not None:
+            swapped[name] = original
+            setattr(functional, name, _calling(cpu_update, original))
     try:
         yield
     finally:
-        functional.optimizer_update_8bit_blockwise = original  # type: ignore[union-attr]
+        for name, original in swapped.items():
+            setattr(functional, name, original)
+
+
+def _calling(implementation: Callable[..., None], original: Any) -> Callable[..., None]:
+    """``implementation`` in place of ``original``: the arguments ``original`` was called with,
+    passed by name (the CPU kernels take them in another order), and the one it computes
+    itself (``param_norm``, read when ``max_unorm`` is set)."""
+    takes = inspect.signature(original)
+    wanted = inspect.signature(implementation).parameters
+
+    @functools.wraps(original)
+    def update(*args: Any, **kwargs: Any) -> None:
+        bound = takes.bind(*args, **kwargs)
+        bound.apply_defaults()
+        given = dict(bound.arguments)
+        if "param_norm" in wanted and "param_norm" not in given:
+            norm = given.get("max_unorm", 0.0) > 0.0
+            given["param_norm"] = torch.norm(given["p"].data.float()) if norm else 0.0
+        implementation(**{name: given[name] for name in wanted if name in given})
+
+    return update
 
 
 @contextlib.contextmanager

@@ -43,6 +43,8 @@ from .kernels import (
 from .order import canonical_baseline, canonical_bursts, rows_of
 from .step import (
     EIGHT_BIT,
+    PAGED,
+    PAGED_MIN_ELEMENTS,
     StepSettings,
     float_dtype,
     is_bitsandbytes,
@@ -135,7 +137,7 @@ class Simulator:
                     first = rows_of(recorder, _held_tensors(self.slots, optimizer, args, kwargs))
                     watch = AccumulationWatch(recorder)
                     self._step(optimizer, args, kwargs, settings, watch.around_backward)
-                facts = _OptimizerFacts.of(optimizer)
+                facts = _OptimizerFacts.of(optimizer, settings)
                 del args, kwargs
                 steady = before is not None and self._steady_state(optimizer) == before
                 if self._unchanged(cast):
@@ -178,6 +180,7 @@ class Simulator:
         }
         if settings.target_type == "cuda":
             info["host_step_counters"] = facts.host_counters
+            info["paged_state_sizes"] = facts.paged_sizes
         if settings.optimizer in EIGHT_BIT:
             info["state_itemsizes"] = facts.state_itemsizes
             info["step_counters"] = facts.all_counters
@@ -263,7 +266,7 @@ class Simulator:
                 return False
             if seen.setdefault(descriptor.key, id(tensor)) != id(tensor):
                 return False
-            is_float = descriptor.dtype.is_floating_point
+            is_float = descriptor.dtype.is_floating_point and descriptor.castable
             dtype = cast if cast is not None and is_float else descriptor.dtype
             if (
                 tuple(tensor.shape) != tuple(descriptor.shape)
@@ -361,20 +364,23 @@ class Simulator:
 @dataclass(frozen=True)
 class _OptimizerFacts:
     """What the optimizer holds after the step: its step counters (those on the host, all),
-    the item size of each state tensor, whether it is bitsandbytes' own 8-bit optimizer."""
+    the item size of each state tensor, whether it is bitsandbytes' own 8-bit optimizer, the
+    sizes of the state a paged optimizer keeps in CUDA managed memory."""
 
     host_counters: list[int]
     all_counters: list[int]
     state_itemsizes: list[list[int]]
     real_eight_bit: bool
+    paged_sizes: list[int]
 
     @classmethod
-    def of(cls, optimizer: Any) -> _OptimizerFacts:
+    def of(cls, optimizer: Any, settings: StepSettings) -> _OptimizerFacts:
         return cls(
             _step_counters(optimizer, host_only=True),
             _step_counters(optimizer, host_only=False),
             _state_itemsizes(optimizer),
             is_bitsandbytes(optimizer),
+            _paged_state_sizes(optimizer, settings),
         )
 
 
@@ -384,7 +390,7 @@ def _fake_factory(
     """Makes the fake tensor for a model slot (float ones cast to ``cast`` when given)."""
 
     def fake(descriptor: TensorDescriptor) -> torch.Tensor:
-        is_float = descriptor.dtype.is_floating_point
+        is_float = descriptor.dtype.is_floating_point and descriptor.castable
         dtype = cast if cast is not None and is_float else descriptor.dtype
         with mode:
             tensor = torch.empty_strided(
@@ -584,6 +590,10 @@ def finish_profile(raw: Profile, settings: StepSettings, info: dict[str, Any]) -
     fake_rows = raw.allocations.device == raw.devices.index(raw.device)
     if settings.target_type == "cuda":
         fake_rows &= ~_rows_of_host_counters(raw, info.get("host_step_counters", []))
+        # paged optimizer state: CUDA managed memory, beside the caching allocator
+        paged = info.get("paged_state_sizes", [])
+        fake_rows &= ~_rows_of_host_counters(raw, paged)
+        info["paged_state_bytes"] = sum(paged)
     kept = _without_rows(raw, ~fake_rows)
     kept = Allocations.from_columns(
         {**{name: getattr(kept, name) for name in _COLUMN_NAMES},
@@ -629,6 +639,23 @@ def _step_counters(optimizer: Any, *, host_only: bool) -> list[int]:
             step = optimizer.state.get(p, {}).get("step")
             if isinstance(step, torch.Tensor) and step.dim() == 0:
                 sizes.append(step.element_size())
+    return sizes
+
+
+def _paged_state_sizes(optimizer: Any, settings: StepSettings) -> list[int]:
+    """Byte sizes of the state buffers a bitsandbytes paged optimizer keeps in CUDA managed
+    memory on a CUDA target (``state1`` / ``state2`` of parameters of at least
+    :data:`~.step.PAGED_MIN_ELEMENTS` elements); none on the CPU, where it pages nothing."""
+    if optimizer is None or settings.optimizer not in PAGED or settings.target_type != "cuda":
+        return []
+    sizes = []
+    for param, state in optimizer.state.items():
+        if param.numel() < PAGED_MIN_ELEMENTS:
+            continue
+        for name in ("state1", "state2"):
+            buffer = state.get(name)
+            if isinstance(buffer, torch.Tensor):
+                sizes.append(buffer.numel() * buffer.element_size())
     return sizes
 
 

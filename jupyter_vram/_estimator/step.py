@@ -101,15 +101,45 @@ def _adamw8bit(params: list[nn.Parameter], foreach: bool) -> torch.optim.Optimiz
         bnb: Any = importlib.import_module("bitsandbytes")
     except Exception:  # noqa: BLE001 - not installed, or it fails to load here
         return torch.optim.AdamW(params, lr=1e-4, foreach=foreach)
+    return _bitsandbytes_optimizer(bnb.optim.AdamW8bit, params)
+
+
+def _paged(class_name: str) -> Callable[[list[nn.Parameter], bool], torch.optim.Optimizer]:
+    """bitsandbytes' paged optimizer ``class_name`` (no stand-in without bitsandbytes: where
+    its state lives is the point of it). See :data:`PAGED_MIN_ELEMENTS`."""
+
+    def make(params: list[nn.Parameter], foreach: bool) -> torch.optim.Optimizer:
+        try:
+            bnb: Any = importlib.import_module("bitsandbytes")
+        except Exception as error:  # noqa: BLE001 - not installed, or it fails to load here
+            raise StepError(
+                f"{class_name} is bitsandbytes' ({type(error).__name__}: {error})"
+            ) from None
+        return _bitsandbytes_optimizer(getattr(bnb.optim, class_name), params)
+
+    return make
+
+
+def _bitsandbytes_optimizer(cls: Any, params: list[nn.Parameter]) -> torch.optim.Optimizer:
     from .._capture.fake import outside_fake_mode
 
     # it computes its quantisation maps from values at once (a fake run cannot): real ones,
     # handed to the fake run as constants
     with outside_fake_mode() as as_fake:
-        optimizer = bnb.optim.AdamW8bit(params, lr=1e-4)
+        optimizer = cls(params, lr=1e-4)
         maps = dict(optimizer.name2qmap)
     optimizer.name2qmap = as_fake(maps)
     return cast(torch.optim.Optimizer, optimizer)
+
+
+#: bitsandbytes' paged optimizers (0.50, ``Optimizer8bit.get_state_buffer``) put a state
+#: buffer in CUDA managed (unified) memory when its parameter has at least this many elements,
+#: outside PyTorch's caching allocator, paged to the host when the GPU runs short; smaller
+#: ones, and every buffer on the CPU (paging is CUDA-only there), are ordinary tensors.
+PAGED_MIN_ELEMENTS = 100_000
+
+#: bitsandbytes' paged optimizers' names here; their state buffers are ``state1`` / ``state2``.
+PAGED = {"pagedadamw8bit", "pagedadamw"}
 
 
 def is_bitsandbytes(optimizer: object) -> bool:
@@ -122,13 +152,15 @@ OPTIMIZERS: dict[str, Callable[[list[nn.Parameter], bool], torch.optim.Optimizer
     "adamw": _adam(torch.optim.AdamW),
     "adam": _adam(torch.optim.Adam),
     "adamw8bit": _adamw8bit,
+    "pagedadamw8bit": _paged("PagedAdamW8bit"),
+    "pagedadamw": _paged("PagedAdamW"),
     "sgd": lambda params, foreach: torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach),
     "sgd-nomomentum": lambda params, foreach: torch.optim.SGD(params, lr=1e-3, foreach=foreach),
     "adafactor": lambda params, foreach: torch.optim.Adafactor(params, foreach=foreach),
     "adagrad": lambda params, foreach: torch.optim.Adagrad(params, foreach=foreach),
     "rmsprop": lambda params, foreach: torch.optim.RMSprop(params, foreach=foreach),
 }
-EIGHT_BIT = {"adamw8bit"}
+EIGHT_BIT = {"adamw8bit", "pagedadamw8bit"}
 
 
 def optimizer_names() -> list[str]:
@@ -139,6 +171,8 @@ def check_optimizer(name: str) -> str:
     key = name.lower().replace("_", "").replace("-8bit", "8bit")
     if key in ("adam8bit", "adamw8bit", "8bit"):
         return "adamw8bit"
+    if key == "pagedadamw32bit":  # the transformers Trainer's name
+        return "pagedadamw"
     if key not in OPTIMIZERS and key not in ("none", "custom"):
         raise StepError(f"unknown optimizer {name!r}; use one of {', '.join(optimizer_names())}")
     return key

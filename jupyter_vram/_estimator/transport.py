@@ -19,7 +19,7 @@ import array
 import io
 import pickle
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import cloudpickle
@@ -50,6 +50,9 @@ class TensorDescriptor:
     #: ``quant_state``, ``blocksize``, ...), set again on every copy: quantised layers read them
     subclass: type | None = None
     attributes: tuple[tuple[str, Any], ...] = ()
+    #: whether a run in another float dtype (``dtype=``) casts it: not a parameter's own state
+    #: (a QuantState's absmax and code tables keep their dtype, as bitsandbytes needs them)
+    castable: bool = True
 
     def meta(self) -> torch.Tensor:
         tensor = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device="meta")
@@ -188,7 +191,10 @@ class TensorSlots:
         self._slots: list[_Slot] = []
         for owner, table, name, tensor in _find_tensors(model):
             key = keys.setdefault(id(tensor), len(keys))
-            self._slots.append(_Slot(owner, table, name, describe(tensor, key)))
+            descriptor = describe(tensor, key)
+            if isinstance(owner, _ParameterState):
+                owner, descriptor = owner.holder, replace(descriptor, castable=False)
+            self._slots.append(_Slot(owner, table, name, descriptor))
         self._put(lambda descriptor: None)
 
     def fill(self, make: Callable[[TensorDescriptor], torch.Tensor]) -> None:
@@ -250,6 +256,13 @@ def _find_tensors(model: nn.Module) -> Iterator[tuple[Any, str | None, str, torc
                 yield module, None, name, value
 
 
+@dataclass(frozen=True)
+class _ParameterState:
+    """Marks a slot found in a parameter's own state object (``holder``), not in a module."""
+
+    holder: Any
+
+
 #: how deep a parameter's state objects are looked into (a QuantState's nested ``state2``)
 _STATE_DEPTH = 3
 
@@ -271,6 +284,6 @@ def _state_slots(
         seen.add(id(value))
         for name, item in inner.items():
             if isinstance(item, torch.Tensor):
-                yield value, None, name, item
+                yield _ParameterState(value), None, name, item
         if depth < _STATE_DEPTH:
             yield from _state_slots(inner, seen, depth + 1)
