@@ -11,6 +11,7 @@ import os
 import pickle
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -608,3 +609,50 @@ def test_float_tensor_into_an_embedding_fails_like_the_real_model(
     assert "but got torch.float32" in str(info.value)
     est = estimate(model, torch.randint(0, 100, (2, 8)), device="cpu")
     assert est.peak_breakdown()["input"] == 2 * 8 * 8  # int64 ids
+
+
+class _SlowStartingWorker:
+    """Stands in for an estimator process whose imports take ``delay_s`` (a busy machine):
+    its hello, then its answer to the job, arrive from another thread."""
+
+    def __init__(self, folder: Path, delay_s: float) -> None:
+        import queue
+        import threading
+
+        self.dir = folder
+        self.lines: queue.Queue[bytes] = queue.Queue()
+        self.closed = False
+        self.key = ""
+        self.ready: dict[str, object] = {}
+
+        def speak() -> None:
+            time.sleep(delay_s)
+            self.lines.put(b'{"ok": true}\n')
+            self.lines.put(b'{"ok": true, "model": "Slow"}\n')
+
+        threading.Thread(target=speak, daemon=True).start()
+
+    def send(self, message: object) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_slow_start_is_not_charged_to_the_models_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jupyter_vram._estimator import runner
+
+    process = runner.EstimatorProcess(b"job", timeout_s=0.2)
+    worker = _SlowStartingWorker(tmp_path, delay_s=1.0)
+    process._worker = worker  # type: ignore[assignment]
+    process._load(worker)  # type: ignore[arg-type]
+    assert worker.ready == {"ok": True, "model": "Slow"} and not worker.closed
+    # the same start with no allowance beyond timeout_s: it times out, and says while doing what
+    monkeypatch.setattr(runner, "STARTUP_TIMEOUT_S", 0.0)
+    worker = _SlowStartingWorker(tmp_path, delay_s=1.0)
+    process._worker = worker  # type: ignore[assignment]
+    with pytest.raises(EstimateError, match=r"timed out after 0\.2 s while starting the estimator"):
+        process._load(worker)  # type: ignore[arg-type]
+    assert worker.closed

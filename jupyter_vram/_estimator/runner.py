@@ -30,6 +30,10 @@ from .step import StepSettings
 from .transport import dumps
 
 DEFAULT_TIMEOUT_S = 300.0
+#: the least a new estimator process is given to start (import torch and what the model
+#: needs), whatever ``timeout_s`` says: on a busy machine that alone took minutes, and
+#: ``timeout_s`` is about the model, which the user chose
+STARTUP_TIMEOUT_S = 900.0
 JOB_FOLDER_PREFIX = "jupyter_vram_estimate_"  # the estimator process deletes only these
 
 
@@ -215,7 +219,8 @@ class EstimatorProcess:
         self.input = str(worker.ready.get("input", ""))
 
     def _load(self, worker: _Worker) -> None:
-        self._receive("starting the estimator")  # the spare's hello: imports are done
+        # the spare's hello: its imports are done
+        self._receive("starting the estimator", max(self.timeout_s, STARTUP_TIMEOUT_S))
         (worker.dir / "job.pkl").write_bytes(self._payload)
         sys_path = [p for p in sys.path if p]
         (worker.dir / "job.json").write_text(json.dumps({"sys_path": sys_path}))
@@ -268,15 +273,18 @@ class EstimatorProcess:
             worker.results.popitem(last=False)[1].unlink(missing_ok=True)
         return profile
 
-    def _receive(self, what: str) -> dict[str, Any]:
+    def _receive(self, what: str, timeout_s: float | None = None) -> dict[str, Any]:
+        """The process's next message (``timeout_s``: how long to wait, ``self.timeout_s``
+        by default)."""
         worker = self._worker
         assert worker is not None
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         try:
-            line = worker.lines.get(timeout=self.timeout_s)
+            line = worker.lines.get(timeout=timeout_s)
         except queue.Empty:
             self._close_failed()
             raise EstimateError(
-                f"the estimate timed out after {self.timeout_s:g} s while {what}; "
+                f"the estimate timed out after {timeout_s:g} s while {what}; "
                 "the process was stopped (raise timeout_s for very large models)"
             ) from None
         except BaseException:  # KeyboardInterrupt: never leave the process behind
