@@ -8,38 +8,29 @@ that allocator (the rules of :mod:`jupyter_vram._allocator_rules`; one device, o
 nothing released) to learn each allocation's block size and the reserved memory;
 :func:`to_cuda_profile` turns the result into a profile that reads like one recorded on a GPU.
 
-The replay is one pass over the events with per-pool free lists kept sorted by
-(size, address), so best fit is a bisect and a free merges its neighbours in O(1) lookups.
+The replay is one pass over the events on the allocator's blocks
+(:class:`jupyter_vram._allocator_blocks.CachedBlocks`, the bookkeeping the CUDA recorder's
+replay uses too) with per-pool free lists kept sorted by (size, address), so best fit is a
+bisect and a free merges its neighbours in O(1) lookups.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from .._allocator_rules import (
-    MIN_BLOCK,
-    UNLIMITED_SPLIT,
-    is_small,
-    round_size,
-    segment_size,
-    should_split,
-    takes_cached_block,
-)
+from .._allocator_blocks import ADDR_BITS, CachedBlocks
+from .._allocator_rules import MIN_BLOCK, UNLIMITED_SPLIT, is_small, round_size, segment_size
 from .._model import Allocations, Int64Array, Profile, SegmentEvents
 
 __all__ = ["AllocatorSimulation", "simulate", "to_cuda_profile"]
 
-# A free block is one int in its pool's sorted list: size in the high bits, address in the
-# low ones, so sorting the ints sorts by (size, address), which is the allocator's best fit.
-_ADDR_BITS = 48
-_ADDR_MASK = (1 << _ADDR_BITS) - 1
-# Each pool gets its own address range (ties only ever compare addresses within one pool),
-# and the range tells a block's pool without a lookup.
-_SMALL_BASE = 1 << (_ADDR_BITS - 1)
+# Each pool gets its own address range below the free lists' address bits, and the range
+# tells a block's pool without a lookup.
+_ADDR_MASK = (1 << ADDR_BITS) - 1
+_SMALL_BASE = 1 << (ADDR_BITS - 1)
 
 
 @dataclass(frozen=True)
@@ -149,11 +140,11 @@ def _first_step(
         if code >= 0:
             replay.alloc(code, seq)
         else:
-            replay.release(~code)
+            replay.release_row(~code)
     for row, _ in pending[k:]:
         replay.alloc(row)
     for row in step_rows.tolist():
-        replay.release(row)  # a no-op for rows already freed
+        replay.release_row(row)  # a no-op for rows already freed
 
 
 def to_cuda_profile(
@@ -205,19 +196,13 @@ def _rounded_sizes(size: Int64Array, divisions: Sequence[int]) -> Int64Array:
     return out
 
 
-class _Replay:
-    """The allocator's blocks. Blocks are keyed by start address; ``prev_of`` links each block
-    to the one before it in its segment (absent for a segment's first block), and a block's
-    successor, if any, starts at ``addr + size`` and links back to it."""
+class _Replay(CachedBlocks):
+    """The allocator's blocks (best fit over per-pool free lists), the rows holding them,
+    and the segments the replay had to make, at addresses of its own."""
 
     def __init__(self, rounded: list[int], max_split_size: int) -> None:
+        super().__init__(max_split_size, best_fit=True)
         self.rounded = rounded
-        self.max_split = max_split_size
-        self.size_of: dict[int, int] = {}  # every block, free or not
-        self.prev_of: dict[int, int] = {}
-        self.free: set[int] = set()  # addresses of free blocks
-        self.small_free: list[int] = []  # (size << _ADDR_BITS) | addr, ascending
-        self.large_free: list[int] = []
         self.block = [0] * len(rounded)  # row -> the size of the block it was given
         self.block_of: dict[int, int] = {}  # live row -> its block's address
         self.next_small = _SMALL_BASE
@@ -227,93 +212,49 @@ class _Replay:
         self.reserved = 0
         self.segment_count = 0
         self.new_segments: list[tuple[int, int]] = []  # (seq, size)
+        self.seq = -1  # the event being replayed
 
     def replay(self, codes: list[int], seqs: list[int]) -> None:
+        alloc, release_row = self.alloc, self.release_row
         for code, seq in zip(codes, seqs, strict=True):
             if code >= 0:
-                self.alloc(code, seq)
+                alloc(code, seq)
             else:
-                self.release(~code)
+                release_row(~code)
 
     def alloc(self, row: int, seq: int = -1) -> None:
         size = self.rounded[row]
         if size == 0:
             return
-        small = is_small(size)
-        pool = self.small_free if small else self.large_free
-        i = bisect_left(pool, size << _ADDR_BITS)
-        addr = -1
-        if i < len(pool):
-            key = pool[i]
-            found = key >> _ADDR_BITS
-            # The pool is sorted by size, so the first candidate decides.
-            if takes_cached_block(size, found, self.max_split):
-                del pool[i]
-                addr = key & _ADDR_MASK
-                self.free.discard(addr)
-        if addr < 0:
-            found = segment_size(size)
-            if small:
-                addr = self.next_small
-                self.next_small += found
-            else:
-                addr = self.next_large
-                self.next_large += found
-            if self.next_large >= _SMALL_BASE or self.next_small > _ADDR_MASK:
-                raise OverflowError("simulated address space exhausted")
-            self.size_of[addr] = found
-            self.reserved += found
-            self.segment_count += 1
-            self.new_segments.append((seq, found))
-        remaining = found - size
-        if should_split(small, size, remaining, self.max_split):
-            rest = addr + size
-            after = addr + found
-            if self.prev_of.get(after) == addr:
-                self.prev_of[after] = rest
-            self.size_of[rest] = remaining
-            self.prev_of[rest] = addr
-            self.size_of[addr] = size
-            self.free.add(rest)
-            insort(pool, (remaining << _ADDR_BITS) | rest)
-        else:
-            size = found  # too little would be left: the allocation takes the whole block
+        self.seq = seq
+        addr = self.take(size, is_small(size))
+        size = self.size_of[addr]
         self.block_of[row] = addr
         self.block[row] = size
         self.allocated += size
         if self.allocated > self.peak_allocated:
             self.peak_allocated = self.allocated
 
-    def release(self, row: int) -> None:
+    def new_segment(self, rounded: int, small: bool) -> int:
+        """``cudaMalloc`` a segment, at an address of the replay's own, for the request being
+        replayed (event ``seq``)."""
+        found = segment_size(rounded)
+        if small:
+            addr = self.next_small
+            self.next_small += found
+        else:
+            addr = self.next_large
+            self.next_large += found
+        if self.next_large >= _SMALL_BASE or self.next_small > _ADDR_MASK:
+            raise OverflowError("simulated address space exhausted")
+        self.add_segment(small, ((addr, found, False),))
+        self.reserved += found
+        self.segment_count += 1
+        self.new_segments.append((self.seq, found))
+        return addr
+
+    def release_row(self, row: int) -> None:
         addr = self.block_of.pop(row, None)
         if addr is None:  # a zero-byte request, or a free without its alloc
             return
-        size_of, prev_of, free = self.size_of, self.prev_of, self.free
-        size = size_of[addr]
-        self.allocated -= size
-        pool = self.small_free if addr >= _SMALL_BASE else self.large_free
-        nxt = addr + size
-        if nxt in free and prev_of.get(nxt) == addr:
-            nsize = size_of.pop(nxt)
-            _remove(pool, (nsize << _ADDR_BITS) | nxt)
-            free.discard(nxt)
-            del prev_of[nxt]
-            size += nsize
-            if prev_of.get(addr + size) == nxt:
-                prev_of[addr + size] = addr
-        prv = prev_of.get(addr)
-        if prv is not None and prv in free:
-            psize = size_of[prv]
-            _remove(pool, (psize << _ADDR_BITS) | prv)
-            del size_of[addr], prev_of[addr]
-            if prev_of.get(addr + size) == addr:
-                prev_of[addr + size] = prv
-            addr, size = prv, psize + size
-        else:
-            free.add(addr)
-        size_of[addr] = size
-        insort(pool, (size << _ADDR_BITS) | addr)
-
-
-def _remove(pool: list[int], key: int) -> None:
-    del pool[bisect_left(pool, key)]
+        self.allocated -= self.release(addr, addr >= _SMALL_BASE)
