@@ -86,19 +86,21 @@ class CachedBlocks:
         :meth:`new_segment`. The rest of the block is split off as a free block, unless too
         little would be left: then the request gets the whole block.
         """
-        if addr < 0:
+        size_of = self.size_of
+        if addr >= 0:
+            self.free.discard(addr)
+            found = size_of[addr]
+        else:
             pool = self.small_free if small else self.large_free
             i = bisect_left(pool, rounded << ADDR_BITS)
+            found = pool[i] >> ADDR_BITS if i < len(pool) else 0
             # The pool is sorted by size, so the first candidate decides.
-            if i < len(pool) and takes_cached_block(rounded, pool[i] >> ADDR_BITS, self.max_split):
+            if found and takes_cached_block(rounded, found, self.max_split):
                 addr = pool.pop(i) & _ADDR_MASK
                 self.free.discard(addr)
             else:
                 addr = self.new_segment(rounded, small)
-        else:
-            self.free.discard(addr)
-        size_of = self.size_of
-        found = size_of[addr]
+                found = size_of[addr]
         remaining = found - rounded
         if should_split(small, rounded, remaining, self.max_split):
             rest = addr + rounded

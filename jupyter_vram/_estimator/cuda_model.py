@@ -97,11 +97,10 @@ def simulate(
     )
     codes, seqs = code[order].tolist(), seq[order].tolist()
     made = {r: p for r, p in (warm_up or {}).items() if 0 <= r < n and a.alloc_seq[r] < 0}
-    for row in base_rows.tolist():
-        if row not in made:
-            replay.alloc(row)
+    before = [row for row in base_rows.tolist() if row not in made]
+    replay.replay(before, [-1] * len(before))
     if warm_up is not None:
-        _first_step(replay, codes, seqs, made, rows[on_device & (a.alloc_seq >= 0)])
+        replay.replay(*_first_step(codes, seqs, made, rows[on_device & (a.alloc_seq >= 0)]))
         replay.peak_allocated = replay.allocated  # reset_peak_memory_stats()
     baseline_reserved = replay.reserved
     replay.new_segments.clear()
@@ -122,29 +121,32 @@ def simulate(
 
 
 def _first_step(
-    replay: _Replay,
     codes: list[int],
     seqs: list[int],
     made: Mapping[int, float],
     step_rows: Int64Array,
-) -> None:
-    """Replay the step once as the program's first: the rows in ``made`` are allocated at
-    their positions, and what the step leaves alive is freed at its end (the second step's
-    own copies replace it)."""
+) -> tuple[list[int], list[int]]:
+    """The events (codes, seqs) of the step replayed once as the program's first: the rows in
+    ``made`` are allocated at their positions, and what the step leaves alive is freed at its
+    end (the second step's own copies replace it)."""
     pending = sorted(made.items(), key=lambda item: (item[1], item[0]))
+    out_codes: list[int] = []
+    out_seqs: list[int] = []
     k = 0
     for code, seq in zip(codes, seqs, strict=True):
         while k < len(pending) and pending[k][1] < seq:
-            replay.alloc(pending[k][0], seq)
+            out_codes.append(pending[k][0])
+            out_seqs.append(seq)
             k += 1
-        if code >= 0:
-            replay.alloc(code, seq)
-        else:
-            replay.release_row(~code)
+        out_codes.append(code)
+        out_seqs.append(seq)
     for row, _ in pending[k:]:
-        replay.alloc(row)
+        out_codes.append(row)
+        out_seqs.append(-1)
     for row in step_rows.tolist():
-        replay.release_row(row)  # a no-op for rows already freed
+        out_codes.append(~row)  # a no-op for rows already freed
+        out_seqs.append(-1)
+    return out_codes, out_seqs
 
 
 def to_cuda_profile(
@@ -215,25 +217,27 @@ class _Replay(CachedBlocks):
         self.seq = -1  # the event being replayed
 
     def replay(self, codes: list[int], seqs: list[int]) -> None:
-        alloc, release_row = self.alloc, self.release_row
+        """Replay events: ``code`` row allocates, ``~row`` frees (a no-op for a row with no
+        block: a zero-byte request, or a free without its alloc)."""
+        rounded, block, block_of = self.rounded, self.block, self.block_of
+        take, release, size_of = self.take, self.release, self.size_of
         for code, seq in zip(codes, seqs, strict=True):
             if code >= 0:
-                alloc(code, seq)
+                size = rounded[code]
+                if size == 0:
+                    continue
+                self.seq = seq
+                addr = take(size, is_small(size))
+                size = size_of[addr]
+                block_of[code] = addr
+                block[code] = size
+                self.allocated += size
+                if self.allocated > self.peak_allocated:
+                    self.peak_allocated = self.allocated
             else:
-                release_row(~code)
-
-    def alloc(self, row: int, seq: int = -1) -> None:
-        size = self.rounded[row]
-        if size == 0:
-            return
-        self.seq = seq
-        addr = self.take(size, is_small(size))
-        size = self.size_of[addr]
-        self.block_of[row] = addr
-        self.block[row] = size
-        self.allocated += size
-        if self.allocated > self.peak_allocated:
-            self.peak_allocated = self.allocated
+                at = block_of.pop(~code, None)
+                if at is not None:
+                    self.allocated -= release(at, at >= _SMALL_BASE)
 
     def new_segment(self, rounded: int, small: bool) -> int:
         """``cudaMalloc`` a segment, at an address of the replay's own, for the request being
@@ -252,9 +256,3 @@ class _Replay(CachedBlocks):
         self.segment_count += 1
         self.new_segments.append((self.seq, found))
         return addr
-
-    def release_row(self, row: int) -> None:
-        addr = self.block_of.pop(row, None)
-        if addr is None:  # a zero-byte request, or a free without its alloc
-            return
-        self.allocated -= self.release(addr, addr >= _SMALL_BASE)
