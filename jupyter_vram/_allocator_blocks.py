@@ -81,15 +81,17 @@ class CachedBlocks:
         """Hand a block to a ``rounded``-byte request; its address (its size: ``size_of``).
 
         The block is the free one at ``addr`` (a trace says where; the caller made sure it is
-        free and big enough), or, with ``addr`` -1, the smallest cached free block of the pool
-        that may serve the request (the lowest address among equals), or else a segment from
-        :meth:`new_segment`. The rest of the block is split off as a free block, unless too
-        little would be left: then the request gets the whole block.
+        free, big enough and in the ``small`` pool), or, with ``addr`` -1, the smallest cached
+        free block of the pool that may serve the request (the lowest address among equals),
+        or else a segment from :meth:`new_segment`. The rest of the block is split off as a
+        free block, unless too little would be left: then the request gets the whole block.
         """
         size_of = self.size_of
         if addr >= 0:
             self.free.discard(addr)
             found = size_of[addr]
+            if self.indexed:
+                _remove(self.small_free if small else self.large_free, found, addr)
         else:
             pool = self.small_free if small else self.large_free
             i = bisect_left(pool, rounded << ADDR_BITS)
