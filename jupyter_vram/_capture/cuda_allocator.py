@@ -10,12 +10,11 @@ below read blocks and segments out of a snapshot dict.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .._allocator_blocks import CachedBlocks
-from .._allocator_rules import is_small_segment
+from .._allocator_rules import is_small, is_small_segment
 
 _ACTIVE = "active_allocated"
 
@@ -25,18 +24,18 @@ class _AllocatorModel:
 
     An allocation takes the free block starting at its address; the allocator splits off the
     rounded request unless the rest would be too small to keep (< 512 B in the small pool,
-    <= 1 MiB in the large pool), in which case the allocation owns the whole block. Frees merge
-    free neighbours. A block whose free was requested but not completed (used on another
-    stream) is not reusable, like an allocated one. Any event that does not fit the model
-    marks it ``broken``; from then on sizes are estimates (and the profile says how many).
+    <= 1 MiB in the large pool; the pool is the request's, by its rounded size, as the
+    allocator's own ``should_split`` reads it), in which case the allocation owns the whole
+    block. Frees merge free neighbours. A block whose free was requested but not completed
+    (used on another stream) is not reusable, like an allocated one. Any event that does not
+    fit the model marks it ``broken``; from then on sizes are estimates (and the profile says
+    how many).
     """
 
     def __init__(self, rounding: Callable[[int], int], max_split_size: int) -> None:
         self._round = rounding
         self._blocks = CachedBlocks(max_split_size, best_fit=False)  # the trace says where
         self._segments: dict[int, tuple[int, bool]] = {}  # address -> (size, small pool)
-        self._starts: list[int] = []  # segment addresses, ascending
-        self._small: list[bool] = []  # whether the segment at the same index is small-pool
         self.broken = False
 
     @classmethod
@@ -72,17 +71,12 @@ class _AllocatorModel:
             self.broken = True
         self._blocks.add_segment(small, layout)
         self._segments[addr] = (size, small)
-        i = bisect.bisect_left(self._starts, addr)
-        self._starts.insert(i, addr)
-        self._small.insert(i, small)
 
     def remove_segment(self, addr: int) -> None:
         segment = self._segments.pop(addr, None)
         if segment is None:
             self.broken = True
             return
-        i = bisect.bisect_left(self._starts, addr)
-        del self._starts[i], self._small[i]
         if not self._blocks.remove_segment(addr, *segment):
             self.broken = True
 
@@ -96,8 +90,8 @@ class _AllocatorModel:
         if found is None or found < size or addr not in blocks.free:
             self.broken = True
             return None
-        small = self._small[bisect.bisect_right(self._starts, addr) - 1]  # the block's segment
-        return blocks.size_of[blocks.take(size, small, addr)]
+        # The allocator splits by the pool the request is served from, as its size says.
+        return blocks.size_of[blocks.take(size, is_small(size), addr)]
 
     def free_completed(self, addr: int) -> None:
         if self.broken:
