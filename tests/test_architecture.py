@@ -37,9 +37,10 @@ Layers = tuple[tuple[str, tuple[str, ...]], ...]
 
 #: (layer, module-name prefixes), bottom first. Why each sits where it does:
 LAYERS: Layers = (
-    # import nothing of the package: byte units, the caching allocator's rules, the cuBLAS
+    # import nothing of the package but each other: byte units, the caching allocator's rules
+    # and its block bookkeeping (the recorder's and the estimator's replays), the cuBLAS
     # workspaces PyTorch keeps
-    ("leaves", _names("_units", "_allocator_rules", "_blas_workspaces")),
+    ("leaves", _names("_units", "_allocator_rules", "_allocator_blocks", "_blas_workspaces")),
     # the data every layer passes: the Profile's columns and tables, its timeline replay,
     # what a rerun changed (Variant)
     ("data", _names("_model")),

@@ -1,30 +1,22 @@
-"""The CUDA caching allocator's block arithmetic, replayed outside the allocator.
+"""The CUDA caching allocator's block arithmetic, replayed from a recorded trace.
 
 The allocator's trace logs the *requested* size of each allocation, while
 ``max_memory_allocated`` counts whole blocks (rounded up, or a whole cached block when splitting
-it would leave too little). :class:`_AllocatorModel` redoes the allocator's block layout
-(with the rules of :mod:`jupyter_vram._allocator_rules`) to recover each block's real size;
-the helpers below read blocks and segments out of a snapshot dict.
+it would leave too little). :class:`_AllocatorModel` replays the trace's segment and block
+events on the allocator's blocks (:class:`jupyter_vram._allocator_blocks.CachedBlocks`, the
+bookkeeping the estimator's model uses too) to recover each block's real size; the helpers
+below read blocks and segments out of a snapshot dict.
 """
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from .._allocator_rules import is_small_segment, should_split
+from .._allocator_blocks import CachedBlocks
+from .._allocator_rules import is_small, is_small_segment
 
 _ACTIVE = "active_allocated"
-_FREE, _ALLOCATED, _PENDING = 0, 1, 2
-
-
-@dataclass
-class _Segment:
-    size: int
-    small: bool
-    starts: list[int] = field(default_factory=list)  # block start addresses, ascending
 
 
 class _AllocatorModel:
@@ -32,16 +24,18 @@ class _AllocatorModel:
 
     An allocation takes the free block starting at its address; the allocator splits off the
     rounded request unless the rest would be too small to keep (< 512 B in the small pool,
-    <= 1 MiB in the large pool), in which case the allocation owns the whole block. Frees merge
-    free neighbours. Any event that does not fit the model marks it ``broken``; from then on
-    sizes are estimates (and the profile says how many).
+    <= 1 MiB in the large pool; the pool is the request's, by its rounded size, as the
+    allocator's own ``should_split`` reads it), in which case the allocation owns the whole
+    block. Frees merge free neighbours. A block whose free was requested but not completed
+    (used on another stream) is not reusable, like an allocated one. Any event that does not
+    fit the model marks it ``broken``; from then on sizes are estimates (and the profile says
+    how many).
     """
 
     def __init__(self, rounding: Callable[[int], int], max_split_size: int) -> None:
         self._round = rounding
-        self._max_split = max_split_size
-        self._blocks: dict[int, list[int]] = {}  # start -> [size, state, segment address]
-        self._segments: dict[int, _Segment] = {}
+        self._blocks = CachedBlocks(max_split_size, best_fit=False)  # the trace says where
+        self._segments: dict[int, tuple[int, bool]] = {}  # address -> (size, small pool)
         self.broken = False
 
     @classmethod
@@ -56,79 +50,62 @@ class _AllocatorModel:
             small = seg.get("segment_type", "") == "small" or (
                 "segment_type" not in seg and is_small_segment(int(seg["total_size"]))
             )
-            blocks = [(addr, int(b["size"]), _state(b)) for addr, b in _block_addresses(seg)]
+            blocks = [(addr, int(b["size"]), _is_free(b)) for addr, b in _block_addresses(seg)]
             model.add_segment(int(seg["address"]), int(seg["total_size"]), small, blocks)
         return model
 
     def add_segment(
-        self, addr: int, size: int, small: bool, blocks: Sequence[tuple[int, int, int]] = ()
+        self, addr: int, size: int, small: bool, blocks: Sequence[tuple[int, int, bool]] = ()
     ) -> None:
+        """A segment and its blocks, (start, size, free) (default: one free block)."""
         if addr in self._segments:
             self.broken = True
             return
-        seg = _Segment(size, small)
-        for start, bsize, state in blocks or [(addr, size, _FREE)]:
-            self._blocks[start] = [bsize, state, addr]
-            seg.starts.append(start)
-        seg.starts.sort()
-        self._segments[addr] = seg
+        layout = sorted(blocks) if blocks else [(addr, size, True)]
+        end = addr
+        for start, bsize, _ in layout:
+            if start != end:  # blocks that do not tile the segment: not a layout to replay
+                self.broken = True
+            end = start + bsize
+        if end != addr + size:
+            self.broken = True
+        self._blocks.add_segment(small, layout)
+        self._segments[addr] = (size, small)
 
     def remove_segment(self, addr: int) -> None:
-        seg = self._segments.pop(addr, None)
-        if seg is None:
+        segment = self._segments.pop(addr, None)
+        if segment is None:
             self.broken = True
             return
-        for start in seg.starts:
-            block = self._blocks.pop(start, None)
-            if block is None or block[1] != _FREE:
-                self.broken = True
+        if not self._blocks.remove_segment(addr, *segment):
+            self.broken = True
 
     def alloc(self, addr: int, requested: int) -> int | None:
         """The size of the block an allocation at ``addr`` gets, or None if unknown."""
         if self.broken:
             return None
-        block = self._blocks.get(addr)
         size = self._round(requested)
-        if block is None or block[1] != _FREE or block[0] < size:
+        blocks = self._blocks
+        found = blocks.size_of.get(addr)
+        if found is None or found < size or addr not in blocks.free:
             self.broken = True
             return None
-        seg = self._segments[block[2]]
-        remaining = block[0] - size
-        if should_split(seg.small, size, remaining, self._max_split):
-            block[0] = size
-            self._blocks[addr + size] = [remaining, _FREE, block[2]]
-            bisect.insort(seg.starts, addr + size)
-        block[1] = _ALLOCATED
-        return block[0]
-
-    def free_requested(self, addr: int) -> None:
-        block = self._blocks.get(addr)
-        if block is not None and block[1] == _ALLOCATED:
-            block[1] = _PENDING  # not reusable until free_completed (cross-stream use)
+        # The allocator splits by the pool the request is served from, as its size says.
+        return blocks.size_of[blocks.take(size, is_small(size), addr)]
 
     def free_completed(self, addr: int) -> None:
         if self.broken:
             return
-        block = self._blocks.get(addr)
-        if block is None or block[1] == _FREE:
+        blocks = self._blocks
+        if addr not in blocks.size_of or addr in blocks.free:
             self.broken = True
             return
-        block[1] = _FREE
-        starts = self._segments[block[2]].starts
-        i = bisect.bisect_left(starts, addr)
-        if i + 1 < len(starts) and self._blocks[starts[i + 1]][1] == _FREE:
-            block[0] += self._blocks.pop(starts[i + 1])[0]
-            del starts[i + 1]
-        if i > 0 and self._blocks[starts[i - 1]][1] == _FREE:
-            self._blocks[starts[i - 1]][0] += self._blocks.pop(addr)[0]
-            del starts[i]
+        blocks.release(addr, False)  # no free lists: the pool does not matter
 
 
-def _state(block: Mapping[str, Any]) -> int:
-    state = str(block.get("state", ""))
-    if state == _ACTIVE:
-        return _ALLOCATED
-    return _PENDING if state.startswith("active") else _FREE
+def _is_free(block: Mapping[str, Any]) -> bool:
+    """Whether a snapshot's block is free to reuse: neither allocated nor pending its free."""
+    return not str(block.get("state", "")).startswith("active")
 
 
 def _block_addresses(seg: Mapping[str, Any]) -> Iterator[tuple[int, Mapping[str, Any]]]:

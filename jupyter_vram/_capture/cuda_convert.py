@@ -333,8 +333,6 @@ class _Converter:
                 live[addr] = self.add_alloc(addr, seq, ns, size, entry)
             elif action == "free_requested":
                 addr = int(entry["addr"])
-                if model is not None:
-                    model.free_requested(addr)
                 if addr in marker_blocks or _marker(entry.get("user_metadata")) is not None:
                     continue
                 row = live.get(addr)

@@ -8,38 +8,29 @@ that allocator (the rules of :mod:`jupyter_vram._allocator_rules`; one device, o
 nothing released) to learn each allocation's block size and the reserved memory;
 :func:`to_cuda_profile` turns the result into a profile that reads like one recorded on a GPU.
 
-The replay is one pass over the events with per-pool free lists kept sorted by
-(size, address), so best fit is a bisect and a free merges its neighbours in O(1) lookups.
+The replay is one pass over the events on the allocator's blocks
+(:class:`jupyter_vram._allocator_blocks.CachedBlocks`, the bookkeeping the CUDA recorder's
+replay uses too) with per-pool free lists kept sorted by (size, address), so best fit is a
+bisect and a free merges its neighbours in O(1) lookups.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from .._allocator_rules import (
-    MIN_BLOCK,
-    UNLIMITED_SPLIT,
-    is_small,
-    round_size,
-    segment_size,
-    should_split,
-    takes_cached_block,
-)
+from .._allocator_blocks import ADDR_BITS, CachedBlocks
+from .._allocator_rules import MIN_BLOCK, UNLIMITED_SPLIT, is_small, round_size, segment_size
 from .._model import Allocations, Int64Array, Profile, SegmentEvents
 
 __all__ = ["AllocatorSimulation", "simulate", "to_cuda_profile"]
 
-# A free block is one int in its pool's sorted list: size in the high bits, address in the
-# low ones, so sorting the ints sorts by (size, address), which is the allocator's best fit.
-_ADDR_BITS = 48
-_ADDR_MASK = (1 << _ADDR_BITS) - 1
-# Each pool gets its own address range (ties only ever compare addresses within one pool),
-# and the range tells a block's pool without a lookup.
-_SMALL_BASE = 1 << (_ADDR_BITS - 1)
+# Each pool gets its own address range below the free lists' address bits, and the range
+# tells a block's pool without a lookup.
+_ADDR_MASK = (1 << ADDR_BITS) - 1
+_SMALL_BASE = 1 << (ADDR_BITS - 1)
 
 
 @dataclass(frozen=True)
@@ -106,11 +97,10 @@ def simulate(
     )
     codes, seqs = code[order].tolist(), seq[order].tolist()
     made = {r: p for r, p in (warm_up or {}).items() if 0 <= r < n and a.alloc_seq[r] < 0}
-    for row in base_rows.tolist():
-        if row not in made:
-            replay.alloc(row)
+    before = [row for row in base_rows.tolist() if row not in made]
+    replay.replay(before, [-1] * len(before))
     if warm_up is not None:
-        _first_step(replay, codes, seqs, made, rows[on_device & (a.alloc_seq >= 0)])
+        replay.replay(*_first_step(codes, seqs, made, rows[on_device & (a.alloc_seq >= 0)]))
         replay.peak_allocated = replay.allocated  # reset_peak_memory_stats()
     baseline_reserved = replay.reserved
     replay.new_segments.clear()
@@ -131,29 +121,32 @@ def simulate(
 
 
 def _first_step(
-    replay: _Replay,
     codes: list[int],
     seqs: list[int],
     made: Mapping[int, float],
     step_rows: Int64Array,
-) -> None:
-    """Replay the step once as the program's first: the rows in ``made`` are allocated at
-    their positions, and what the step leaves alive is freed at its end (the second step's
-    own copies replace it)."""
+) -> tuple[list[int], list[int]]:
+    """The events (codes, seqs) of the step replayed once as the program's first: the rows in
+    ``made`` are allocated at their positions, and what the step leaves alive is freed at its
+    end (the second step's own copies replace it)."""
     pending = sorted(made.items(), key=lambda item: (item[1], item[0]))
+    out_codes: list[int] = []
+    out_seqs: list[int] = []
     k = 0
     for code, seq in zip(codes, seqs, strict=True):
         while k < len(pending) and pending[k][1] < seq:
-            replay.alloc(pending[k][0], seq)
+            out_codes.append(pending[k][0])
+            out_seqs.append(seq)
             k += 1
-        if code >= 0:
-            replay.alloc(code, seq)
-        else:
-            replay.release(~code)
+        out_codes.append(code)
+        out_seqs.append(seq)
     for row, _ in pending[k:]:
-        replay.alloc(row)
+        out_codes.append(row)
+        out_seqs.append(-1)
     for row in step_rows.tolist():
-        replay.release(row)  # a no-op for rows already freed
+        out_codes.append(~row)  # a no-op for rows already freed
+        out_seqs.append(-1)
+    return out_codes, out_seqs
 
 
 def to_cuda_profile(
@@ -205,19 +198,13 @@ def _rounded_sizes(size: Int64Array, divisions: Sequence[int]) -> Int64Array:
     return out
 
 
-class _Replay:
-    """The allocator's blocks. Blocks are keyed by start address; ``prev_of`` links each block
-    to the one before it in its segment (absent for a segment's first block), and a block's
-    successor, if any, starts at ``addr + size`` and links back to it."""
+class _Replay(CachedBlocks):
+    """The allocator's blocks (best fit over per-pool free lists), the rows holding them,
+    and the segments the replay had to make, at addresses of its own."""
 
     def __init__(self, rounded: list[int], max_split_size: int) -> None:
+        super().__init__(max_split_size, best_fit=True)
         self.rounded = rounded
-        self.max_split = max_split_size
-        self.size_of: dict[int, int] = {}  # every block, free or not
-        self.prev_of: dict[int, int] = {}
-        self.free: set[int] = set()  # addresses of free blocks
-        self.small_free: list[int] = []  # (size << _ADDR_BITS) | addr, ascending
-        self.large_free: list[int] = []
         self.block = [0] * len(rounded)  # row -> the size of the block it was given
         self.block_of: dict[int, int] = {}  # live row -> its block's address
         self.next_small = _SMALL_BASE
@@ -227,93 +214,45 @@ class _Replay:
         self.reserved = 0
         self.segment_count = 0
         self.new_segments: list[tuple[int, int]] = []  # (seq, size)
+        self.seq = -1  # the event being replayed
 
     def replay(self, codes: list[int], seqs: list[int]) -> None:
+        """Replay events: ``code`` row allocates, ``~row`` frees (a no-op for a row with no
+        block: a zero-byte request, or a free without its alloc)."""
+        rounded, block, block_of = self.rounded, self.block, self.block_of
+        take, release, size_of = self.take, self.release, self.size_of
         for code, seq in zip(codes, seqs, strict=True):
             if code >= 0:
-                self.alloc(code, seq)
+                size = rounded[code]
+                if size == 0:
+                    continue
+                self.seq = seq
+                addr = take(size, is_small(size))
+                size = size_of[addr]
+                block_of[code] = addr
+                block[code] = size
+                self.allocated += size
+                if self.allocated > self.peak_allocated:
+                    self.peak_allocated = self.allocated
             else:
-                self.release(~code)
+                at = block_of.pop(~code, None)
+                if at is not None:
+                    self.allocated -= release(at, at >= _SMALL_BASE)
 
-    def alloc(self, row: int, seq: int = -1) -> None:
-        size = self.rounded[row]
-        if size == 0:
-            return
-        small = is_small(size)
-        pool = self.small_free if small else self.large_free
-        i = bisect_left(pool, size << _ADDR_BITS)
-        addr = -1
-        if i < len(pool):
-            key = pool[i]
-            found = key >> _ADDR_BITS
-            # The pool is sorted by size, so the first candidate decides.
-            if takes_cached_block(size, found, self.max_split):
-                del pool[i]
-                addr = key & _ADDR_MASK
-                self.free.discard(addr)
-        if addr < 0:
-            found = segment_size(size)
-            if small:
-                addr = self.next_small
-                self.next_small += found
-            else:
-                addr = self.next_large
-                self.next_large += found
-            if self.next_large >= _SMALL_BASE or self.next_small > _ADDR_MASK:
-                raise OverflowError("simulated address space exhausted")
-            self.size_of[addr] = found
-            self.reserved += found
-            self.segment_count += 1
-            self.new_segments.append((seq, found))
-        remaining = found - size
-        if should_split(small, size, remaining, self.max_split):
-            rest = addr + size
-            after = addr + found
-            if self.prev_of.get(after) == addr:
-                self.prev_of[after] = rest
-            self.size_of[rest] = remaining
-            self.prev_of[rest] = addr
-            self.size_of[addr] = size
-            self.free.add(rest)
-            insort(pool, (remaining << _ADDR_BITS) | rest)
+    def new_segment(self, rounded: int, small: bool) -> int:
+        """``cudaMalloc`` a segment, at an address of the replay's own, for the request being
+        replayed (event ``seq``)."""
+        found = segment_size(rounded)
+        if small:
+            addr = self.next_small
+            self.next_small += found
         else:
-            size = found  # too little would be left: the allocation takes the whole block
-        self.block_of[row] = addr
-        self.block[row] = size
-        self.allocated += size
-        if self.allocated > self.peak_allocated:
-            self.peak_allocated = self.allocated
-
-    def release(self, row: int) -> None:
-        addr = self.block_of.pop(row, None)
-        if addr is None:  # a zero-byte request, or a free without its alloc
-            return
-        size_of, prev_of, free = self.size_of, self.prev_of, self.free
-        size = size_of[addr]
-        self.allocated -= size
-        pool = self.small_free if addr >= _SMALL_BASE else self.large_free
-        nxt = addr + size
-        if nxt in free and prev_of.get(nxt) == addr:
-            nsize = size_of.pop(nxt)
-            _remove(pool, (nsize << _ADDR_BITS) | nxt)
-            free.discard(nxt)
-            del prev_of[nxt]
-            size += nsize
-            if prev_of.get(addr + size) == nxt:
-                prev_of[addr + size] = addr
-        prv = prev_of.get(addr)
-        if prv is not None and prv in free:
-            psize = size_of[prv]
-            _remove(pool, (psize << _ADDR_BITS) | prv)
-            del size_of[addr], prev_of[addr]
-            if prev_of.get(addr + size) == addr:
-                prev_of[addr + size] = prv
-            addr, size = prv, psize + size
-        else:
-            free.add(addr)
-        size_of[addr] = size
-        insort(pool, (size << _ADDR_BITS) | addr)
-
-
-def _remove(pool: list[int], key: int) -> None:
-    del pool[bisect_left(pool, key)]
+            addr = self.next_large
+            self.next_large += found
+        if self.next_large >= _SMALL_BASE or self.next_small > _ADDR_MASK:
+            raise OverflowError("simulated address space exhausted")
+        self.add_segment(small, ((addr, found, False),))
+        self.reserved += found
+        self.segment_count += 1
+        self.new_segments.append((self.seq, found))
+        return addr
