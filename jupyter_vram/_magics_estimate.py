@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._estimator.api import Estimate, estimate
+from ._estimator.configs import model_label
 from ._estimator.gpus import find_gpu
 from ._estimator.inputs import InputError
 from ._estimator.runner import EstimateError
@@ -96,7 +97,7 @@ def run_estimate_magic(args: Namespace, namespace: dict[str, Any]) -> Estimate |
         check_gpus(args.gpus)  # before the run, not after it
         model = resolve(args.model, namespace, "the model")
         gpu = find_gpu(unquote(args.gpu)) if args.gpu else None
-        progress(f"estimating {type(model).__name__} on fake tensors ...")
+        progress(f"estimating {model_label(model)} on fake tensors ...")
         result = (
             _generate(args, model, namespace)
             if args.generate is not None

@@ -59,7 +59,9 @@ def pack_job(job: Job) -> bytes:
 class _Worker:
     """One estimator process and its pipes; it starts empty and is then given one model."""
 
-    def __init__(self) -> None:
+    def __init__(self, also_preload: tuple[str, ...] = ()) -> None:
+        """``also_preload``: libraries to import ahead besides those of :data:`PRELOADED` the
+        kernel has imported."""
         self.dir = Path(tempfile.mkdtemp(prefix=JOB_FOLDER_PREFIX))
         self.stderr_path = self.dir / "stderr.txt"
         self.lines: queue.Queue[bytes] = queue.Queue()
@@ -69,7 +71,7 @@ class _Worker:
         self.runs = 0
         stderr = self.stderr_path.open("wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-        preload = [name for name in PRELOADED if name in sys.modules]
+        preload = [name for name in PRELOADED if name in sys.modules or name in also_preload]
         self.process = subprocess.Popen(
             [sys.executable, "-m", "jupyter_vram._estimator.worker", "--spare",
              str(os.getpid()), str(self.dir), *preload],
@@ -81,7 +83,9 @@ class _Worker:
         )  # fmt: skip
         stderr.close()
         assert self.process.stdout is not None
-        threading.Thread(target=_pump, args=(self.process.stdout, self.lines), daemon=True).start()
+        self.spoke = threading.Event()  # its first line came: its imports are done
+        pump_args = (self.process.stdout, self.lines, self.spoke)
+        threading.Thread(target=_pump, args=pump_args, daemon=True).start()
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -147,6 +151,15 @@ class WarmWorkers:
             if self._spare is None:
                 self._spare = _Worker()
 
+    def start_spare(self) -> None:
+        """Start a spare now if there is none, importing transformers ahead when it is
+        installed (at ``%load_ext``: the first estimate, of a config-built model too, then
+        finds the imports done)."""
+        with self._lock:
+            if self._spare is None or not self._spare.alive():
+                installed = tuple(name for name in EARLY_PRELOADED if _installed(name))
+                self._spare = _Worker(installed)
+
     def close(self) -> None:
         """End every kept process (at exit, or to free their memory)."""
         with self._lock:
@@ -165,6 +178,20 @@ WARM = WarmWorkers()
 
 #: Libraries a spare imports ahead when the kernel has them (a model's unpickling needs them).
 PRELOADED = ("transformers", "torchvision", "timm", "diffusers", "peft")
+
+#: Libraries an early spare (:meth:`WarmWorkers.start_spare`) imports ahead when installed,
+#: before the kernel has imported them: a model sent as its transformers config needs it.
+EARLY_PRELOADED = ("transformers",)
+
+#: How long an estimate waits for a starting process before saying that it waits.
+STARTUP_NOTICE_S = 1.0
+
+
+def _installed(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
 
 #: Profiles a loaded worker keeps on disk (in its job folder), newest last; a largest-batch
 #: search makes about ten.
@@ -220,6 +247,13 @@ class EstimatorProcess:
 
     def _load(self, worker: _Worker) -> None:
         # the spare's hello: its imports are done
+        if not worker.spoke.wait(STARTUP_NOTICE_S):
+            print(
+                "jupyter_vram: waiting for the estimator process to finish starting "
+                "(importing torch) ...",
+                file=sys.stderr,
+                flush=True,
+            )
         self._receive("starting the estimator", max(self.timeout_s, STARTUP_TIMEOUT_S))
         (worker.dir / "job.pkl").write_bytes(self._payload)
         sys_path = [p for p in sys.path if p]
@@ -319,11 +353,13 @@ class EstimatorProcess:
         )
 
 
-def _pump(stream: IO[bytes], lines: queue.Queue[bytes]) -> None:
+def _pump(stream: IO[bytes], lines: queue.Queue[bytes], spoke: threading.Event) -> None:
     """Move protocol lines to a queue so the kernel can wait with a timeout."""
     for line in iter(stream.readline, b""):
         lines.put(line)
+        spoke.set()
     lines.put(b"")
+    spoke.set()
 
 
 def _kill(process: subprocess.Popen[bytes]) -> None:

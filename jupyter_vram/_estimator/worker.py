@@ -58,6 +58,10 @@ def watch_parent(parent: int, folder: Path) -> threading.Thread:
     return thread
 
 
+#: What a preloaded library's models always import (transformers' own import is lazy).
+PRELOADED_WITH = {"transformers": ("transformers.modeling_utils",)}
+
+
 def wait_for_job(channel: IO[str], *, parent: int, folder: Path, argv: list[str]) -> Path | None:
     """A spare: do the imports an estimate needs now, say so, then wait for a job.
 
@@ -70,8 +74,9 @@ def wait_for_job(channel: IO[str], *, parent: int, folder: Path, argv: list[str]
     from .._capture import fake, stacks  # noqa: F401 - imported ahead, for the first run
 
     for name in argv[4:]:
-        with contextlib.suppress(Exception):
-            importlib.import_module(name)
+        for module in (name, *PRELOADED_WITH.get(name, ())):
+            with contextlib.suppress(Exception):
+                importlib.import_module(module)
     _send(channel, {"ok": True, "spare": True})
     line = sys.stdin.readline()
     if not line.strip():  # the kernel is gone
