@@ -104,7 +104,10 @@ class _Worker:
         process = self.process
         if process.poll() is None:
             try:
-                self.send({"quit": True})
+                if self.spoke.is_set():
+                    self.send({"quit": True})
+                else:  # still importing, not reading: SIGTERM ends it at once (no wait)
+                    process.terminate()
                 process.wait(timeout=5)
             except (OSError, subprocess.TimeoutExpired):
                 _kill(process)

@@ -14,6 +14,7 @@ import gc
 import json
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -88,7 +89,21 @@ def wait_for_job(channel: IO[str], *, parent: int, folder: Path, argv: list[str]
     return Path(str(request["job"]))
 
 
+def remove_on_terminate(folder: Path) -> None:
+    """On SIGTERM, delete the job folder and end: ipykernel sends it to a kernel's children
+    when the kernel shuts down, before the kernel's own clean-up could end them."""
+
+    def terminate(signum: int, frame: object) -> None:
+        # a removal under way ends first
+        if _REMOVING.acquire(timeout=5) and folder.name.startswith(JOB_FOLDER_PREFIX):
+            shutil.rmtree(folder, ignore_errors=True)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+
+
 def main(argv: list[str]) -> int:
+    remove_on_terminate(_folder_of(argv))
     channel = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything the model prints goes to stderr, never into the protocol
     if argv[1] == "--spare":
