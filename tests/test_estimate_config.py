@@ -146,6 +146,24 @@ def test_magic_takes_a_config_path(tmp_path: Path) -> None:
     assert from_object.peak_bytes == from_path.peak_bytes
 
 
+@pytest.mark.parametrize(("delay_s", "notices"), [(0.0, 0), (1.6, 1)])
+def test_waiting_for_a_starting_process_is_said_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], delay_s: float, notices: int
+) -> None:
+    from jupyter_vram._estimator import runner
+
+    from .test_estimate import _SlowStartingWorker
+
+    process = runner.EstimatorProcess(b"job", timeout_s=30)
+    worker = _SlowStartingWorker(tmp_path, delay_s=delay_s)
+    process._worker = worker  # type: ignore[assignment]
+    process._load(worker)  # type: ignore[arg-type]
+    assert worker.ready["model"] == "Slow"
+    said = capsys.readouterr()
+    assert said.err.count("waiting for the estimator process to finish starting") == notices
+    assert said.out == ""
+
+
 # -- the spare started at %load_ext, in a real kernel -------------------------------------------
 
 jupyter_client = pytest.importorskip("jupyter_client")

@@ -250,14 +250,12 @@ class EstimatorProcess:
 
     def _load(self, worker: _Worker) -> None:
         # the spare's hello: its imports are done
-        if not worker.spoke.wait(STARTUP_NOTICE_S):
-            print(
-                "jupyter_vram: waiting for the estimator process to finish starting "
-                "(importing torch) ...",
-                file=sys.stderr,
-                flush=True,
-            )
-        self._receive("starting the estimator", max(self.timeout_s, STARTUP_TIMEOUT_S))
+        self._receive(
+            "starting the estimator",
+            max(self.timeout_s, STARTUP_TIMEOUT_S),
+            notice="jupyter_vram: waiting for the estimator process to finish starting "
+            "(importing torch) ...",
+        )
         (worker.dir / "job.pkl").write_bytes(self._payload)
         sys_path = [p for p in sys.path if p]
         (worker.dir / "job.json").write_text(json.dumps({"sys_path": sys_path}))
@@ -310,14 +308,16 @@ class EstimatorProcess:
             worker.results.popitem(last=False)[1].unlink(missing_ok=True)
         return profile
 
-    def _receive(self, what: str, timeout_s: float | None = None) -> dict[str, Any]:
+    def _receive(
+        self, what: str, timeout_s: float | None = None, notice: str = ""
+    ) -> dict[str, Any]:
         """The process's next message (``timeout_s``: how long to wait, ``self.timeout_s``
-        by default)."""
+        by default; ``notice``: said once on stderr when it does not come at once)."""
         worker = self._worker
         assert worker is not None
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         try:
-            line = worker.lines.get(timeout=timeout_s)
+            line = _next_line(worker.lines, timeout_s, notice)
         except queue.Empty:
             self._close_failed()
             raise EstimateError(
@@ -354,6 +354,18 @@ class EstimatorProcess:
             f"the estimator process crashed {when} ({how}); your kernel and data are fine."
             + (f"\nIts last output:\n{tail}" if tail else "")
         )
+
+
+def _next_line(lines: queue.Queue[bytes], timeout_s: float, notice: str) -> bytes:
+    """The next line within ``timeout_s``; ``notice`` goes to stderr once if it is not there
+    within :data:`STARTUP_NOTICE_S` (a wait the user would otherwise see as silence)."""
+    if notice and timeout_s > STARTUP_NOTICE_S:
+        try:
+            return lines.get(timeout=STARTUP_NOTICE_S)
+        except queue.Empty:
+            print(notice, file=sys.stderr, flush=True)
+            timeout_s -= STARTUP_NOTICE_S
+    return lines.get(timeout=timeout_s)
 
 
 def _pump(stream: IO[bytes], lines: queue.Queue[bytes], spoke: threading.Event) -> None:
