@@ -135,6 +135,9 @@ def test_magic_takes_a_config_path(tmp_path: Path) -> None:
                 "vram_estimate", f"'{tmp_path / 'config.json'}' --input 2x64 --device cpu --text"
             )
         from_path = shell.user_ns["_vram_estimate"]
+        with contextlib.redirect_stdout(out):  # a path without quotes, as typed
+            shell.run_line_magic("vram_estimate", f"{tmp_path} --input 2x64 --device cpu --text")
+        from_folder = shell.user_ns["_vram_estimate"]
         with contextlib.redirect_stdout(out):
             shell.run_line_magic("vram_estimate", "llama_config --input 2x64 --device cpu --text")
         from_object = shell.user_ns["_vram_estimate"]
@@ -143,7 +146,7 @@ def test_magic_takes_a_config_path(tmp_path: Path) -> None:
             shell.user_ns.pop(name, None)
     model = built_here(transformers.LlamaForCausalLM, config)
     assert from_path.peak_bytes == jv.estimate(model, "2x64", device="cpu").peak_bytes
-    assert from_object.peak_bytes == from_path.peak_bytes
+    assert from_object.peak_bytes == from_folder.peak_bytes == from_path.peak_bytes
 
 
 @pytest.mark.parametrize(("delay_s", "notices"), [(0.0, 0), (1.6, 1)])

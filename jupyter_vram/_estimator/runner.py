@@ -101,16 +101,26 @@ class _Worker:
         if not wait:
             threading.Thread(target=self.close, name="jupyter_vram-estimator-close").start()
             return
-        process = self.process
-        if process.poll() is None:
+        self.ask_to_end()
+        self.wait_for_end()
+
+    def ask_to_end(self) -> None:
+        """Tell the process to end (it deletes its folder as it goes), without waiting."""
+        if self.process.poll() is None:
             try:
                 if self.spoke.is_set():
                     self.send({"quit": True})
                 else:  # still importing, not reading: SIGTERM ends it at once (no wait)
-                    process.terminate()
-                process.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
-                _kill(process)
+                    self.process.terminate()
+            except OSError:
+                _kill(self.process)
+
+    def wait_for_end(self) -> None:
+        """Wait for the process to end (by force after 5 s) and delete its files."""
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            _kill(self.process)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -168,8 +178,10 @@ class WarmWorkers:
         with self._lock:
             kept = [w for w in (self._spare, self._loaded) if w is not None]
             self._spare = self._loaded = None
+        for worker in kept:  # all at once: a kernel's exit may be cut short after a few s
+            worker.ask_to_end()
         for worker in kept:
-            worker.close()
+            worker.wait_for_end()
 
     def pids(self) -> list[int]:
         with self._lock:
@@ -276,8 +288,12 @@ class EstimatorProcess:
         else:
             worker.close()
 
-    def _close_failed(self) -> None:
+    def _close_failed(self, *, at_once: bool = False) -> None:
+        """End a process that failed; ``at_once``: kill it (an interrupt: the worker ignores
+        SIGINT, so it would run its step to the end)."""
         worker, self._worker = self._worker, None
+        if worker is not None and at_once:
+            _kill(worker.process)
         if worker is not None:
             worker.close()
 
@@ -325,7 +341,7 @@ class EstimatorProcess:
                 "the process was stopped (raise timeout_s for very large models)"
             ) from None
         except BaseException:  # KeyboardInterrupt: never leave the process behind
-            self._close_failed()
+            self._close_failed(at_once=True)
             raise
         if not line:
             raise self._died(f"while {what}")

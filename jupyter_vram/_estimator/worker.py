@@ -85,13 +85,15 @@ def wait_for_job(channel: IO[str], *, parent: int, folder: Path, argv: list[str]
         return None
     request: dict[str, Any] = json.loads(line)
     if request.get("quit"):
+        remove_job_folder(folder)
         return None
     return Path(str(request["job"]))
 
 
 def remove_on_terminate(folder: Path) -> None:
     """On SIGTERM, delete the job folder and end: ipykernel sends it to a kernel's children
-    when the kernel shuts down, before the kernel's own clean-up could end them."""
+    when the kernel shuts down, before the kernel's own clean-up could end them. SIGINT is
+    ignored."""
 
     def terminate(signum: int, frame: object) -> None:
         # a removal under way ends first
@@ -100,6 +102,10 @@ def remove_on_terminate(folder: Path) -> None:
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, terminate)
+    # ipykernel forwards a notebook's interrupt (and its shutdown) to its process group as
+    # SIGINT: a kept process is not the cell being interrupted, and the kernel ends the one
+    # it was waiting for itself
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def main(argv: list[str]) -> int:
@@ -139,7 +145,8 @@ def main(argv: list[str]) -> int:
     )
     for line in sys.stdin:
         request = json.loads(line)
-        if request.get("quit"):
+        if request.get("quit"):  # its folder goes too: the kernel may be ending
+            remove_job_folder(job_path.parent)
             break
         try:
             settings = StepSettings(**request["settings"])
