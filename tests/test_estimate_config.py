@@ -167,6 +167,24 @@ def test_waiting_for_a_starting_process_is_said_once(
     assert said.out == ""
 
 
+def test_a_spare_outlives_sigint_and_deletes_its_folder_on_sigterm(
+    no_leftover_processes: None,  # noqa: F811 - the fixture
+) -> None:
+    import signal
+
+    from jupyter_vram._estimator.runner import _Worker
+
+    worker = _Worker()
+    assert worker.spoke.wait(300)  # its imports are done: its signal handlers are set
+    assert worker.dir.is_dir()
+    worker.process.send_signal(signal.SIGINT)  # what ipykernel forwards on an interrupt
+    time.sleep(1.0)
+    assert worker.alive()
+    worker.process.send_signal(signal.SIGTERM)  # what ipykernel sends at shutdown
+    assert worker.process.wait(timeout=30) == 128 + signal.SIGTERM
+    assert not worker.dir.exists()  # deleted by the process itself, not by this side
+
+
 # -- the spare started at %load_ext, in a real kernel -------------------------------------------
 
 jupyter_client = pytest.importorskip("jupyter_client")
