@@ -106,6 +106,33 @@ def load_ipython_extension(ipython: InteractiveShell) -> None:
     install(ipython)
     if _pre_run_cell not in ipython.events.callbacks["pre_run_cell"]:
         ipython.events.register("pre_run_cell", _pre_run_cell)
+    _start_estimator_early()
+
+
+#: Set to "0" to keep `%load_ext` from starting an estimator process ahead.
+EARLY_ESTIMATOR_ENV = "JUPYTER_VRAM_EARLY_ESTIMATOR"
+
+
+def _start_estimator_early() -> None:
+    """Start a spare estimator process in the background, so the first estimate does not
+    wait for its imports (seconds; minutes on a busy machine). Never blocks or fails
+    `%load_ext`; nothing is started where torch is not installed."""
+    import importlib.util
+    import os
+    import threading
+
+    if os.environ.get(EARLY_ESTIMATOR_ENV, "1") == "0" or importlib.util.find_spec("torch") is None:
+        return
+    threading.Thread(target=_start_spare, name="jupyter_vram-estimator-start", daemon=True).start()
+
+
+def _start_spare() -> None:
+    try:
+        from ._estimator.runner import WARM
+
+        WARM.start_spare()
+    except Exception:  # noqa: BLE001 - the first estimate starts one itself
+        pass
 
 
 def _pre_run_cell(info: Any) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._estimator.api import Estimate, estimate
+from ._estimator.configs import is_config, model_label
 from ._estimator.gpus import find_gpu
 from ._estimator.inputs import InputError
 from ._estimator.runner import EstimateError
@@ -29,6 +30,17 @@ def resolve(expression: str, namespace: Mapping[str, Any], what: str) -> Any:
         return eval(expression, dict(namespace))  # the user's own expression, in their namespace
     except Exception as error:  # noqa: BLE001 - reported as a clear message
         raise InputError(f"cannot evaluate {what} {expression!r}: {error}") from None
+
+
+def resolve_model(expression: str, namespace: Mapping[str, Any]) -> Any:
+    """The model: a name or expression, or an unquoted path to a local transformers config
+    (``%vram_estimate models/llama/config.json``)."""
+    try:
+        return resolve(expression, namespace, "the model")
+    except InputError:
+        if is_config(expression.strip()):
+            return expression.strip()
+        raise
 
 
 def unquote(text: str) -> str:
@@ -94,9 +106,9 @@ def run_estimate_magic(args: Namespace, namespace: dict[str, Any]) -> Estimate |
     progress = _progress_line()
     try:
         check_gpus(args.gpus)  # before the run, not after it
-        model = resolve(args.model, namespace, "the model")
+        model = resolve_model(args.model, namespace)
         gpu = find_gpu(unquote(args.gpu)) if args.gpu else None
-        progress(f"estimating {type(model).__name__} on fake tensors ...")
+        progress(f"estimating {model_label(model)} on fake tensors ...")
         result = (
             _generate(args, model, namespace)
             if args.generate is not None

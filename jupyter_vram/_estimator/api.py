@@ -22,8 +22,9 @@ from .. import _profile
 from .._model import CATEGORIES, CATEGORY_INDEX, PHASES, Allocations, Profile
 from .._units import format_bytes, format_count
 from .adapters import Adapters, check_adapters, table_adapters, with_adapters
+from .configs import ConfigError, ConfigModel, is_config
 from .gpus import GPUS, RUNTIME_HIDDEN_BYTES, Gpu, find_gpu
-from .inputs import make_batch_spec
+from .inputs import BatchSpec, PendingInputs, make_batch_spec
 from .job import Job
 from .runner import DEFAULT_TIMEOUT_S, EstimateError, EstimatorProcess, pack_job
 from .search import largest_fitting
@@ -574,7 +575,7 @@ def _gpu(gpu: str | Gpu) -> Gpu:
 
 
 def estimate(
-    model: nn.Module | Callable[[], nn.Module],
+    model: nn.Module | Callable[[], nn.Module] | Any,
     inputs: Any = None,
     optimizer: str | OptimizerFactory = "adamw",
     device: str = "cuda",
@@ -595,9 +596,12 @@ def estimate(
     """Predict the memory of one training step of ``model`` on ``inputs``.
 
     ``model`` may live anywhere, the meta device included (only shapes are read), or be a
-    function that builds it. ``inputs``: a shape (``"8x3x224x224"``; ``"8x512"`` is token ids
-    for a language model), named shapes (``"input_ids=8x512,attention_mask=8x512"``), example
-    tensors, a dict of them, or ``f(batch_size) -> batch``; None reads a transformers config.
+    function that builds it, or a transformers config (a config object, a local
+    ``config.json`` or a folder holding one): the estimator process builds that model on the
+    meta device (no weights, no network; see :mod:`.configs`). ``inputs``: a shape
+    (``"8x3x224x224"``; ``"8x512"`` is token ids for a language model), named shapes
+    (``"input_ids=8x512,attention_mask=8x512"``), example tensors, a dict of them, or
+    ``f(batch_size) -> batch``; None reads a transformers config.
     ``optimizer``: a name (adamw, adam, sgd, adafactor, adagrad, rmsprop, adamw8bit, none;
     bitsandbytes' pagedadamw8bit, pagedadamw: see :attr:`Estimate.paged_state_bytes`) or
     ``f(params) -> optimizer``. ``device``: the device predicted, "cuda" (default) or "cpu".
@@ -613,10 +617,16 @@ def estimate(
     but the output one a bitsandbytes 4-bit layer (NF4, nested statistics by default) under
     the LoRA adapters.
     """
+    from_config = is_config(model)
+    if from_config:
+        try:
+            model = ConfigModel.of(model)
+        except ConfigError as error:
+            raise EstimateError(str(error)) from None
     if not isinstance(model, nn.Module) and not callable(model):
         raise EstimateError(
-            f"model must be a torch.nn.Module (or a function that builds one), "
-            f"not {type(model).__name__}"
+            f"model must be a torch.nn.Module (or a function that builds one, or a "
+            f"transformers config), not {type(model).__name__}"
         )
     factory = optimizer if callable(optimizer) else None
     name = "custom" if factory is not None else check_optimizer(str(optimizer))
@@ -635,10 +645,14 @@ def estimate(
 
         amp_dtype(amp)
     adapters = check_adapters(lora, qlora)
-    probe = _probe(model)
-    if adapters is not None:
-        model = probe = with_adapters(probe, adapters, dtype)
-    spec = make_batch_spec(probe, inputs, batch_size)
+    spec: BatchSpec | PendingInputs
+    if from_config and adapters is None:  # built and fed in the estimator process only
+        spec = PendingInputs(inputs, batch_size)
+    else:
+        probe = _probe(model)
+        if adapters is not None:
+            model = probe = with_adapters(probe, adapters, dtype)
+        spec = make_batch_spec(probe, inputs, batch_size)
     settings = StepSettings(device=device, dtype=dtype, amp=amp, checkpoint=checkpoint,
                             optimizer=name, inference=inference, stacks=stacks,
                             flash_attention=flash, torch_version=torch_version)  # fmt: skip

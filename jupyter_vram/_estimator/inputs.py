@@ -310,6 +310,18 @@ def make_batch_spec(model: nn.Module, inputs: Any, batch_size: int | None = None
     return spec.with_batch_size(batch_size) if batch_size is not None else spec
 
 
+@dataclass(frozen=True)
+class PendingInputs:
+    """``inputs`` as the user gave them, read by :func:`make_batch_spec` in the estimator
+    process, where the model is built (a model sent as its config is never built here)."""
+
+    inputs: Any
+    batch_size: int | None = None
+
+    def resolve(self, model: nn.Module) -> BatchSpec:
+        return make_batch_spec(model, self.inputs, self.batch_size)
+
+
 #: transformers heads whose ``labels`` have the shape of the token ids / one id per example.
 _TOKEN_LABEL_HEADS = ("ForCausalLM", "LMHeadModel", "ForMaskedLM", "ForConditionalGeneration",
                       "ForTokenClassification", "ForSeq2SeqLM")  # fmt: skip

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from .inputs import BatchSpec
+from .inputs import BatchSpec, PendingInputs
 from .step import LossFn, OptimizerFactory
 
 
@@ -16,7 +16,7 @@ class Job:
     """Everything the kernel sends once: the model (or a factory) and how to feed it."""
 
     model: nn.Module | Callable[[], nn.Module]
-    batch: BatchSpec
+    batch: BatchSpec | PendingInputs  # pending: read where the model is built
     loss_fn: LossFn | None = None
     optimizer_factory: OptimizerFactory | None = None
     sys_path: tuple[str, ...] = ()

@@ -59,7 +59,9 @@ def pack_job(job: Job) -> bytes:
 class _Worker:
     """One estimator process and its pipes; it starts empty and is then given one model."""
 
-    def __init__(self) -> None:
+    def __init__(self, also_preload: tuple[str, ...] = ()) -> None:
+        """``also_preload``: libraries to import ahead besides those of :data:`PRELOADED` the
+        kernel has imported."""
         self.dir = Path(tempfile.mkdtemp(prefix=JOB_FOLDER_PREFIX))
         self.stderr_path = self.dir / "stderr.txt"
         self.lines: queue.Queue[bytes] = queue.Queue()
@@ -69,7 +71,7 @@ class _Worker:
         self.runs = 0
         stderr = self.stderr_path.open("wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-        preload = [name for name in PRELOADED if name in sys.modules]
+        preload = [name for name in PRELOADED if name in sys.modules or name in also_preload]
         self.process = subprocess.Popen(
             [sys.executable, "-m", "jupyter_vram._estimator.worker", "--spare",
              str(os.getpid()), str(self.dir), *preload],
@@ -81,7 +83,9 @@ class _Worker:
         )  # fmt: skip
         stderr.close()
         assert self.process.stdout is not None
-        threading.Thread(target=_pump, args=(self.process.stdout, self.lines), daemon=True).start()
+        self.spoke = threading.Event()  # its first line came: its imports are done
+        pump_args = (self.process.stdout, self.lines, self.spoke)
+        threading.Thread(target=_pump, args=pump_args, daemon=True).start()
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -97,13 +101,26 @@ class _Worker:
         if not wait:
             threading.Thread(target=self.close, name="jupyter_vram-estimator-close").start()
             return
-        process = self.process
-        if process.poll() is None:
+        self.ask_to_end()
+        self.wait_for_end()
+
+    def ask_to_end(self) -> None:
+        """Tell the process to end (it deletes its folder as it goes), without waiting."""
+        if self.process.poll() is None:
             try:
-                self.send({"quit": True})
-                process.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
-                _kill(process)
+                if self.spoke.is_set():
+                    self.send({"quit": True})
+                else:  # still importing, not reading: SIGTERM ends it at once (no wait)
+                    self.process.terminate()
+            except OSError:
+                _kill(self.process)
+
+    def wait_for_end(self) -> None:
+        """Wait for the process to end (by force after 5 s) and delete its files."""
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            _kill(self.process)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -147,13 +164,24 @@ class WarmWorkers:
             if self._spare is None:
                 self._spare = _Worker()
 
+    def start_spare(self) -> None:
+        """Start a spare now if there is none, importing transformers ahead when it is
+        installed (at ``%load_ext``: the first estimate, of a config-built model too, then
+        finds the imports done)."""
+        with self._lock:
+            if self._spare is None or not self._spare.alive():
+                installed = tuple(name for name in EARLY_PRELOADED if _installed(name))
+                self._spare = _Worker(installed)
+
     def close(self) -> None:
         """End every kept process (at exit, or to free their memory)."""
         with self._lock:
             kept = [w for w in (self._spare, self._loaded) if w is not None]
             self._spare = self._loaded = None
+        for worker in kept:  # all at once: a kernel's exit may be cut short after a few s
+            worker.ask_to_end()
         for worker in kept:
-            worker.close()
+            worker.wait_for_end()
 
     def pids(self) -> list[int]:
         with self._lock:
@@ -165,6 +193,20 @@ WARM = WarmWorkers()
 
 #: Libraries a spare imports ahead when the kernel has them (a model's unpickling needs them).
 PRELOADED = ("transformers", "torchvision", "timm", "diffusers", "peft")
+
+#: Libraries an early spare (:meth:`WarmWorkers.start_spare`) imports ahead when installed,
+#: before the kernel has imported them: a model sent as its transformers config needs it.
+EARLY_PRELOADED = ("transformers",)
+
+#: How long an estimate waits for a starting process before saying that it waits.
+STARTUP_NOTICE_S = 1.0
+
+
+def _installed(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
 
 #: Profiles a loaded worker keeps on disk (in its job folder), newest last; a largest-batch
 #: search makes about ten.
@@ -220,7 +262,12 @@ class EstimatorProcess:
 
     def _load(self, worker: _Worker) -> None:
         # the spare's hello: its imports are done
-        self._receive("starting the estimator", max(self.timeout_s, STARTUP_TIMEOUT_S))
+        self._receive(
+            "starting the estimator",
+            max(self.timeout_s, STARTUP_TIMEOUT_S),
+            notice="jupyter_vram: waiting for the estimator process to finish starting "
+            "(importing torch) ...",
+        )
         (worker.dir / "job.pkl").write_bytes(self._payload)
         sys_path = [p for p in sys.path if p]
         (worker.dir / "job.json").write_text(json.dumps({"sys_path": sys_path}))
@@ -241,8 +288,12 @@ class EstimatorProcess:
         else:
             worker.close()
 
-    def _close_failed(self) -> None:
+    def _close_failed(self, *, at_once: bool = False) -> None:
+        """End a process that failed; ``at_once``: kill it (an interrupt: the worker ignores
+        SIGINT, so it would run its step to the end)."""
         worker, self._worker = self._worker, None
+        if worker is not None and at_once:
+            _kill(worker.process)
         if worker is not None:
             worker.close()
 
@@ -273,14 +324,16 @@ class EstimatorProcess:
             worker.results.popitem(last=False)[1].unlink(missing_ok=True)
         return profile
 
-    def _receive(self, what: str, timeout_s: float | None = None) -> dict[str, Any]:
+    def _receive(
+        self, what: str, timeout_s: float | None = None, notice: str = ""
+    ) -> dict[str, Any]:
         """The process's next message (``timeout_s``: how long to wait, ``self.timeout_s``
-        by default)."""
+        by default; ``notice``: said once on stderr when it does not come at once)."""
         worker = self._worker
         assert worker is not None
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         try:
-            line = worker.lines.get(timeout=timeout_s)
+            line = _next_line(worker.lines, timeout_s, notice)
         except queue.Empty:
             self._close_failed()
             raise EstimateError(
@@ -288,7 +341,7 @@ class EstimatorProcess:
                 "the process was stopped (raise timeout_s for very large models)"
             ) from None
         except BaseException:  # KeyboardInterrupt: never leave the process behind
-            self._close_failed()
+            self._close_failed(at_once=True)
             raise
         if not line:
             raise self._died(f"while {what}")
@@ -319,11 +372,25 @@ class EstimatorProcess:
         )
 
 
-def _pump(stream: IO[bytes], lines: queue.Queue[bytes]) -> None:
+def _next_line(lines: queue.Queue[bytes], timeout_s: float, notice: str) -> bytes:
+    """The next line within ``timeout_s``; ``notice`` goes to stderr once if it is not there
+    within :data:`STARTUP_NOTICE_S` (a wait the user would otherwise see as silence)."""
+    if notice and timeout_s > STARTUP_NOTICE_S:
+        try:
+            return lines.get(timeout=STARTUP_NOTICE_S)
+        except queue.Empty:
+            print(notice, file=sys.stderr, flush=True)
+            timeout_s -= STARTUP_NOTICE_S
+    return lines.get(timeout=timeout_s)
+
+
+def _pump(stream: IO[bytes], lines: queue.Queue[bytes], spoke: threading.Event) -> None:
     """Move protocol lines to a queue so the kernel can wait with a timeout."""
     for line in iter(stream.readline, b""):
         lines.put(line)
+        spoke.set()
     lines.put(b"")
+    spoke.set()
 
 
 def _kill(process: subprocess.Popen[bytes]) -> None:

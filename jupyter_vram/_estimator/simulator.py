@@ -17,7 +17,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ from .._capture.stacks import FrameFilter
 from .._capture.tagging import iter_tensors
 from .._model import Allocations, Profile
 from .accumulation import AccumulationWatch, accumulate_in_place
-from .inputs import BatchSpec, parse_dtype, with_default_labels
+from .inputs import BatchSpec, PendingInputs, parse_dtype, with_default_labels
 from .job import Job
 from .kernels import (
     RnnCalls,
@@ -77,10 +77,16 @@ class Simulator:
                 model = model()
             if not isinstance(model, nn.Module):
                 raise TypeError(f"the model factory returned {type(model).__name__}, not a Module")
+        if isinstance(job.batch, PendingInputs):
+            job = self.job = replace(job, batch=job.batch.resolve(model))
+        assert isinstance(job.batch, BatchSpec)
+        self.given_batch = job.batch  # as the user gave it, no labels added
         self.model = model
         self.slots = TensorSlots(model)
-        self.batch = with_default_labels(model, job.batch)
-        self.added_labels = "labels" in self.batch.kwargs and "labels" not in job.batch.kwargs
+        self.batch = with_default_labels(model, self.given_batch)
+        self.added_labels = (
+            "labels" in self.batch.kwargs and "labels" not in self.given_batch.kwargs
+        )
         params = [d for d in self.slots.descriptors() if d.parameter]
         self.parameter_count = sum(math.prod(d.shape) for d in params)
         self.trainable_count = sum(math.prod(d.shape) for d in params if d.requires_grad)
@@ -196,7 +202,7 @@ class Simulator:
         from .generation import decoding_steps, generate_step, ordinary_prompt_reads
 
         self._kept = None  # a training run's fake tensors are not reused here
-        batch = self.job.batch.with_batch_size(batch_size) if batch_size else self.job.batch
+        batch = self.given_batch.with_batch_size(batch_size) if batch_size else self.given_batch
         cast = parse_dtype(settings.dtype) if settings.dtype else None
         mode = fake_mode()
         self.slots.fill(_fake_factory(mode, cast))

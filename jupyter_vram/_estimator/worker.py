@@ -14,6 +14,7 @@ import gc
 import json
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -58,6 +59,10 @@ def watch_parent(parent: int, folder: Path) -> threading.Thread:
     return thread
 
 
+#: What a preloaded library's models always import (transformers' own import is lazy).
+PRELOADED_WITH = {"transformers": ("transformers.modeling_utils",)}
+
+
 def wait_for_job(channel: IO[str], *, parent: int, folder: Path, argv: list[str]) -> Path | None:
     """A spare: do the imports an estimate needs now, say so, then wait for a job.
 
@@ -70,8 +75,9 @@ def wait_for_job(channel: IO[str], *, parent: int, folder: Path, argv: list[str]
     from .._capture import fake, stacks  # noqa: F401 - imported ahead, for the first run
 
     for name in argv[4:]:
-        with contextlib.suppress(Exception):
-            importlib.import_module(name)
+        for module in (name, *PRELOADED_WITH.get(name, ())):
+            with contextlib.suppress(Exception):
+                importlib.import_module(module)
     _send(channel, {"ok": True, "spare": True})
     line = sys.stdin.readline()
     if not line.strip():  # the kernel is gone
@@ -79,11 +85,31 @@ def wait_for_job(channel: IO[str], *, parent: int, folder: Path, argv: list[str]
         return None
     request: dict[str, Any] = json.loads(line)
     if request.get("quit"):
+        remove_job_folder(folder)
         return None
     return Path(str(request["job"]))
 
 
+def remove_on_terminate(folder: Path) -> None:
+    """On SIGTERM, delete the job folder and end: ipykernel sends it to a kernel's children
+    when the kernel shuts down, before the kernel's own clean-up could end them. SIGINT is
+    ignored."""
+
+    def terminate(signum: int, frame: object) -> None:
+        # a removal under way ends first
+        if _REMOVING.acquire(timeout=5) and folder.name.startswith(JOB_FOLDER_PREFIX):
+            shutil.rmtree(folder, ignore_errors=True)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+    # ipykernel forwards a notebook's interrupt (and its shutdown) to its process group as
+    # SIGINT: a kept process is not the cell being interrupted, and the kernel ends the one
+    # it was waiting for itself
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def main(argv: list[str]) -> int:
+    remove_on_terminate(_folder_of(argv))
     channel = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything the model prints goes to stderr, never into the protocol
     if argv[1] == "--spare":
@@ -119,7 +145,8 @@ def main(argv: list[str]) -> int:
     )
     for line in sys.stdin:
         request = json.loads(line)
-        if request.get("quit"):
+        if request.get("quit"):  # its folder goes too: the kernel may be ending
+            remove_job_folder(job_path.parent)
             break
         try:
             settings = StepSettings(**request["settings"])
