@@ -10,8 +10,9 @@ from argparse import Namespace
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ._estimator.api import Estimate, estimate
+from ._estimator.api import Estimate
 from ._estimator.configs import is_config, model_label
+from ._estimator.entry import estimate
 from ._estimator.gpus import find_gpu
 from ._estimator.inputs import InputError
 from ._estimator.runner import EstimateError
@@ -181,7 +182,7 @@ def run_estimate_magic(args: Namespace, namespace: dict[str, Any]) -> Estimate |
 def _generate(args: Namespace, model: Any, namespace: Mapping[str, Any]) -> Estimate:
     """``--generate N``: ``estimate_generate`` with ``--input`` as the prompt (a bare number is
     its length in tokens, default 128)."""
-    from ._estimator.api import estimate_generate
+    from ._estimator.entry import estimate_generate
 
     if args.lora is not None or args.qlora:
         raise InputError("--lora / --qlora are what-ifs of a training step, not of --generate")

@@ -139,7 +139,7 @@ def test_magic_generate(capsys: pytest.CaptureFixture[str]) -> None:
 def test_prompt_forms() -> None:
     """A length, 1-D ids (one prompt, ``batch`` copies), 2-D ids and named shapes all become
     token-id batches of the right shape (no run needed)."""
-    from jupyter_vram._estimator.api import _prompt_spec
+    from jupyter_vram._estimator.entry import _prompt_spec
 
     model = bench.build(bench.CASES["llama-generate-b1"], "meta")
     vocab = model.config.vocab_size

@@ -310,7 +310,7 @@ def test_empty_and_baseline_only_profiles() -> None:
 def est() -> Estimate:
     from torch import nn
 
-    from jupyter_vram._estimator.api import estimate
+    from jupyter_vram._estimator.entry import estimate
 
     return estimate(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)), "8x64")
 

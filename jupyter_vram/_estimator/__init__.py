@@ -3,7 +3,8 @@
 Where each module here is tested: tests/INDEX.md.
 """
 
-from .api import Comparison, Estimate, RunSummary, estimate, estimate_generate
+from .api import Comparison, Estimate, RunSummary
+from .entry import estimate, estimate_generate
 from .gpus import GPUS, Gpu, find_gpu
 from .inputs import InputError
 from .runner import EstimateError

@@ -10,7 +10,7 @@ device used adds a fixed allowance for the CUDA context and library workspaces.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -21,14 +21,11 @@ from torch import nn
 from .. import _profile
 from .._model import CATEGORIES, CATEGORY_INDEX, PHASES, Allocations, Profile
 from .._units import format_bytes, format_count
-from .adapters import Adapters, check_adapters, table_adapters, with_adapters
-from .configs import ConfigError, ConfigModel, is_config
+from .adapters import Adapters, table_adapters, with_adapters
 from .gpus import GPUS, RUNTIME_HIDDEN_BYTES, Gpu, find_gpu
-from .inputs import BatchSpec, PendingInputs, make_batch_spec
-from .job import Job
 from .runner import DEFAULT_TIMEOUT_S, EstimateError, EstimatorProcess, pack_job
 from .search import largest_fitting
-from .step import LossFn, OptimizerFactory, StepSettings, check_optimizer, settings_text
+from .step import StepSettings, settings_text
 from .whatif import SHARDINGS, check_gpus, sharded_peak, variants
 
 if TYPE_CHECKING:
@@ -574,169 +571,6 @@ def _gpu(gpu: str | Gpu) -> Gpu:
     return gpu if isinstance(gpu, Gpu) else find_gpu(gpu)
 
 
-def estimate(
-    model: nn.Module | Callable[[], nn.Module] | Any,
-    inputs: Any = None,
-    optimizer: str | OptimizerFactory = "adamw",
-    device: str = "cuda",
-    dtype: str | None = None,
-    amp: str | None = None,
-    checkpoint: bool = False,
-    *,
-    batch_size: int | None = None,
-    inference: bool = False,
-    loss_fn: LossFn | None = None,
-    stacks: bool = True,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    torch_version: str | None = None,
-    lora: Mapping[str, Any] | None = None,
-    qlora: bool | Mapping[str, Any] = False,
-    gpu: str | Gpu | None = None,
-) -> Estimate:
-    """Predict the memory of one training step of ``model`` on ``inputs``.
-
-    ``model`` may live anywhere, the meta device included (only shapes are read), or be a
-    function that builds it, or a transformers config (a config object, a local
-    ``config.json`` or a folder holding one): the estimator process builds that model on the
-    meta device (no weights, no network; see :mod:`.configs`). ``inputs``: a shape
-    (``"8x3x224x224"``; ``"8x512"`` is token ids for a language model), named shapes
-    (``"input_ids=8x512,attention_mask=8x512"``), example tensors, a dict of them, or
-    ``f(batch_size) -> batch``; None reads a transformers config.
-    ``optimizer``: a name (adamw, adam, sgd, adafactor, adagrad, rmsprop, adamw8bit, none;
-    bitsandbytes' pagedadamw8bit, pagedadamw: see :attr:`Estimate.paged_state_bytes`) or
-    ``f(params) -> optimizer``. ``device``: the device predicted, "cuda" (default) or "cpu".
-    ``torch_version``: the torch the step will run under, when not this one (``"2.11"``): the
-    cuBLAS / cuBLASLt workspaces it keeps differ by version. ``gpu``: a GPU name, which
-    implies ``device="cuda"`` with that card's attention kernel (as in
-    :func:`estimate_generate`).
-
-    What-ifs on a plain model (``model`` as peft would make it, see :mod:`.adapters`):
-    ``lora``: peft ``LoraConfig`` arguments (``dict(r=16, target_modules=["q_proj",
-    "v_proj"])``; peft's defaults for what is left out). ``qlora``: True, or a dict of
-    ``quant_type`` ("nf4" / "fp4"), ``double_quant`` and ``compute_dtype``: every linear layer
-    but the output one a bitsandbytes 4-bit layer (NF4, nested statistics by default) under
-    the LoRA adapters.
-    """
-    from_config = is_config(model)
-    if from_config:
-        try:
-            model = ConfigModel.of(model)
-        except ConfigError as error:
-            raise EstimateError(str(error)) from None
-    if not isinstance(model, nn.Module) and not callable(model):
-        raise EstimateError(
-            f"model must be a torch.nn.Module (or a function that builds one, or a "
-            f"transformers config), not {type(model).__name__}"
-        )
-    factory = optimizer if callable(optimizer) else None
-    name = "custom" if factory is not None else check_optimizer(str(optimizer))
-    flash = True
-    if gpu is not None:
-        device, flash = "cuda", _gpu(gpu).flash_attention
-    if device not in ("cuda", "cpu") and not device.startswith("cuda:"):
-        raise EstimateError(f"device must be 'cuda' or 'cpu', not {device!r}")
-    if dtype is not None:
-        from .inputs import parse_dtype
-
-        if not parse_dtype(dtype).is_floating_point:
-            raise EstimateError(f"dtype must be a floating type, not {dtype!r}")
-    if amp is not None:
-        from .._transforms.amp import amp_dtype
-
-        amp_dtype(amp)
-    adapters = check_adapters(lora, qlora)
-    spec: BatchSpec | PendingInputs
-    if from_config and adapters is None:  # built and fed in the estimator process only
-        spec = PendingInputs(inputs, batch_size)
-    else:
-        probe = _probe(model)
-        if adapters is not None:
-            model = probe = with_adapters(probe, adapters, dtype)
-        spec = make_batch_spec(probe, inputs, batch_size)
-    settings = StepSettings(device=device, dtype=dtype, amp=amp, checkpoint=checkpoint,
-                            optimizer=name, inference=inference, stacks=stacks,
-                            flash_attention=flash, torch_version=torch_version)  # fmt: skip
-    payload = pack_job(Job(model, spec, loss_fn, factory))
-    with EstimatorProcess(payload, timeout_s=timeout_s) as process:
-        profile = process.run(settings, None)
-    if adapters is not None:
-        profile = _with_what_if(profile, adapters.describe())
-    return Estimate(profile, settings, payload, timeout_s=timeout_s)
-
-
-def _with_what_if(profile: Profile, what_if: str) -> Profile:
-    """``profile`` saying which adapters the estimated model was given (meta "adapters")."""
-    info = {**profile.meta.get("estimate", {}), "adapters": what_if}
-    return profile.replace(meta={**profile.meta, "estimate": info})
-
-
-def estimate_generate(
-    model: nn.Module | Callable[[], nn.Module],
-    prompt: Any = 128,
-    new_tokens: int = 128,
-    batch: int | None = None,
-    cache: str = "dynamic",
-    device: str = "cuda",
-    dtype: str | None = None,
-    gpu: str | Gpu | None = None,
-    *,
-    stacks: bool = True,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    torch_version: str | None = None,
-) -> Estimate:
-    """Predict the memory of ``model.generate()``: greedy decoding of ``new_tokens`` tokens
-    after ``prompt``, with a KV cache (the weights, the cache as it grows, each step's
-    temporaries; the cache is category ``kv_cache``).
-
-    ``model``: a transformers model with ``generate()`` (anywhere, the meta device included),
-    or a function that builds one. ``prompt``: a length in tokens, token ids (a tensor), or
-    named shapes as in :func:`estimate` (``"input_features=1x80x3000"`` for Whisper).
-    ``batch``: sequences generated at once (default 1; with a length or 1-D ids).
-    ``cache``: "dynamic" (grows by concatenation) or "static" (allocated for the whole
-    length at once); a quantised cache is refused, not guessed. ``gpu``: a GPU name, which
-    implies ``device="cuda"`` with that card's attention kernel.
-    """
-    from .generation import GenerationError, check_cache, check_generates
-
-    if not isinstance(new_tokens, int) or new_tokens < 1:
-        raise EstimateError(f"new_tokens must be a positive number of tokens, not {new_tokens!r}")
-    try:
-        check_cache(cache)
-        probe = _probe(model)
-        check_generates(probe)
-    except GenerationError as error:
-        raise EstimateError(str(error)) from None
-    flash = True
-    if gpu is not None:
-        device, flash = "cuda", _gpu(gpu).flash_attention
-    if device not in ("cuda", "cpu") and not device.startswith("cuda:"):
-        raise EstimateError(f"device must be 'cuda' or 'cpu', not {device!r}")
-    spec = _prompt_spec(probe, prompt, batch)
-    settings = StepSettings(device=device, dtype=dtype, optimizer="none", inference=True,
-                            stacks=stacks, flash_attention=flash, torch_version=torch_version,
-                            generate=new_tokens, cache=cache)  # fmt: skip
-    payload = pack_job(Job(model, spec))
-    with EstimatorProcess(payload, timeout_s=timeout_s) as process:
-        profile = process.run(settings, None)
-    return Estimate(profile, settings, payload, timeout_s=timeout_s)
-
-
-def _prompt_spec(model: nn.Module, prompt: Any, batch: int | None) -> Any:
-    """The prompt as a batch: a length -> ``batch`` rows of token ids; 1-D ids -> ``batch``
-    copies; anything else as :func:`estimate` reads inputs (``batch`` sets dim 0)."""
-    import torch
-
-    if isinstance(prompt, bool) or (isinstance(prompt, int) and prompt < 1):
-        raise EstimateError(f"prompt must be a positive length, token ids or shapes: {prompt!r}")
-    if isinstance(prompt, int):
-        return make_batch_spec(model, {"input_ids": (batch or 1, prompt)})
-    if isinstance(prompt, torch.Tensor) and prompt.dim() == 1:
-        return make_batch_spec(model, {"input_ids": (batch or 1, int(prompt.shape[0]))})
-    if isinstance(prompt, torch.Tensor):
-        return make_batch_spec(model, {"input_ids": prompt}, batch)
-    return make_batch_spec(model, prompt, batch)
-
-
 def _probe(model: nn.Module | Callable[[], nn.Module]) -> nn.Module:
     """The model itself, or one built by the factory on the meta device (no memory)."""
     if isinstance(model, nn.Module):
@@ -761,8 +595,6 @@ __all__ = [
     "EstimateError",
     "FirstFit",
     "RunSummary",
-    "estimate",
-    "estimate_generate",
     "estimate_summary",
     "model_weights",
 ]
