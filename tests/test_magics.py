@@ -108,11 +108,13 @@ def test_estimate_magic_text_and_comparison(
     assert matching_estimate(measured) is est
     comparison = est.compare(measured)
     assert comparison.same_device
-    # the kernel holds tensors of earlier cells: counted, and set apart as unrelated
-    assert (
-        comparison.unrelated_bytes
-        == measured.peak_breakdown()["other"] - est.peak_breakdown()["other"]
+    # the kernel holds tensors of earlier cells (in a long test session, of earlier tests
+    # too: another model's parameters): counted, and set apart as unrelated; the step and
+    # what was set apart make up the whole measured peak
+    assert comparison.unrelated_bytes >= (
+        measured.peak_breakdown()["other"] - est.peak_breakdown()["other"]
     )
+    assert comparison.measured_bytes + comparison.unrelated_bytes == measured.peak_bytes
     # the measurement also sees a copy mm's backward makes inside the op (its gradient input
     # is an expanded view), which a fake-tensor run cannot: 1 KiB of this 32 KiB toy
     assert abs(comparison.relative_difference) < 0.05
