@@ -68,32 +68,13 @@ def estimate(
     the LoRA adapters.
     """
     from_config = is_config(model)
-    if from_config:
-        try:
-            model = ConfigModel.of(model)
-        except ConfigError as error:
-            raise EstimateError(str(error)) from None
-    if not isinstance(model, nn.Module) and not callable(model):
-        raise EstimateError(
-            f"model must be a torch.nn.Module (or a function that builds one, or a "
-            f"transformers config), not {type(model).__name__}"
-        )
+    model = _checked_model(model, from_config)
     factory = optimizer if callable(optimizer) else None
     name = "custom" if factory is not None else check_optimizer(str(optimizer))
     flash = True
     if gpu is not None:
         device, flash = "cuda", _gpu(gpu).flash_attention
-    if device not in ("cuda", "cpu") and not device.startswith("cuda:"):
-        raise EstimateError(f"device must be 'cuda' or 'cpu', not {device!r}")
-    if dtype is not None:
-        from .inputs import parse_dtype
-
-        if not parse_dtype(dtype).is_floating_point:
-            raise EstimateError(f"dtype must be a floating type, not {dtype!r}")
-    if amp is not None:
-        from .._transforms.amp import amp_dtype
-
-        amp_dtype(amp)
+    _check_numerics(device, dtype, amp)
     adapters = check_adapters(lora, qlora)
     spec: BatchSpec | PendingInputs
     if from_config and adapters is None:  # built and fed in the estimator process only
@@ -112,6 +93,37 @@ def estimate(
     if adapters is not None:
         profile = _with_what_if(profile, adapters.describe())
     return Estimate(profile, settings, payload, timeout_s=timeout_s)
+
+
+def _checked_model(model: Any, from_config: bool) -> Any:
+    """The model to estimate (a config read into what the estimator process builds), or
+    EstimateError saying why it cannot be."""
+    if from_config:
+        try:
+            model = ConfigModel.of(model)
+        except ConfigError as error:
+            raise EstimateError(str(error)) from None
+    if not isinstance(model, nn.Module) and not callable(model):
+        raise EstimateError(
+            f"model must be a torch.nn.Module (or a function that builds one, or a "
+            f"transformers config), not {type(model).__name__}"
+        )
+    return model
+
+
+def _check_numerics(device: str, dtype: str | None, amp: str | None) -> None:
+    """A device, dtype and AMP dtype the estimator knows (one clear error each)."""
+    if device not in ("cuda", "cpu") and not device.startswith("cuda:"):
+        raise EstimateError(f"device must be 'cuda' or 'cpu', not {device!r}")
+    if dtype is not None:
+        from .inputs import parse_dtype
+
+        if not parse_dtype(dtype).is_floating_point:
+            raise EstimateError(f"dtype must be a floating type, not {dtype!r}")
+    if amp is not None:
+        from .._transforms.amp import amp_dtype
+
+        amp_dtype(amp)
 
 
 def _with_what_if(profile: Profile, what_if: str) -> Profile:
