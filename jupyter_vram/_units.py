@@ -7,19 +7,41 @@ capture/ or analysis/ needs no arrow up to render/.
 
 from __future__ import annotations
 
+#: Byte units by lower-case name, decimal (kb, gb) and binary (kib, gib), as sizes are
+#: written in options (``--capacity 6GiB``) and read from messages (CUDA's ``Tried to
+#: allocate 20.00 MiB``): the one table every parser uses.
+BYTE_UNITS = {
+    "bytes": 1,
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "p": 1000**5,
+    "pb": 1000**5,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+    "pib": 1 << 50,
+}
+
+
+#: The units sizes are shown in, largest first (binary: what the allocators count in).
+_UNITS = tuple((name, BYTE_UNITS[name.lower()]) for name in ("TiB", "GiB", "MiB", "KiB", "B"))
+
 
 def format_bytes(n: float) -> str:
     """Human-readable binary size: 1536 -> '1.5 KiB'."""
     sign = "-" if n < 0 else ""
     n = abs(float(n))
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-_UNITS = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("B", 1))
+    name, size = next((u for u in _UNITS if n >= u[1]), _UNITS[-1])
+    return f"{sign}{n:.0f} {name}" if size == 1 else f"{sign}{n / size:.1f} {name}"
 
 
 def format_column(values: list[int]) -> list[str]:

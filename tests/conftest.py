@@ -45,9 +45,10 @@ def recording_state() -> dict[str, object]:
     }
 
 
-#: our threads that are not part of a recording: an estimator process closed in the
-#: background (it ends by itself within seconds; on a loaded machine it may outlive a test)
-NOT_RECORDING = frozenset({"jupyter_vram-estimator-close"})
+#: our threads that are not part of a recording: an estimator process closed, or the spare
+#: one `%load_ext` starts, in the background (each ends by itself within seconds; on a loaded
+#: machine it may outlive a test)
+NOT_RECORDING = frozenset({"jupyter_vram-estimator-close", "jupyter_vram-estimator-start"})
 
 STARTED_SIGINT = signal.getsignal(signal.SIGINT)
 """SIGINT's handler as the test session started: Python's default, or SIG_IGN where the session

@@ -36,27 +36,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from .._model import MAX_BYTES
+from .._units import BYTE_UNITS
 from .tagging import reachable_objects, storages_of
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "t": 1000**4,
-    "tb": 1000**4,
-    "p": 1000**5,
-    "pb": 1000**5,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "tib": 1 << 40,
-    "pib": 1 << 50,
-}
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 #: The largest capacity taken (1 PiB, what a saved profile holds at most): no device is larger.
 MAX_CAPACITY = MAX_BYTES
@@ -77,14 +59,14 @@ def parse_capacity(value: int | float | str) -> int:
     elif isinstance(value, str):
         match = _SIZE.match(value)
         unit = match.group(2).lower() if match else ""
-        if match is None or unit not in _UNITS:
+        if match is None or unit not in BYTE_UNITS:
             raise ValueError(f"capacity {shown} is not {accepted}")
         whole = match.group(1).split(".")[0].lstrip("0")
         if len(whole) > 24:  # past any unit's petabytes, and Fraction's digit limit
             nbytes = Fraction(MAX_CAPACITY + 1)
         else:
             try:
-                nbytes = Fraction(match.group(1)) * _UNITS[unit]
+                nbytes = Fraction(match.group(1)) * BYTE_UNITS[unit]
             except ValueError:  # thousands of decimals
                 raise ValueError(f"capacity {shown} is not {accepted}") from None
     else:

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .._units import BYTE_UNITS
 from .capacity import CapacityFailure
 from .stacks import FrameFilter, cell_name
 from .tagging import reachable_objects
@@ -29,8 +30,6 @@ _attached = False
 _listener: OomWatch | None = None
 
 _TRIED = re.compile(r"Tried to allocate ([0-9.]+) ?([KMGT]i?B|B|bytes)", re.IGNORECASE)
-_UNIT = {"b": 1, "bytes": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-_UNIT.update({"kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4})
 
 
 def _observer(device: int, alloc_size: int, limit: int, device_free: int) -> None:
@@ -159,7 +158,7 @@ def requested_in_message(message: str) -> int | None:
     match = _TRIED.search(message)
     if match is None:
         return None
-    return int(float(match.group(1)) * _UNIT.get(match.group(2).lower(), 1))
+    return int(float(match.group(1)) * BYTE_UNITS.get(match.group(2).lower(), 1))
 
 
 def cuda_allocator_state(device: torch.device) -> dict[str, int]:
