@@ -167,12 +167,9 @@ class Simulator:
         info["in_place_sums"] = sums
         return finish_profile(canonical_bursts(raw), settings, info)
 
-    def _step_info(
-        self, settings: StepSettings, batch: BatchSpec, started: float, unit_bytes: int,
-        facts: _OptimizerFacts,
-    ) -> dict[str, Any]:  # fmt: skip
-        """What the estimate says about the step it simulated (``Profile.meta``)."""
-        info = {
+    def _run_info(self, settings: StepSettings, batch: BatchSpec, started: float) -> dict[str, Any]:
+        """What every simulated run's ``meta`` says: settings, input, model, how long."""
+        return {
             "settings": settings.to_dict(),
             "batch_size": batch.batch_size,
             "input": batch.describe(),
@@ -180,6 +177,15 @@ class Simulator:
             "parameters": self.parameter_count,
             "trainable_parameters": self.trainable_count,
             "seconds": round(time.perf_counter() - started, 3),
+        }
+
+    def _step_info(
+        self, settings: StepSettings, batch: BatchSpec, started: float, unit_bytes: int,
+        facts: _OptimizerFacts,
+    ) -> dict[str, Any]:  # fmt: skip
+        """What the estimate says about the step it simulated (``Profile.meta``)."""
+        info = {
+            **self._run_info(settings, batch, started),
             "unit_parameter_bytes": unit_bytes,
             "default_label_bytes": _label_bytes(batch) if self.added_labels else 0,
             "simulated_on": "fake tensors (torch FakeTensorMode) on the CPU",
@@ -230,13 +236,7 @@ class Simulator:
             _restore_attribute_tensors(self.model, lazy_state)
             self.slots.clear()
         info = {
-            "settings": settings.to_dict(),
-            "batch_size": batch.batch_size,
-            "input": batch.describe(),
-            "model": type(self.model).__name__,
-            "parameters": self.parameter_count,
-            "trainable_parameters": self.trainable_count,
-            "seconds": round(time.perf_counter() - started, 3),
+            **self._run_info(settings, batch, started),
             "new_tokens": settings.generate,
             "cache": settings.cache,
             "simulated_on": "fake tensors (torch FakeTensorMode) on the CPU",
