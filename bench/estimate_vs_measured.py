@@ -66,6 +66,10 @@ class Case:
     # where the estimated model is built: "meta" (shapes only), or "cpu" for a model that
     # needs values to exist (bitsandbytes quantises real weights)
     estimate_from: str = "meta"
+    # fine-tuning: "lora" / "qlora" over the model ``base`` builds (what a LoRA estimator
+    # that adds the adapters itself is given)
+    fine_tune: str = ""
+    base: Callable[[], nn.Module] | None = None
 
     def variant_label(self) -> str:
         if self.generate:
@@ -478,8 +482,10 @@ CASES: dict[str, Case] = {
         Case("mixtral", mixtral, "4x128"),
         Case("whisper", whisper, "input_features=4x80x400,labels=4x32"),
         Case("vit-224", vit_base_patch, "8x3x224x224"),
-        Case("llama-lora", llama_lora, "8x128", estimate_from="cpu"),
-        Case("llama-qlora", llama_qlora, "8x128", estimate_from="cpu"),
+        Case("llama-lora", llama_lora, "8x128", estimate_from="cpu", fine_tune="lora", base=llama),
+        Case(
+            "llama-qlora", llama_qlora, "8x128", estimate_from="cpu", fine_tune="qlora", base=llama
+        ),
         Case("llama-adamw8bit", llama, "8x128", optimizer="adamw8bit"),
         Case("llama-generate-b1", llama_long, "input_ids=1x128", generate=64),
         Case("llama-generate-b4", llama_long, "input_ids=4x128", generate=64),
@@ -736,6 +742,8 @@ class Row:
     seconds: float
     measured_breakdown: dict[str, int]
     estimated_breakdown: dict[str, int]
+    # torch-kitsune's prediction (a kitsune_side.Prediction); None: kitsune is not installed
+    kitsune: Any = None
 
     @property
     def difference(self) -> float:
@@ -743,7 +751,24 @@ class Row:
         return (self.estimated - self.measured) / self.measured
 
 
-def compare(case: Case) -> Row:
+def kitsune_prediction(case: Case, kitsune: Any) -> Any:
+    """torch-kitsune's prediction for ``case`` (a kitsune_side.Prediction), given the model it
+    documents: real weights on the CPU in the case's dtype, the base model for LoRA."""
+    from kitsune_side import predict  # bench/ is on sys.path when run as a script
+
+    from jupyter_vram._estimator.inputs import parse_dtype
+
+    torch.manual_seed(case.seed)
+    with torch.device("cpu"):
+        model = (case.base or case.build)()
+    if case.dtype:
+        model.to(parse_dtype(case.dtype))
+    return predict(case, kitsune, model)
+
+
+def compare(case: Case, kitsune: Any = None) -> Row:
+    """Measure and estimate ``case``; with ``kitsune`` (its ``kitsune.predict`` module), its
+    prediction too."""
     measured = measure_in_subprocess(case.name)
     est, seconds = run_estimate(case)
     before = est.profile.timeline.baseline_by_category()
@@ -753,7 +778,8 @@ def compare(case: Case) -> Row:
     # the measurement's parameters are all of model.parameters(), frozen or not
     estimated_before["parameter"] += int(before[CATEGORIES.index("frozen_parameter")])
     return Row(case, int(measured["parameters"]), est.input, int(measured["peak_bytes"]),
-               est.peak_bytes, seconds, measured["breakdown"], estimated_before)  # fmt: skip
+               est.peak_bytes, seconds, measured["breakdown"], estimated_before,
+               None if kitsune is None else kitsune_prediction(case, kitsune))  # fmt: skip
 
 
 def _params(n: int) -> str:
@@ -761,10 +787,15 @@ def _params(n: int) -> str:
 
 
 def table(rows: list[Row]) -> str:
+    """The markdown table and its summary; torch-kitsune's columns when a row has its
+    prediction (kitsune installed)."""
+    with_kitsune = any(r.kitsune is not None for r in rows)
+    reasons: list[str] = []  # why kitsune has no prediction, footnote n is reasons[n - 1]
     lines = [
         "| case | model | params | input | step | measured peak (MiB) | estimated peak (MiB) "
-        "| difference (KiB) | vs measured | estimate time (s) |",
-        "|---|---|---|---|---|--:|--:|--:|--:|--:|",
+        "| difference (KiB) | vs measured | estimate time (s) |"
+        + (" kitsune (MiB) | kitsune vs measured |" if with_kitsune else ""),
+        "|---|---|---|---|---|--:|--:|--:|--:|--:|" + ("--:|--:|" if with_kitsune else ""),
     ]
     for r in rows:
         model = type(build(r.case, r.case.estimate_from)).__name__
@@ -772,7 +803,7 @@ def table(rows: list[Row]) -> str:
             f"| {r.case.name} | {model} | {_params(r.parameters)} | {r.input} "
             f"| {r.case.variant_label()} | {r.measured / MIB:.1f} | {r.estimated / MIB:.1f} "
             f"| {(r.estimated - r.measured) / 1024:+,.0f} | {100 * r.difference:+.2f} % "
-            f"| {r.seconds:.1f} |"
+            f"| {r.seconds:.1f} |" + (_kitsune_cells(r, reasons) if with_kitsune else "")
         )
     differences = [abs(r.difference) * 100 for r in rows]
     if differences:
@@ -782,7 +813,61 @@ def table(rows: list[Row]) -> str:
             f"{statistics.median(differences):.2f} %, max {max(differences):.2f} % "
             f"over {len(rows)} cases (targets: median <= 3 %, max <= 10 %).",
         ]
+    if with_kitsune:
+        lines += _kitsune_summary(rows, reasons)
     return "\n".join(lines)
+
+
+def _kitsune_cells(row: Row, reasons: list[str]) -> str:
+    """kitsune's two cells of ``row``: its peak and its difference from the measurement, or
+    a footnote number (``reasons`` gains the reason when it is new)."""
+    prediction = row.kitsune
+    if prediction is None:
+        return " | |"
+    if not prediction.answered:
+        if prediction.reason not in reasons:
+            reasons.append(prediction.reason)
+        return f" n/a ({reasons.index(prediction.reason) + 1}) | |"
+    difference = (prediction.total_bytes - row.measured) / row.measured
+    return f" {prediction.total_bytes / MIB:.1f} | {100 * difference:+.2f} % |"
+
+
+def _kitsune_version() -> str:
+    """The installed torch-kitsune's version after a space, "" when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f" {version('torch-kitsune')}"
+    except PackageNotFoundError:
+        return ""
+
+
+def _kitsune_summary(rows: list[Row], reasons: list[str]) -> list[str]:
+    """kitsune's median / max absolute difference over the cases it answered, without its
+    safety margin too, beside ours over the same cases; then the footnotes."""
+    answered = [r for r in rows if r.kitsune is not None and r.kitsune.answered]
+
+    def spread(errors: list[float]) -> str:
+        return f"median {statistics.median(errors):.2f} %, max {max(errors):.2f} %"
+
+    lines = [""]
+    if answered:
+        total = [100 * abs(r.kitsune.total_bytes - r.measured) / r.measured for r in answered]
+        bare = [100 * abs(r.kitsune.total_bytes - r.kitsune.margin_bytes - r.measured)
+                / r.measured for r in answered]  # fmt: skip
+        ours = [100 * abs(r.difference) for r in answered]
+        lines.append(
+            f"torch-kitsune{_kitsune_version()} (installed beside the bench, not a "
+            f"dependency) answered {len(answered)} of {len(rows)} cases: absolute difference "
+            f"from the measurement {spread(total)} ({spread(bare)} without the 15 % it adds "
+            f"for allocator overhead); jupyter_vram over the same cases {spread(ours)}."
+        )
+    else:
+        lines.append(f"torch-kitsune answered none of the {len(rows)} cases.")
+    for number, reason in enumerate(reasons, 1):
+        cases = ", ".join(r.case.name for r in rows if r.kitsune and r.kitsune.reason == reason)
+        lines.append(f"\n({number}) {reason}: {cases}.")
+    return lines
 
 
 def breakdowns(rows: list[Row]) -> str:
@@ -845,12 +930,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in CASES]
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; see --list")
+    from kitsune_side import load_kitsune  # bench/ is on sys.path when run as a script
+
+    kitsune = load_kitsune()
     rows: list[Row] = []
     failures: list[str] = []
     for name in names:
         print(f"{name} ...", file=sys.stderr, flush=True)
         try:
-            rows.append(compare(CASES[name]))
+            rows.append(compare(CASES[name], kitsune))
         except Exception as error:  # noqa: BLE001 - report the case and go on
             failures.append(f"- {name}: {type(error).__name__}: {str(error).strip()[:500]}")
     text = table(rows)
