@@ -17,6 +17,10 @@ state and inputs, counted once each) plus the running maximum of allocated minus
 over the allocator's events. The estimate is made here, from the model built on the meta
 device, with ``device="cpu"`` (a CUDA target adds allocator rounding a CPU run cannot show).
 
+When torch-kitsune is installed (it is not a dependency), its prediction for each case it can
+be asked about stands beside ours (``bench/kitsune_side.py``); without it the table is as
+before.
+
 Usage:
     python bench/estimate_vs_measured.py                 # every case, markdown table
     python bench/estimate_vs_measured.py gpt2 llama-sgd  # some cases
@@ -904,7 +908,27 @@ def intro() -> str:
         '(step "generate N") are `jv.estimate_generate(model, prompt, N, device="cpu")` '
         "against one real `generate()` call of N greedy tokens, measured the same way. Peaks of "
         "the fine-tuning rows include the frozen base weights and QuantState tensors."
+        + (KITSUNE_INTRO if kitsune_installed() else "")
     )
+
+
+KITSUNE_INTRO = (
+    " torch-kitsune (not a dependency of jupyter_vram; its columns appear when it is "
+    "installed) is asked each case the way its documentation shows: `predict_memory` for a "
+    "training step (the model with real weights on the CPU in the case's dtype, the first "
+    "input's shape without the batch dimension, the batch size, the optimizer), "
+    "`estimate_lora_memory` for LoRA / QLoRA (the base model, rank 16 on q_proj and v_proj) "
+    "and `estimate_kv_cache` for generation (prompt plus new tokens, float32). Its peaks "
+    "include the 15 % it adds for allocator overhead; the summary gives its error without "
+    "that margin too."
+)
+
+
+def kitsune_installed() -> bool:
+    """Whether torch-kitsune can be imported (its columns and intro sentence come with it)."""
+    from importlib.util import find_spec
+
+    return find_spec("kitsune") is not None
 
 
 def write_readme(text: str) -> None:
