@@ -920,7 +920,10 @@ KITSUNE_INTRO = (
     "`estimate_lora_memory` for LoRA / QLoRA (the base model, rank 16 on q_proj and v_proj) "
     "and `estimate_kv_cache` for generation (prompt plus new tokens, float32). Its peaks "
     "include the 15 % it adds for allocator overhead; the summary gives its error without "
-    "that margin too."
+    "that margin too. Its activation estimate feeds the model a float tensor of the input's "
+    "shape: where the model takes token ids both its tracing paths fail and its per-layer "
+    "formulas remain (0.5 MiB of activations for gpt2, 0.8 MiB for llama), which is why its "
+    "language-model training rows, LoRA and QLoRA included, are far below the measurement."
 )
 
 
