@@ -7,6 +7,7 @@ import html
 import re
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -340,3 +341,87 @@ def test_a_block_zoomed_to_in_the_flame_graph_can_be_checkpointed(
     assert variant is not None and variant.variant is not None
     assert variant.variant.checkpointed == (f"{root}.blocks.2",)
     assert view.results[-1].title == "checkpointing 1 block"
+
+
+# A step, then (in the rerun only) a kernel interrupt at a chosen moment, then busy for
+# rr_busy_s seconds: "in a callback" makes the interrupt arrive while the interpreter runs a
+# weakref callback (as the recorder's, run each time a storage it noted is freed), where the
+# KeyboardInterrupt it raises is only printed ("Exception ignored in ..."), never propagated.
+INTERRUPTED = """\
+%%vram -q
+rr_loss = rr_model(rr_x).square().mean()
+rr_loss.backward()
+if rr_interrupt is not None:
+    import signal, time, weakref
+    class Dying:
+        pass
+    dying = Dying()
+    if rr_interrupt == "in a callback":
+        watch = weakref.ref(dying, lambda _: signal.raise_signal(signal.SIGINT))
+    else:
+        signal.raise_signal(signal.SIGINT)
+    del dying
+    until = time.perf_counter() + rr_busy_s
+    while time.perf_counter() < until:
+        pass
+"""
+
+
+def interrupted_rerun(
+    shell: InteractiveShell, when: str, busy_s: float
+) -> tuple[ProfileApp, RerunBar]:
+    """A baseline of INTERRUPTED recorded without the interrupt; the rerun will have it."""
+    shell.user_ns.update(rr_interrupt=None, rr_busy_s=0.0)
+    baseline = record_cell(shell, INTERRUPTED)
+    shell.user_ns.update(rr_interrupt=when, rr_busy_s=busy_s)
+    app = ProfileApp(baseline)
+    bar = bar_of(app)
+    bar.checkpoint.value = True
+    return app, bar
+
+
+def forget_interrupted(shell: InteractiveShell) -> None:
+    for name in ("rr_interrupt", "rr_busy_s"):
+        del shell.user_ns[name]
+
+
+@pytest.mark.parametrize("busy_s", [20.0, 0.0], ids=["cell-keeps-running", "cell-ends"])
+def test_a_cancel_the_interpreter_drops_in_a_callback_still_cancels(
+    shell: InteractiveShell, busy_s: float
+) -> None:
+    """The interrupt lands in a weakref callback, which swallows its KeyboardInterrupt: the
+    rerun still stops (long before the cell's 20 s), or, when the cell ends first, the bar
+    still says cancelled and no variant is added (the browser test's flake: a Cancel lost,
+    the bar stuck at 'running')."""
+    app, bar = interrupted_rerun(shell, "in a callback", busy_s)
+    before = state(shell)
+    started = time.perf_counter()
+    bar.button.click()
+    took = time.perf_counter() - started
+    assert "cancelled" in bar.status.value, (took, bar.status.value)
+    assert took < 15.0, took  # stopped, not run to the end of the busy loop
+    assert not bar.running and bar.cancel.layout.display == "none"
+    assert app.compare_view is None
+    assert same_state(before, state(shell))
+    forget_interrupted(shell)
+
+
+def test_a_click_handled_on_the_main_thread_is_cancellable_while_the_kernel_ignores_sigint(
+    shell: InteractiveShell,
+) -> None:
+    """ipykernel dispatches a comm message that arrives while another request holds the main
+    shell without its 'SIGINT raises' hook: the interrupt would be ignored (SIG_IGN, what an
+    idle kernel has). A click handled on the main thread makes SIGINT raise itself."""
+    app, bar = interrupted_rerun(shell, "now", 20.0)
+    ignoring = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        started = time.perf_counter()
+        bar.button.click()  # on the main thread: no subshell, no loop to hand it to
+        took = time.perf_counter() - started
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # put back afterwards
+    finally:
+        signal.signal(signal.SIGINT, ignoring)
+    assert "cancelled" in bar.status.value, (took, bar.status.value)
+    assert took < 15.0, took
+    assert app.compare_view is None and not bar.running
+    forget_interrupted(shell)

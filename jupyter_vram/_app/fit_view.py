@@ -10,7 +10,6 @@ verification runs on the kernel's main thread, as the rerun row's does (see reru
 from __future__ import annotations
 
 import html
-import signal
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +17,7 @@ import ipywidgets as w
 
 from .._render.fit_html import FitRow, legend_html, row_html, scale_of
 from .holder import GONE, ProfileHandle
+from .interrupts import interrupts_raise
 from .rerun_view import main_loop
 
 if TYPE_CHECKING:
@@ -117,21 +117,11 @@ class FitView(w.VBox):  # type: ignore[misc]
         if loop is None:
             self.verify(name)
         else:
-            loop.add_callback(self._verify_interruptibly, name)
-
-    def _verify_interruptibly(self, name: str) -> None:
-        try:
-            previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-        except ValueError:
-            self.verify(name)
-            return
-        try:
-            self.verify(name)
-        finally:
-            signal.signal(signal.SIGINT, previous)
+            loop.add_callback(self.verify, name)
 
     def verify(self, name: str) -> int | None:
-        """Rerun the cell with option ``name``; its row shows the measured peak (returned)."""
+        """Rerun the cell with option ``name``; its row shows the measured peak (returned). On
+        the main thread a kernel interrupt cancels it (see interrupts.interrupts_raise)."""
         from .._rerun import RerunError
 
         said = ""
@@ -140,7 +130,10 @@ class FitView(w.VBox):  # type: ignore[misc]
             plan = self._plan(self.budget.value.strip())
             if plan is not None:
                 option = plan.option(name)
-                option.verify()
+                with interrupts_raise() as interrupts:
+                    option.verify()
+                if interrupts.cancelled:  # it ended before a dropped interrupt landed
+                    raise KeyboardInterrupt
                 measured = option.measured_peak_bytes
         except (RerunError, ValueError, KeyError) as error:
             said = html.escape(str(error))

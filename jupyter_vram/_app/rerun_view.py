@@ -13,7 +13,10 @@ Cancel is a kernel interrupt. While the rerun runs the main thread is busy, so a
 message (a widget Cancel button) would wait for it to finish. An interrupt is not a message
 to the kernel but a signal (SIGINT) the Jupyter server sends the kernel process; on the main
 thread it raises KeyboardInterrupt inside the rerun, which undoes what it changed (the engine
-restores the notebook's state on any exception) and the bar says "cancelled". The Cancel
+restores the notebook's state on any exception) and the bar says "cancelled". The rerun makes
+SIGINT raise itself (a click can be handled on the main thread while the kernel ignores SIGINT),
+and an interrupt the interpreter drops (one that lands in a weakref callback) is sent again, so
+a Cancel at any moment of the rerun stops it (see interrupts.py). The Cancel
 button shown while a rerun runs asks the Jupyter server to interrupt this kernel from the page
 itself (the request the toolbar's stop button makes); where that request cannot be made (a
 frontend without the Jupyter server API) the hint next to it says to press the stop button.
@@ -22,7 +25,6 @@ frontend without the Jupyter server API) the hint next to it says to press the s
 from __future__ import annotations
 
 import re
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +34,7 @@ import ipywidgets as w
 
 from .._render.templating import render
 from .holder import GONE, ProfileHandle
+from .interrupts import interrupts_raise
 
 if TYPE_CHECKING:
     from .._model import Profile
@@ -283,23 +286,13 @@ class RerunBar(w.VBox):  # type: ignore[misc]
             "running",
             text="queued: starts when the kernel is free (after the cell that is executing)",
         )
-        loop.add_callback(self.run_interruptibly)
-
-    def run_interruptibly(self) -> Profile | None:
-        """:meth:`run` with a kernel interrupt raising KeyboardInterrupt in it (an idle
-        ipykernel ignores SIGINT; only the main thread may change that)."""
-        try:
-            previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-        except ValueError:  # not the main thread after all: run as we are
-            return self.run()
-        try:
-            return self.run()
-        finally:
-            signal.signal(signal.SIGINT, previous)
+        loop.add_callback(self.run)
 
     def run(self) -> Profile | None:
         """Rerun with the toggles' options (what a click on Rerun does); returns the variant,
-        or None when it failed or was cancelled (the bar says why)."""
+        or None when it failed or was cancelled (the bar says why). On the main thread a
+        kernel interrupt cancels it, whatever the kernel's SIGINT handler was (see
+        interrupts.interrupts_raise)."""
         self.pending = False
         if self.running or self._check() is not None:
             return None
@@ -311,13 +304,17 @@ class RerunBar(w.VBox):  # type: ignore[misc]
         started = time.perf_counter()
         self.running = True
         self.button.disabled = True
-        self.cancel.value = cancel_html(kernel_id())
-        self.cancel.layout.display = ""
-        progress = self._progress(started)
-        progress("starting the rerun")
         variant = None
         try:
-            variant = rerun(baseline, **opts, progress=progress)
+            with interrupts_raise() as interrupts:  # from the moment Cancel shows
+                self.cancel.value = cancel_html(kernel_id())
+                self.cancel.layout.display = ""
+                progress = self._progress(started)
+                progress("starting the rerun")
+                variant = rerun(baseline, **opts, progress=progress)
+            if interrupts.cancelled:  # it ended before a Cancel the interpreter dropped landed
+                variant = None
+                raise KeyboardInterrupt
         except KeyboardInterrupt:
             self.status.value = render(TEMPLATE, "cancelled")
         except RerunError as error:
