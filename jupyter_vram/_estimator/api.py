@@ -24,7 +24,7 @@ from .._units import format_bytes, format_count
 from .adapters import Adapters, table_adapters, with_adapters
 from .gpus import GPUS, RUNTIME_HIDDEN_BYTES, Gpu, find_gpu
 from .runner import DEFAULT_TIMEOUT_S, EstimateError, EstimatorProcess, pack_job
-from .search import largest_fitting
+from .search import MAX_CONTEXT, largest_fitting
 from .step import StepSettings, settings_text
 from .whatif import SHARDINGS, check_gpus, sharded_peak, variants
 
@@ -260,6 +260,58 @@ class Estimate:
                     return self.run(on_gpu, batch).predicted_device_bytes + extra
 
                 results[gpu.name] = largest_fitting(used, gpu.usable_bytes, start=self.batch_size)
+        return results
+
+    @property
+    def prompt_length(self) -> int:
+        """A generation estimate's prompt in tokens (0: not a generation, or a prompt of other
+        inputs than token ids)."""
+        return int(self.profile.meta.get("estimate", {}).get("prompt_length", 0))
+
+    def max_context(self, gpu: str | Gpu, *, progress: Progress | None = None) -> int:
+        """The longest context (prompt + new tokens, in tokens) whose ``generate()`` fits
+        ``gpu`` at this batch and number of new tokens: the answer to "how long a context fits
+        on a T4?". Searched over the prompt's length with the new tokens as estimated (each
+        point a simulated run, as :meth:`max_batch_size` searches batches); at most the
+        positions the model's config allows; 0: not even a 1-token prompt fits."""
+        return self.max_contexts([gpu], progress=progress)[_gpu(gpu).name]
+
+    def max_contexts(self, gpus: Iterable[str | Gpu] | None = None, *,
+                     progress: Progress | None = None) -> dict[str, int]:  # fmt: skip
+        """:meth:`max_context` for each GPU, sharing runs between them."""
+        settings = self.settings
+        new_tokens = settings.generate
+        if not new_tokens or not self.prompt_length:
+            raise EstimateError(
+                "the longest context is searched for a generation estimate whose prompt is "
+                "token ids (jv.estimate_generate(model, prompt=length, ...))"
+            )
+        limit = int(self.profile.meta.get("estimate", {}).get("max_positions", 0))
+        longest_prompt = limit - new_tokens if limit else MAX_CONTEXT
+        chosen = [_gpu(g) for g in gpus] if gpus is not None else list(GPUS)
+        results: dict[str, int] = {}
+        with self.session():
+            for gpu in chosen:
+                if progress is not None:
+                    progress(f"longest context for {gpu.name} ...")
+                on_gpu = self.settings_for(gpu, settings)
+                extra = self.cublas_adjustment(gpu)
+
+                def used(prompt: int, on_gpu: StepSettings = on_gpu, extra: int = extra) -> int:
+                    if prompt != self.prompt_length:
+                        on_gpu = replace(on_gpu, prompt_length=prompt)
+                    if progress is not None and (on_gpu, self.batch_size) not in self._summaries:
+                        progress(f"  simulating a {prompt:,}-token prompt")
+                    return self.run(on_gpu).predicted_device_bytes + extra
+
+                fitting = gpu.usable_bytes
+                start = self.prompt_length
+                prompt = (
+                    largest_fitting(used, fitting, start=start, max_batch=longest_prompt)
+                    if longest_prompt >= 1
+                    else 0
+                )
+                results[gpu.name] = prompt + new_tokens if prompt else 0
         return results
 
     def gpu_table(self, gpus: Iterable[str | Gpu] | None = None, *, search: bool = True,

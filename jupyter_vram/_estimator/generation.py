@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
+
+from .inputs import BatchSpec, TensorInput
 
 #: Cache kinds the estimate simulates (transformers' ``cache_implementation`` names).
 CACHES = ("dynamic", "static")
@@ -97,6 +100,38 @@ def generate_step(
     with torch.no_grad():
         out = model.generate(**inputs, **generation_kwargs(model, new_tokens, cache))  # type: ignore[operator]
     del out
+
+
+#: The prompt's inputs that run along its tokens (dim 1): what a longer prompt lengthens.
+_TOKEN_INPUTS = ("input_ids", "attention_mask")
+
+
+def prompt_length(spec: BatchSpec) -> int | None:
+    """The prompt's length in tokens: dim 1 of its token ids (``input_ids``, or a first
+    positional index tensor); None for a prompt of other inputs (Whisper's features)."""
+    ids = spec.kwargs.get("input_ids") or (spec.args[0] if spec.args else None)
+    if ids is None or not ids.is_index or len(ids.shape) != 2:
+        return None
+    return int(ids.shape[1])
+
+
+def with_prompt_length(spec: BatchSpec, length: int) -> BatchSpec:
+    """``spec`` with a prompt of ``length`` tokens (its token ids and attention mask resized;
+    the batch unchanged): the longest-context search's runs."""
+    if prompt_length(spec) is None:
+        raise GenerationError(
+            f"the longest context is searched by lengthening the prompt's token ids; this "
+            f"prompt ({spec.describe()}) has none"
+        )
+
+    def resized(t: TensorInput) -> TensorInput:
+        return replace(t, shape=(t.shape[0], length)) if len(t.shape) == 2 else t
+
+    return replace(
+        spec,
+        args=tuple(resized(t) if i == 0 and t.is_index else t for i, t in enumerate(spec.args)),
+        kwargs={n: resized(t) if n in _TOKEN_INPUTS else t for n, t in spec.kwargs.items()},
+    )
 
 
 @contextlib.contextmanager
@@ -173,4 +208,6 @@ __all__ = [
     "generate_step",
     "generation_kwargs",
     "ordinary_prompt_reads",
+    "prompt_length",
+    "with_prompt_length",
 ]
