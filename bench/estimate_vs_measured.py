@@ -264,6 +264,27 @@ def mixtral() -> nn.Module:
     return model
 
 
+def deepseek(dense_layers: int = 1) -> nn.Module:
+    """A DeepSeek-V3-style decoder: multi-head latent attention (the cache keeps the compressed
+    key / value latent and the shared rotary key, not per-head keys and values) and, past the
+    first ``dense_layers`` layers, routed MoE experts (4, 2 per token, one shared)."""
+    t = _transformers()
+    config = t.DeepseekV3Config(
+        hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=96, kv_lora_rank=64,
+        qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, n_routed_experts=4,
+        num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1,
+        first_k_dense_replace=dense_layers, vocab_size=8192, max_position_embeddings=1024,
+    )  # fmt: skip
+    model: nn.Module = t.DeepseekV3ForCausalLM(config)
+    return model
+
+
+def deepseek_dense() -> nn.Module:
+    """:func:`deepseek` with every layer dense (``first_k_dense_replace`` = all of them)."""
+    return deepseek(dense_layers=3)
+
+
 def whisper() -> nn.Module:
     """A Whisper-style encoder-decoder: a conv front end over log-mel features, a
     non-causal encoder, a causal decoder with cross-attention."""
@@ -485,6 +506,8 @@ CASES: dict[str, Case] = {
         Case("llama-generate-b4", llama_long, "input_ids=4x128", generate=64),
         Case("llama-generate-static", llama_long, "input_ids=4x128", generate=64, cache="static"),
         Case("t5-generate", t5, "input_ids=4x128", generate=32),
+        Case("deepseek-generate", deepseek, "input_ids=4x128", generate=32),
+        Case("deepseek-dense-generate", deepseek_dense, "input_ids=4x128", generate=32),
     ]
 }
 

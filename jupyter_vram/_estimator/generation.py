@@ -10,8 +10,12 @@ Two things a fake run cannot do by itself, because ``generate()`` reads tensor v
   the loop after that many steps itself (:func:`decoding_steps`), as the real call ends it.
 - **Other reads** (is there padding, does the mask hide anything, is a pad token also an end
   token). :class:`_OrdinaryPromptReads` answers them as for a batch of ordinary prompts: an
-  ``all()`` is true (every mask position is set), anything else false (no padding, no special
-  token found). The real call is made the same way: an attention mask of ones is passed.
+  ``all()`` is true (every mask position is set), a tensor of ones is followed through views,
+  joins and sums (the mask code's ``sum() == numel()``), anything else false (no padding, no
+  special token found). The real call is made the same way: an attention mask of ones is
+  passed. transformers' mask code skips these reads for a fake tensor (it takes it for a
+  trace) and builds a mask the real call, which reads them, leaves out; within the fake run
+  it reads them too (:func:`ordinary_prompt_reads`).
 
 The step is the same code for the fake run and for a measured real run
 (:func:`generate_step`), as :func:`~.step.training_step` is for training.
@@ -164,13 +168,29 @@ def decoding_steps(model: nn.Module, steps: int) -> Iterator[None]:
         )
 
 
+#: Ops whose result holds the values of their first operand (views, copies, conversions).
+_SAME_VALUE_OPS = (
+    "alias view _unsafe_view reshape slice select expand unsqueeze squeeze clone _to_copy "
+    "contiguous detach lift_fresh t transpose permute"
+)
+_SAME_VALUES = frozenset(getattr(torch.ops.aten, name) for name in _SAME_VALUE_OPS.split())
+_ONES = frozenset((torch.ops.aten.ones, torch.ops.aten.ones_like, torch.ops.aten.new_ones))
+
+
 class _OrdinaryPromptReads(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Answers value reads of fake tensors as for ordinary prompts (see the module docstring):
+    """Answers value reads of fake tensors as for ordinary prompts (see the module docstring).
+
+    Tensors made of ones (the attention mask, the tokens it grows by, what is cut or joined
+    from them) are followed: their ``all()`` reads true, their whole ``sum()`` is their number
+    of elements, and a comparison of a known number reads as that comparison does. Otherwise
     the result of an ``all()`` reads true, any other boolean false, a number 0."""
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
-        self._all_results = WeakIdKeyDictionary()  # by identity: tensors compare by value
+        # by identity: tensors compare by value
+        self._all_results = WeakIdKeyDictionary()
+        self._ones = WeakIdKeyDictionary()  # tensors known to hold only ones -> their storage
+        self._values = WeakIdKeyDictionary()  # one-element tensors whose value is known
 
     def __torch_dispatch__(
         self,
@@ -183,20 +203,88 @@ class _OrdinaryPromptReads(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
         if func is torch.ops.aten._local_scalar_dense.default and isinstance(args[0], FakeTensor):
             tensor = args[0]
+            if tensor in self._values:
+                return self._values[tensor]
             if tensor.dtype == torch.bool:
                 return tensor in self._all_results
             return 0.0 if tensor.dtype.is_floating_point else 0
         out = func(*args, **(kwargs or {}))
-        if func.overloadpacket is torch.ops.aten.all and isinstance(out, torch.Tensor):
-            self._all_results[out] = True
+        if isinstance(out, torch.Tensor):
+            self._follow(func.overloadpacket, args, out)
         return out
+
+    def _follow(self, op: Any, args: tuple[Any, ...], out: torch.Tensor) -> None:
+        """What ``out`` is known to hold, from ``op`` and its operands."""
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if first is not None and str(op.__name__).endswith("_"):  # written in place
+            self._forget_storage(first)
+        ones = first is not None and first in self._ones
+        known = first is not None and first in self._values
+        if op is torch.ops.aten.all:
+            self._all_results[out] = True
+            if ones:
+                self._values[out] = True
+        elif op in _ONES or (op in _SAME_VALUES and ones) or self._joins_ones(op, args):
+            self._ones[out] = _storage(out)
+        elif op is torch.ops.aten.sum and first is not None and ones and out.dim() == 0:
+            self._values[out] = first.numel()
+        elif op in (torch.ops.aten.eq, torch.ops.aten.ne) and known:
+            other = args[1]
+            if isinstance(other, torch.Tensor):
+                if other not in self._values:
+                    return
+                other = self._values[other]
+            same = self._values[first] == other
+            self._values[out] = same if op is torch.ops.aten.eq else not same
+
+    def _forget_storage(self, tensor: torch.Tensor) -> None:
+        """Values written in place: nothing is known of the tensors on that storage."""
+        written = _storage(tensor)
+        ones = list(self._ones.items())  # type: ignore[no-untyped-call]
+        for known in [t for t, storage in ones if storage == written]:
+            del self._ones[known]
+        if tensor in self._values:
+            del self._values[tensor]
+
+    def _joins_ones(self, op: Any, args: tuple[Any, ...]) -> bool:
+        if op is not torch.ops.aten.cat or not args:
+            return False
+        return all(isinstance(t, torch.Tensor) and t in self._ones for t in args[0])
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    """Which storage ``tensor`` views (shared by all views of it)."""
+    return int(tensor.untyped_storage()._cdata)
+
+
+def _not_tracing_fakes(is_tracing: Any) -> Any:
+    """transformers' ``is_tracing`` that does not take a fake tensor for a trace."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def is_tracing_but_for_fakes(tensor: Any = None) -> bool:
+        return bool(is_tracing(None if isinstance(tensor, FakeTensor) else tensor))
+
+    return is_tracing_but_for_fakes
 
 
 @contextlib.contextmanager
 def ordinary_prompt_reads() -> Iterator[None]:
-    """Within the block, fake tensors' value reads get :class:`_OrdinaryPromptReads`' answers."""
-    with _OrdinaryPromptReads():
-        yield
+    """Within the block, fake tensors' value reads get :class:`_OrdinaryPromptReads`' answers,
+    and transformers' attention-mask code reads them (it skips those reads for a tensor it
+    takes for a trace, a fake one included, and then builds a mask the real call leaves out:
+    a prompt without padding runs SDPA's own causal or full attention)."""
+    import sys
+
+    masking: Any = sys.modules.get("transformers.masking_utils")
+    original = getattr(masking, "is_tracing", None)
+    if masking is not None and callable(original):
+        masking.is_tracing = _not_tracing_fakes(original)
+    try:
+        with _OrdinaryPromptReads():
+            yield
+    finally:
+        if masking is not None and callable(original):
+            masking.is_tracing = original
 
 
 __all__ = [
