@@ -105,6 +105,17 @@ def test_a_generate_that_reads_values_to_loop_is_refused() -> None:
         jv.estimate_generate(model, "input_features=1x80x400", 4, device="cpu")
 
 
+@pytest.mark.slow
+def test_whisper_from_its_config_is_refused_with_the_read_it_cannot_make() -> None:
+    """The same refusal for a Whisper config (the model built in the estimator process), naming
+    the value its loop reads. The config names its architecture, as every released one does
+    (else the config path builds a causal LM: the decoder alone)."""
+    config = bench.build(bench.CASES["whisper"], "meta").config
+    config.architectures = ["WhisperForConditionalGeneration"]
+    with pytest.raises(EstimateError, match=r"seek < max_frames\)\.any\(\)"):
+        jv.estimate_generate(config, "input_features=1x80x400", 4, device="cpu")
+
+
 def test_magic_generate(capsys: pytest.CaptureFixture[str]) -> None:
     """``%vram_estimate model --generate N``: ``--input`` is the prompt (a bare number is its
     length), ``--batch-size`` the sequences at once; the estimate is bound as usual."""
@@ -229,11 +240,16 @@ def test_longest_context_in_the_magic(capsys: pytest.CaptureFixture[str]) -> Non
     try:
         line = "%vram_estimate tiny_llama --generate 4 --input 16 --gpu T4 --text"
         assert shell.run_cell(line).success
+        estimate = shell.user_ns["_vram_estimate"]
     finally:
         shell.user_ns.pop("tiny_llama", None)
     out = capsys.readouterr().out
-    said = "T4: longest context that fits at batch 1: 128 tokens (124 prompt + 4 new) = the model"
-    assert said in out, out
+    said = "128 tokens (124 prompt + 4 new) = the model's position limit"
+    assert f"T4: longest context that fits at batch 1: {said}" in out, out
+    # the app's first line (the same searches, already made)
+    from jupyter_vram._app.estimate_view import gpu_answer
+
+    assert gpu_answer(estimate, "T4").endswith(f"longest context that fits: {said}")
 
 
 # -- multi-head latent attention (DeepSeek-V2 / V3) -----------------------------------------
@@ -295,4 +311,5 @@ def test_encoder_decoder_leaves_out_the_mask_the_real_call_leaves_out() -> None:
     measured, estimate = _compare("t5-generate")
     assert abs(estimate.peak_bytes - int(measured["peak_bytes"])) <= 64
     frame = estimate.profile.to_dataframe()
-    assert not (frame.bytes == 4 * 1 * 128 * 128).any()
+    masks = frame[frame.op == "bitwise_and"]  # how transformers combines mask conditions
+    assert not (masks.bytes == 4 * 1 * 128 * 128).any(), masks.bytes.tolist()

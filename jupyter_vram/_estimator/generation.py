@@ -163,8 +163,9 @@ def decoding_steps(model: nn.Module, steps: int) -> Iterator[None]:
         raise GenerationError(
             f"{type(model).__name__}.generate() did not decode token by token as asked (it "
             f"stopped after {steps - remaining[0]} of {steps} tokens): its own generate() "
-            "decides from tensor values (e.g. Whisper's loop over audio segments), which the "
-            "estimate cannot read; this model's generation is not simulated"
+            "decides from tensor values, which the estimate cannot read (Whisper's generate() "
+            "loops `while (seek < max_frames).any()` over 30-second audio segments and moves "
+            "seek by the timestamps it decoded); this model's generation is not simulated"
         )
 
 
