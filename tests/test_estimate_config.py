@@ -325,3 +325,19 @@ def test_magic_generate_takes_a_config_path(tmp_path: Path) -> None:
     expected = jv.estimate_generate(model, 16, 8, batch=2, device="cpu")
     assert from_path.peak_bytes == expected.peak_bytes
     assert from_path.settings.generate == 8 and from_path.batch_size == 2
+
+
+def test_generate_from_an_encoder_decoder_config_builds_its_generating_head(
+    no_leftover_processes: None,  # noqa: F811 - the fixture
+) -> None:
+    """A T5 config that names no architecture: jv.estimate_generate builds
+    T5ForConditionalGeneration (the base T5Model has no LM head, so no generate())."""
+    config = transformers.T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                                   vocab_size=500, decoder_start_token_id=0)  # fmt: skip
+    assert config.architectures is None
+    model = built_here(transformers.T5ForConditionalGeneration, config)
+    expected = jv.estimate_generate(model, 16, 4, batch=2, device="cpu")
+    estimate = jv.estimate_generate(config, 16, 4, batch=2, device="cpu")
+    assert estimate.profile.meta["estimate"]["model"] == "T5ForConditionalGeneration"
+    assert estimate.peak_bytes == expected.peak_bytes
+    assert estimate.peak_breakdown() == expected.peak_breakdown()

@@ -107,11 +107,11 @@ def test_a_generate_that_reads_values_to_loop_is_refused() -> None:
 
 @pytest.mark.slow
 def test_whisper_from_its_config_is_refused_with_the_read_it_cannot_make() -> None:
-    """The same refusal for a Whisper config (the model built in the estimator process), naming
-    the value its loop reads. The config names its architecture, as every released one does
-    (else the config path builds a causal LM: the decoder alone)."""
+    """The same refusal for a Whisper config (the model built in the estimator process: with
+    no architecture named, the speech sequence-to-sequence model, not the decoder alone),
+    naming the value its loop reads."""
     config = bench.build(bench.CASES["whisper"], "meta").config
-    config.architectures = ["WhisperForConditionalGeneration"]
+    assert config.architectures is None
     with pytest.raises(EstimateError, match=r"seek < max_frames\)\.any\(\)"):
         jv.estimate_generate(config, "input_features=1x80x400", 4, device="cpu")
 

@@ -95,12 +95,12 @@ def estimate(
     return Estimate(profile, settings, payload, timeout_s=timeout_s)
 
 
-def _checked_model(model: Any, from_config: bool) -> Any:
-    """The model to estimate (a config read into what the estimator process builds), or
-    EstimateError saying why it cannot be."""
+def _checked_model(model: Any, from_config: bool, *, generates: bool = False) -> Any:
+    """The model to estimate (a config read into what the estimator process builds: one that
+    generates, with ``generates``), or EstimateError saying why it cannot be."""
     if from_config:
         try:
-            model = ConfigModel.of(model)
+            model = ConfigModel.of(model, generates=generates)
         except ConfigError as error:
             raise EstimateError(str(error)) from None
     if not isinstance(model, nn.Module) and not callable(model):
@@ -165,7 +165,7 @@ def estimate_generate(
     if not isinstance(new_tokens, int) or new_tokens < 1:
         raise EstimateError(f"new_tokens must be a positive number of tokens, not {new_tokens!r}")
     from_config = is_config(model)
-    model = _checked_model(model, from_config)
+    model = _checked_model(model, from_config, generates=True)
     inputs, batch_size = _prompt_inputs(prompt, batch)
     spec: BatchSpec | PendingInputs
     try:
