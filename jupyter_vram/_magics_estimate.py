@@ -132,6 +132,11 @@ def run_estimate_magic(args: Namespace, namespace: dict[str, Any]) -> Estimate |
         namespace["_vram_estimate"] = result
         remember_estimate(result)
         largest = result.max_batch_size(gpu, progress=progress) if gpu is not None else None
+        context = (
+            result.max_context(gpu, progress=progress)
+            if gpu is not None and result.settings.generate and result.prompt_length
+            else None
+        )
         what_ifs = result.what_ifs(gpus=args.gpus, progress=progress) if args.what_if else None
     except EXPECTED_ERRORS as error:
         progress("")
@@ -166,11 +171,17 @@ def run_estimate_magic(args: Namespace, namespace: dict[str, Any]) -> Estimate |
                 f"{gpu.name}: batch {result.batch_size} {fits}; "
                 f"largest batch that fits: {format_batch(largest)}"
             )
+        if gpu is not None and context is not None:
+            from ._app.estimate_view import context_text
+
+            print(f"{gpu.name}: longest context that fits at batch {result.batch_size}: "
+                  + context_text(result, context))  # fmt: skip
     else:
         from ._app import ProfileApp
 
         # the answer to --gpu is the app's first line (and its row is highlighted)
-        app = ProfileApp(result.profile, estimate=result, gpu=gpu, largest_batch=largest)
+        app = ProfileApp(result.profile, estimate=result, gpu=gpu, largest_batch=largest,
+                         longest_context=context)  # fmt: skip
         display(app)  # type: ignore[no-untyped-call]
         if what_ifs is not None:
             from ._render.estimate_text import what_if_text

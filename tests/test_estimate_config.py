@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -248,3 +250,94 @@ def _running(process: psutil.Process) -> bool:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+# -- generation from a config ---------------------------------------------------------------
+
+GENERATE_BY_PATH = """
+import sys, jupyter_vram as jv
+est = jv.estimate_generate({path!r}, 16, 8, batch=2, cache="static", device="cpu")
+print(est.peak_bytes, "transformers.models.llama.modeling_llama" in sys.modules)
+"""
+
+
+def test_generate_from_a_config_object_path_and_folder_is_the_model_built_from_it(
+    tmp_path: Path,
+    no_leftover_processes: None,  # noqa: F811 - the fixture
+) -> None:
+    """``jv.estimate_generate`` takes a config as ``jv.estimate`` does: the same bytes as the
+    model built here, and a static cache of 2 (K, V) x 2 layers x 2 KV heads x 16 dims (64
+    wide, 4 heads) x 23 positions (16 + 8, less the last token, never fed back) x 2 sequences
+    x 4 B; the kernel that asked never imports the model's code."""
+    config = transformers.LlamaConfig(**SMALL_LLAMA)
+    config.save_pretrained(tmp_path)
+    model = built_here(transformers.LlamaForCausalLM, config)
+    expected = jv.estimate_generate(model, 16, 8, batch=2, cache="static", device="cpu")
+    for given in (config, str(tmp_path / "config.json"), tmp_path):
+        estimate = jv.estimate_generate(given, 16, 8, batch=2, cache="static", device="cpu")
+        assert estimate.peak_bytes == expected.peak_bytes
+        assert estimate.peak_breakdown() == expected.peak_breakdown()
+        assert estimate.settings.generate == 8 and estimate.batch_size == 2
+    frame = expected.profile.to_dataframe()
+    cache = frame[(frame.category == "kv_cache") & (frame.op == "zeros")]
+    assert cache.bytes.tolist() == [2 * 16 * 23 * 2 * 4] * 4  # K, V of 2 layers: 2 heads x 16
+    assert cache.bytes.sum() == 2 * 2 * 2 * 16 * 23 * 2 * 4
+    code = GENERATE_BY_PATH.format(path=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, check=True)  # fmt: skip
+    peak, kernel_built_it = done.stdout.split()
+    assert int(peak) == expected.peak_bytes
+    assert kernel_built_it == "False"  # the model's code ran in the estimator only
+
+
+def test_generate_from_a_config_that_has_no_generate_is_refused(
+    tmp_path: Path,
+    no_leftover_processes: None,  # noqa: F811 - the fixture
+) -> None:
+    """A config of a model without a decoding loop (BERT's masked LM head) is refused with the
+    reason, found where the model is built."""
+    data = {"model_type": "bert", "architectures": ["BertForSequenceClassification"],
+            "vocab_size": 500, "hidden_size": 32, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "intermediate_size": 64}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    with pytest.raises(EstimateError, match="no transformers generate"):
+        jv.estimate_generate(tmp_path, 8, 4, device="cpu")
+
+
+def test_magic_generate_takes_a_config_path(tmp_path: Path) -> None:
+    config = transformers.LlamaConfig(**SMALL_LLAMA)
+    config.save_pretrained(tmp_path)
+    shell = ipython_shell()
+    shell.run_line_magic("load_ext", "jupyter_vram")
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            shell.run_line_magic(
+                "vram_estimate",
+                f"{tmp_path / 'config.json'} --generate 8 --input 16 --batch-size 2 "
+                "--device cpu --text",
+            )
+        from_path = shell.user_ns["_vram_estimate"]
+    finally:
+        shell.user_ns.pop("_vram_estimate", None)
+    assert "model.generate() of 8 new tokens after the prompt" in out.getvalue(), out.getvalue()
+    model = built_here(transformers.LlamaForCausalLM, config)
+    expected = jv.estimate_generate(model, 16, 8, batch=2, device="cpu")
+    assert from_path.peak_bytes == expected.peak_bytes
+    assert from_path.settings.generate == 8 and from_path.batch_size == 2
+
+
+def test_generate_from_an_encoder_decoder_config_builds_its_generating_head(
+    no_leftover_processes: None,  # noqa: F811 - the fixture
+) -> None:
+    """A T5 config that names no architecture: jv.estimate_generate builds
+    T5ForConditionalGeneration (the base T5Model has no LM head, so no generate())."""
+    config = transformers.T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                                   vocab_size=500, decoder_start_token_id=0)  # fmt: skip
+    assert config.architectures is None
+    model = built_here(transformers.T5ForConditionalGeneration, config)
+    expected = jv.estimate_generate(model, 16, 4, batch=2, device="cpu")
+    estimate = jv.estimate_generate(config, 16, 4, batch=2, device="cpu")
+    assert estimate.profile.meta["estimate"]["model"] == "T5ForConditionalGeneration"
+    assert estimate.peak_bytes == expected.peak_bytes
+    assert estimate.peak_breakdown() == expected.peak_breakdown()

@@ -105,6 +105,17 @@ def test_a_generate_that_reads_values_to_loop_is_refused() -> None:
         jv.estimate_generate(model, "input_features=1x80x400", 4, device="cpu")
 
 
+@pytest.mark.slow
+def test_whisper_from_its_config_is_refused_with_the_read_it_cannot_make() -> None:
+    """The same refusal for a Whisper config (the model built in the estimator process: with
+    no architecture named, the speech sequence-to-sequence model, not the decoder alone),
+    naming the value its loop reads."""
+    config = bench.build(bench.CASES["whisper"], "meta").config
+    assert config.architectures is None
+    with pytest.raises(EstimateError, match=r"seek < max_frames\)\.any\(\)"):
+        jv.estimate_generate(config, "input_features=1x80x400", 4, device="cpu")
+
+
 def test_magic_generate(capsys: pytest.CaptureFixture[str]) -> None:
     """``%vram_estimate model --generate N``: ``--input`` is the prompt (a bare number is its
     length), ``--batch-size`` the sequences at once; the estimate is bound as usual."""
@@ -182,3 +193,123 @@ def test_sliding_window_cache_keeps_the_window() -> None:
     assert _most(rec.profile, "kv_cache") == _most(est.profile, "kv_cache")
     error = (est.peak_bytes - rec.profile.peak_bytes) / rec.profile.peak_bytes
     assert abs(error) <= 0.01, error
+
+
+def _tiny_llama() -> Any:
+    config = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=256, max_position_embeddings=128,
+    )  # fmt: skip
+    with torch.device("meta"):
+        return transformers.LlamaForCausalLM(config)
+
+
+def test_longest_context_that_fits() -> None:
+    """``Estimate.max_context(gpu)``: the longest prompt + new tokens whose generate() fits.
+    A card whose memory is the peak of a 40-token prompt (an estimate of its own) plus 511 B
+    takes 40 + 4 tokens: one more prompt token caches 512 B more (K and V, 2 layers x 2 KV
+    heads x 16 dims x 4 B); a card 1 B short of that peak takes fewer; a huge one takes the
+    model's 128 positions; one below a 1-token prompt's peak takes none."""
+    from jupyter_vram._estimator.gpus import Gpu
+
+    model = _tiny_llama()
+    estimate = jv.estimate_generate(model, 16, 4, device="cpu")
+    assert estimate.prompt_length == 16
+    at_40 = jv.estimate_generate(model, 40, 4, device="cpu").peak_bytes
+    at_41 = jv.estimate_generate(model, 41, 4, device="cpu").peak_bytes
+    assert at_41 - at_40 >= 2 * 2 * 2 * 16 * 4
+    assert estimate.max_context(Gpu("fits 40", at_40 + 511)) == 44
+    assert estimate.max_context(Gpu("short of 40", at_40 - 1)) < 44
+    assert estimate.max_context(Gpu("huge", 1 << 40)) == 128
+    at_1 = jv.estimate_generate(model, 1, 4, device="cpu").peak_bytes
+    assert estimate.max_context(Gpu("tiny", at_1 - 1)) == 0
+    # the search's own runs: settings of the asked prompt lengths, the estimate unchanged
+    assert estimate.settings.prompt_length == 0 and estimate.prompt_length == 16
+
+
+def test_longest_context_in_the_magic(capsys: pytest.CaptureFixture[str]) -> None:
+    """``%vram_estimate model --generate N --gpu T4``: the answer names the longest context
+    too (a tiny model on a T4: the model's 128 positions)."""
+    from .conftest import ipython_shell
+
+    shell = ipython_shell()
+    assert shell is not None
+    shell.run_line_magic("load_ext", "jupyter_vram")
+    shell.user_ns["tiny_llama"] = _tiny_llama()
+    capsys.readouterr()
+    try:
+        line = "%vram_estimate tiny_llama --generate 4 --input 16 --gpu T4 --text"
+        assert shell.run_cell(line).success
+        estimate = shell.user_ns["_vram_estimate"]
+    finally:
+        shell.user_ns.pop("tiny_llama", None)
+    out = capsys.readouterr().out
+    said = "128 tokens (124 prompt + 4 new) = the model's position limit"
+    assert f"T4: longest context that fits at batch 1: {said}" in out, out
+    # the app's first line (the same searches, already made)
+    from jupyter_vram._app.estimate_view import gpu_answer
+
+    assert gpu_answer(estimate, "T4").endswith(f"longest context that fits: {said}")
+
+
+# -- multi-head latent attention (DeepSeek-V2 / V3) -----------------------------------------
+
+
+def test_latent_attention_caches_the_latent() -> None:
+    """DeepSeek-V3's attention (transformers 5) caches, per layer and position, the compressed
+    key / value latent (kv_lora_rank = 64) as its "keys" and the shared rotary key
+    (qk_rope_head_dim = 16) as its "values", not per-head keys and values (4 heads x (32 + 16)
+    and 4 x 32). Bench's model: 3 layers; 10 + 5 - 1 = 14 positions, 2 sequences, 4 B."""
+    model = bench.build(bench.CASES["deepseek-generate"], "meta")
+    static = jv.estimate_generate(model, 10, 5, batch=2, cache="static", device="cpu")
+    frame = static.profile.to_dataframe()
+    made = frame[(frame.category == "kv_cache") & (frame.op == "zeros")].bytes.tolist()
+    assert sorted(made) == [2 * 14 * 16 * 4] * 3 + [2 * 14 * 64 * 4] * 3
+    dynamic = jv.estimate_generate(model, 10, 5, batch=2, device="cpu")
+    frame = dynamic.profile.to_dataframe()
+    grown = frame[(frame.category == "kv_cache") & (frame.op == "cat")].bytes
+    # the largest each layer's cache grows to: 14 positions of the latent and the rotary key
+    assert sorted(grown.nlargest(6).tolist()) == [2 * 13 * 64 * 4] * 3 + [2 * 14 * 64 * 4] * 3
+    assert grown[grown < 2 * 10 * 64 * 4].max() == 2 * 14 * 16 * 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["deepseek-generate", "deepseek-dense-generate"])
+def test_latent_attention_generate_matches_a_measured_one(name: str) -> None:
+    """With routed MoE experts past the first layer, and all dense (first_k_dense_replace)."""
+    measured, estimate = _compare(name)
+    _within(measured, estimate)
+
+
+# -- value reads: the attention mask of ones ------------------------------------------------
+
+
+def test_a_mask_of_ones_reads_as_one() -> None:
+    """transformers skips building a mask when the 2-D attention mask has no zero
+    (``mask.sum() == mask.numel()``, ``mask.all()``): in the fake run a mask of ones, and what
+    is cut or joined from it, reads as the real one does; a mask padded with zeros does not."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from jupyter_vram._estimator.generation import ordinary_prompt_reads
+
+    with FakeTensorMode(), ordinary_prompt_reads():
+        mask = torch.ones(4, 16, dtype=torch.long)
+        grown = torch.cat([mask, mask.new_ones((4, 1))], dim=-1)
+        assert bool(grown.sum() == grown.numel())
+        assert bool(grown[:, 3:].bool().all())
+        padded = torch.nn.functional.pad(grown, (0, 8))
+        assert not bool(padded.sum() == padded.numel())
+        grown[:, 0] = 0  # written in place: no longer known
+        assert not bool(grown.sum() == grown.numel())
+
+
+@pytest.mark.slow
+def test_encoder_decoder_leaves_out_the_mask_the_real_call_leaves_out() -> None:
+    """T5's encoder, given a prompt without padding, runs SDPA without a mask in the real call;
+    the fake run used to build a 4 x 1 x 128 x 128 bool mask (64 KiB) alive at the peak (the
+    encoder's feed-forward): +64 KiB, now within 64 B of the measured peak."""
+    measured, estimate = _compare("t5-generate")
+    assert abs(estimate.peak_bytes - int(measured["peak_bytes"])) <= 64
+    frame = estimate.profile.to_dataframe()
+    masks = frame[frame.op == "bitwise_and"]  # how transformers combines mask conditions
+    assert not (masks.bytes == 4 * 1 * 128 * 128).any(), masks.bytes.tolist()

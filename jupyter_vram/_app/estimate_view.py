@@ -28,7 +28,7 @@ from .._estimator.api import (
     what_if_fits,
 )
 from .._estimator.gpus import GPUS, RUNTIME_HIDDEN_BYTES, Gpu, find_gpu
-from .._estimator.search import format_batch
+from .._estimator.search import format_batch, format_context
 from .._estimator.step import StepSettings, settings_text
 from .._estimator.whatif import variants
 from .._model import CATEGORIES, Profile
@@ -156,24 +156,38 @@ def estimate_header_html(profile: Profile, estimate: Estimate | None = None) -> 
     )
 
 
-def gpu_answer(estimate: Estimate, gpu: str | Gpu, largest: int | None = None) -> str:
+def gpu_answer(estimate: Estimate, gpu: str | Gpu, largest: int | None = None,
+               context: int | None = None) -> str:  # fmt: skip
     """The answer to ``--gpu``: 'T4: batch 8 fits; largest batch that fits: 78', by
     :meth:`Estimate.fits` and :meth:`Estimate.max_batch_size` (``largest``: its result, when
-    the caller already has it)."""
+    the caller already has it); for a generation with a token prompt, also the longest context
+    that fits (:meth:`Estimate.max_context`; ``context``: its result, when known)."""
     card = gpu if isinstance(gpu, Gpu) else find_gpu(gpu)
     fits = "fits" if estimate.fits(card) else "does NOT fit"
-    if largest is None:
-        try:
+    try:
+        if largest is None:
             largest = estimate.max_batch_size(card)
-        except Exception as error:  # noqa: BLE001 - the app shows the rest; the answer says why
-            return (
-                f"{card.name}: batch {estimate.batch_size:,} {fits}; largest batch not found "
-                f"({type(error).__name__}: {error})"
-            )
-    return (
+        if context is None and estimate.settings.generate and estimate.prompt_length:
+            context = estimate.max_context(card)
+    except Exception as error:  # noqa: BLE001 - the app shows the rest; the answer says why
+        return (
+            f"{card.name}: batch {estimate.batch_size:,} {fits}; largest batch not found "
+            f"({type(error).__name__}: {error})"
+        )
+    answer = (
         f"{card.name}: batch {estimate.batch_size:,} {fits}; "
         f"largest batch that fits: {format_batch(largest)}"
     )
+    if context is not None:
+        answer += "; longest context that fits: " + context_text(estimate, context)
+    return answer
+
+
+def context_text(estimate: Estimate, context: int) -> str:
+    """A :meth:`Estimate.max_context` result in words (prompt and new tokens, the model's
+    position limit when it is the bound)."""
+    limit = int(estimate.profile.meta.get("estimate", {}).get("max_positions", 0))
+    return format_context(context, estimate.settings.generate, limit)
 
 
 def gpu_answer_html(answer: str, fits: bool) -> str:

@@ -120,7 +120,8 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
     ``comparison`` (a measured profile against an earlier estimate) the header shows the error.
     With ``gpu`` (``%vram_estimate --gpu``) an estimate's app answers first whether the step
     fits that GPU and its largest batch there (``largest_batch``: the search's result when the
-    caller has it, else searched here), highlights its row and picks it for the what-ifs.
+    caller has it, else searched here; for a generation also its longest context,
+    ``longest_context``), highlights its row and picks it for the what-ifs.
     An estimate's timeline starts on the allocation-event axis: the fake run's wall time is
     not a prediction of GPU time.
 
@@ -137,6 +138,7 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         comparison: Comparison | None = None,
         gpu: str | Gpu | None = None,
         largest_batch: int | None = None,
+        longest_context: int | None = None,
     ) -> None:
         self._handle = ProfileHandle(profile, *([estimate] if estimate is not None else []))
         self._estimate = weakref.ref(estimate) if estimate is not None else None
@@ -146,7 +148,7 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         if estimate is not None and gpu is not None:
             from .estimate_view import gpu_answer, gpu_answer_html
 
-            self.gpu_answer = gpu_answer(estimate, gpu, largest_batch)
+            self.gpu_answer = gpu_answer(estimate, gpu, largest_batch, longest_context)
             answer = gpu_answer_html(self.gpu_answer, estimate.fits(gpu))
         self._text = self._summary_text(profile, estimate)
         self.header = w.HTML(STYLE + answer + self._header_html(profile))

@@ -24,7 +24,7 @@ from .._units import format_bytes, format_count
 from .adapters import Adapters, table_adapters, with_adapters
 from .gpus import GPUS, RUNTIME_HIDDEN_BYTES, Gpu, find_gpu
 from .runner import DEFAULT_TIMEOUT_S, EstimateError, EstimatorProcess, pack_job
-from .search import largest_fitting
+from .search import MAX_BATCH, MAX_CONTEXT, largest_fitting
 from .step import StepSettings, settings_text
 from .whatif import SHARDINGS, check_gpus, sharded_peak, variants
 
@@ -242,25 +242,76 @@ class Estimate:
                         progress: Progress | None = None,
                         settings: StepSettings | None = None) -> dict[str, int]:  # fmt: skip
         """Largest fitting batch for each GPU, sharing runs between them."""
-        settings = settings or self.settings
+        return self._largest_fitting_on(
+            gpus, settings or self.settings, "batch", lambda on_gpu, batch: (on_gpu, batch),
+            start=self.batch_size, progress=progress,
+        )  # fmt: skip
+
+    def _largest_fitting_on(
+        self, gpus: Iterable[str | Gpu] | None, settings: StepSettings, size: str,
+        point: Callable[[StepSettings, int], tuple[StepSettings, int]], *, start: int,
+        most: int = MAX_BATCH, progress: Progress | None = None,
+    ) -> dict[str, int]:  # fmt: skip
+        """For each GPU, the largest ``size`` n in [1, most] whose run fits it (0: none), by
+        :func:`.search.largest_fitting`. ``point(settings on that GPU, n)``: the settings and
+        batch size of the run at n; runs are cached, so GPUs share them."""
         chosen = [_gpu(g) for g in gpus] if gpus is not None else list(GPUS)
         results: dict[str, int] = {}
         with self.session():
             for gpu in chosen:
                 if progress is not None:
-                    progress(f"largest batch for {gpu.name} ...")
-
+                    progress(f"largest {size} for {gpu.name} ...")
                 on_gpu = self.settings_for(gpu, settings)
-
                 extra = self.cublas_adjustment(gpu)
 
-                def used(batch: int, on_gpu: StepSettings = on_gpu, extra: int = extra) -> int:
-                    if progress is not None and (on_gpu, batch) not in self._summaries:
-                        progress(f"  simulating batch {batch}")
-                    return self.run(on_gpu, batch).predicted_device_bytes + extra
+                def used(n: int, on_gpu: StepSettings = on_gpu, extra: int = extra) -> int:
+                    run_settings, batch = point(on_gpu, n)
+                    if progress is not None and (run_settings, batch) not in self._summaries:
+                        progress(f"  simulating {size} {n}")
+                    return self.run(run_settings, batch).predicted_device_bytes + extra
 
-                results[gpu.name] = largest_fitting(used, gpu.usable_bytes, start=self.batch_size)
+                limit = gpu.usable_bytes
+                fits = largest_fitting(used, limit, start=start, max_batch=most) if most else 0
+                results[gpu.name] = fits
         return results
+
+    @property
+    def prompt_length(self) -> int:
+        """A generation estimate's prompt in tokens (0: not a generation, or a prompt of other
+        inputs than token ids)."""
+        return int(self.profile.meta.get("estimate", {}).get("prompt_length", 0))
+
+    def max_context(self, gpu: str | Gpu, *, progress: Progress | None = None) -> int:
+        """The longest context (prompt + new tokens, in tokens) whose ``generate()`` fits
+        ``gpu`` at this batch and number of new tokens: the answer to "how long a context fits
+        on a T4?". Searched over the prompt's length with the new tokens as estimated (each
+        point a simulated run, as :meth:`max_batch_size` searches batches); at most the
+        positions the model's config allows; 0: not even a 1-token prompt fits."""
+        return self.max_contexts([gpu], progress=progress)[_gpu(gpu).name]
+
+    def max_contexts(self, gpus: Iterable[str | Gpu] | None = None, *,
+                     progress: Progress | None = None) -> dict[str, int]:  # fmt: skip
+        """:meth:`max_context` for each GPU, sharing runs between them."""
+        settings = self.settings
+        new_tokens = settings.generate
+        if not new_tokens or not self.prompt_length:
+            raise EstimateError(
+                "the longest context is searched for a generation estimate whose prompt is "
+                "token ids (jv.estimate_generate(model, prompt=length, ...))"
+            )
+        limit = int(self.profile.meta.get("estimate", {}).get("max_positions", 0))
+        given = self.prompt_length
+
+        def point(on_gpu: StepSettings, prompt: int) -> tuple[StepSettings, int]:
+            if prompt != given:  # the prompt as given is the estimate's own run
+                on_gpu = replace(on_gpu, prompt_length=prompt)
+            return on_gpu, self.batch_size
+
+        prompts = self._largest_fitting_on(
+            gpus, settings, "prompt", point, start=given,
+            most=max(limit - new_tokens, 0) if limit else MAX_CONTEXT, progress=progress,
+        )  # fmt: skip
+        return {gpu: prompt + new_tokens if prompt else 0 for gpu, prompt in prompts.items()}
 
     def gpu_table(self, gpus: Iterable[str | Gpu] | None = None, *, search: bool = True,
                   progress: Progress | None = None) -> pd.DataFrame:  # fmt: skip

@@ -54,12 +54,15 @@ class ConfigModel:
 
     config: Any
     source: str = field(default="the config")
+    # build a model that generates: an encoder-decoder config without ``architectures`` gets
+    # its sequence-to-sequence head (not the decoder alone as a causal LM, nor no head)
+    generates: bool = False
 
     @classmethod
-    def of(cls, model: Any) -> ConfigModel:
+    def of(cls, model: Any, *, generates: bool = False) -> ConfigModel:
         """The factory for a config object or a path to one (read now, in the kernel)."""
         if not isinstance(model, (str, Path)):
-            return cls(model, f"{type(model).__name__} object")
+            return cls(model, f"{type(model).__name__} object", generates)
         path = Path(model).expanduser()
         if path.is_dir():
             path = path / CONFIG_FILE
@@ -79,7 +82,7 @@ class ConfigModel:
                 f"{str(path)!r} names its own model code (auto_map), which is not run: "
                 "build the model yourself and pass it (on the meta device)"
             )
-        return cls(data, repr(str(path)))
+        return cls(data, repr(str(path)), generates)
 
     @property
     def name(self) -> str:
@@ -113,21 +116,27 @@ class ConfigModel:
         return AutoConfig.for_model(data.pop("model_type"), **data)
 
     def _build(self, config: Any) -> Any:
-        """The class ``config.architectures`` names; else a causal LM, else the base model.
+        """The class ``config.architectures`` names; else a causal LM, else the base model
+        (for :attr:`generates`, an encoder-decoder's sequence-to-sequence head first).
 
         As ``from_config`` builds it (and ``from_pretrained``): in the config's dtype, with
         the attention implementation transformers picks."""
         import transformers
 
-        auto_classes = (transformers.AutoModelForCausalLM, transformers.AutoModel)
         for name in getattr(config, "architectures", None) or []:
             model_class = getattr(transformers, str(name), None)
             if model_class is not None and hasattr(model_class, "_from_config"):
                 return model_class._from_config(config)
-        try:
-            return auto_classes[0].from_config(config)  # type: ignore[no-untyped-call]
-        except ValueError:  # no causal LM head for this kind of model
-            return auto_classes[1].from_config(config)  # type: ignore[no-untyped-call]
+        auto_classes = [transformers.AutoModelForCausalLM, transformers.AutoModel]
+        if self.generates and getattr(config, "is_encoder_decoder", False):
+            auto_classes[:0] = [transformers.AutoModelForSeq2SeqLM,
+                                transformers.AutoModelForSpeechSeq2Seq]  # fmt: skip
+        for auto_class in auto_classes[:-1]:
+            try:
+                return auto_class.from_config(config)  # type: ignore[no-untyped-call]
+            except ValueError:  # no such head for this kind of model
+                continue
+        return auto_classes[-1].from_config(config)  # type: ignore[no-untyped-call]
 
 
 #: the most of transformers' own message kept (its unknown-model message lists every model)

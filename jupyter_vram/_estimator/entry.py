@@ -95,12 +95,12 @@ def estimate(
     return Estimate(profile, settings, payload, timeout_s=timeout_s)
 
 
-def _checked_model(model: Any, from_config: bool) -> Any:
-    """The model to estimate (a config read into what the estimator process builds), or
-    EstimateError saying why it cannot be."""
+def _checked_model(model: Any, from_config: bool, *, generates: bool = False) -> Any:
+    """The model to estimate (a config read into what the estimator process builds: one that
+    generates, with ``generates``), or EstimateError saying why it cannot be."""
     if from_config:
         try:
-            model = ConfigModel.of(model)
+            model = ConfigModel.of(model, generates=generates)
         except ConfigError as error:
             raise EstimateError(str(error)) from None
     if not isinstance(model, nn.Module) and not callable(model):
@@ -133,7 +133,7 @@ def _with_what_if(profile: Profile, what_if: str) -> Profile:
 
 
 def estimate_generate(
-    model: nn.Module | Callable[[], nn.Module],
+    model: nn.Module | Callable[[], nn.Module] | Any,
     prompt: Any = 128,
     new_tokens: int = 128,
     batch: int | None = None,
@@ -151,8 +151,10 @@ def estimate_generate(
     temporaries; the cache is category ``kv_cache``).
 
     ``model``: a transformers model with ``generate()`` (anywhere, the meta device included),
-    or a function that builds one. ``prompt``: a length in tokens, token ids (a tensor), or
-    named shapes as in :func:`estimate` (``"input_features=1x80x3000"`` for Whisper).
+    a function that builds one, or a transformers config (a config object, a local
+    ``config.json`` or a folder holding one), as :func:`estimate` takes it: the model is built
+    on the meta device in the estimator process only. ``prompt``: a length in tokens, token
+    ids (a tensor), or named shapes as in :func:`estimate` (``"input_features=1x80x3000"``).
     ``batch``: sequences generated at once (default 1; with a length or 1-D ids).
     ``cache``: "dynamic" (grows by concatenation) or "static" (allocated for the whole
     length at once); a quantised cache is refused, not guessed. ``gpu``: a GPU name, which
@@ -162,10 +164,18 @@ def estimate_generate(
 
     if not isinstance(new_tokens, int) or new_tokens < 1:
         raise EstimateError(f"new_tokens must be a positive number of tokens, not {new_tokens!r}")
+    from_config = is_config(model)
+    model = _checked_model(model, from_config, generates=True)
+    inputs, batch_size = _prompt_inputs(prompt, batch)
+    spec: BatchSpec | PendingInputs
     try:
         check_cache(cache)
-        probe = _probe(model)
-        check_generates(probe)
+        if from_config:  # built, checked and fed in the estimator process only
+            spec = PendingInputs(inputs, batch_size)
+        else:
+            probe = _probe(model)
+            check_generates(probe)
+            spec = make_batch_spec(probe, inputs, batch_size)
     except GenerationError as error:
         raise EstimateError(str(error)) from None
     flash = True
@@ -173,7 +183,6 @@ def estimate_generate(
         device, flash = "cuda", _gpu(gpu).flash_attention
     if device not in ("cuda", "cpu") and not device.startswith("cuda:"):
         raise EstimateError(f"device must be 'cuda' or 'cpu', not {device!r}")
-    spec = _prompt_spec(probe, prompt, batch)
     settings = StepSettings(device=device, dtype=dtype, optimizer="none", inference=True,
                             stacks=stacks, flash_attention=flash, torch_version=torch_version,
                             generate=new_tokens, cache=cache)  # fmt: skip
@@ -183,17 +192,24 @@ def estimate_generate(
     return Estimate(profile, settings, payload, timeout_s=timeout_s)
 
 
-def _prompt_spec(model: nn.Module, prompt: Any, batch: int | None) -> Any:
-    """The prompt as a batch: a length -> ``batch`` rows of token ids; 1-D ids -> ``batch``
-    copies; anything else as :func:`estimate` reads inputs (``batch`` sets dim 0)."""
+def _prompt_inputs(prompt: Any, batch: int | None) -> tuple[Any, int | None]:
+    """The prompt as :func:`make_batch_spec` reads inputs, and the batch size it sets: a
+    length -> ``batch`` rows of token ids; 1-D ids -> ``batch`` copies; 2-D ids as they are;
+    anything else as :func:`estimate` reads inputs (``batch`` sets dim 0). Needs no model, so
+    a model sent as its config is read in the estimator process."""
     import torch
 
     if isinstance(prompt, bool) or (isinstance(prompt, int) and prompt < 1):
         raise EstimateError(f"prompt must be a positive length, token ids or shapes: {prompt!r}")
     if isinstance(prompt, int):
-        return make_batch_spec(model, {"input_ids": (batch or 1, prompt)})
+        return {"input_ids": (batch or 1, prompt)}, None
     if isinstance(prompt, torch.Tensor) and prompt.dim() == 1:
-        return make_batch_spec(model, {"input_ids": (batch or 1, int(prompt.shape[0]))})
+        return {"input_ids": (batch or 1, int(prompt.shape[0]))}, None
     if isinstance(prompt, torch.Tensor):
-        return make_batch_spec(model, {"input_ids": prompt}, batch)
-    return make_batch_spec(model, prompt, batch)
+        return {"input_ids": prompt}, batch
+    return prompt, batch
+
+
+def _prompt_spec(model: nn.Module, prompt: Any, batch: int | None) -> Any:
+    """The prompt as a batch of ``model``'s inputs (:func:`_prompt_inputs`)."""
+    return make_batch_spec(model, *_prompt_inputs(prompt, batch))

@@ -10,8 +10,12 @@ Two things a fake run cannot do by itself, because ``generate()`` reads tensor v
   the loop after that many steps itself (:func:`decoding_steps`), as the real call ends it.
 - **Other reads** (is there padding, does the mask hide anything, is a pad token also an end
   token). :class:`_OrdinaryPromptReads` answers them as for a batch of ordinary prompts: an
-  ``all()`` is true (every mask position is set), anything else false (no padding, no special
-  token found). The real call is made the same way: an attention mask of ones is passed.
+  ``all()`` is true (every mask position is set), a tensor of ones is followed through views,
+  joins and sums (the mask code's ``sum() == numel()``), anything else false (no padding, no
+  special token found). The real call is made the same way: an attention mask of ones is
+  passed. transformers' mask code skips these reads for a fake tensor (it takes it for a
+  trace) and builds a mask the real call, which reads them, leaves out; within the fake run
+  it reads them too (:func:`ordinary_prompt_reads`).
 
 The step is the same code for the fake run and for a measured real run
 (:func:`generate_step`), as :func:`~.step.training_step` is for training.
@@ -21,12 +25,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
+
+from .inputs import BatchSpec, TensorInput
 
 #: Cache kinds the estimate simulates (transformers' ``cache_implementation`` names).
 CACHES = ("dynamic", "static")
@@ -99,6 +106,38 @@ def generate_step(
     del out
 
 
+#: The prompt's inputs that run along its tokens (dim 1): what a longer prompt lengthens.
+_TOKEN_INPUTS = ("input_ids", "attention_mask")
+
+
+def prompt_length(spec: BatchSpec) -> int | None:
+    """The prompt's length in tokens: dim 1 of its token ids (``input_ids``, or a first
+    positional index tensor); None for a prompt of other inputs (Whisper's features)."""
+    ids = spec.kwargs.get("input_ids") or (spec.args[0] if spec.args else None)
+    if ids is None or not ids.is_index or len(ids.shape) != 2:
+        return None
+    return int(ids.shape[1])
+
+
+def with_prompt_length(spec: BatchSpec, length: int) -> BatchSpec:
+    """``spec`` with a prompt of ``length`` tokens (its token ids and attention mask resized;
+    the batch unchanged): the longest-context search's runs."""
+    if prompt_length(spec) is None:
+        raise GenerationError(
+            f"the longest context is searched by lengthening the prompt's token ids; this "
+            f"prompt ({spec.describe()}) has none"
+        )
+
+    def resized(t: TensorInput) -> TensorInput:
+        return replace(t, shape=(t.shape[0], length)) if len(t.shape) == 2 else t
+
+    return replace(
+        spec,
+        args=tuple(resized(t) if i == 0 and t.is_index else t for i, t in enumerate(spec.args)),
+        kwargs={n: resized(t) if n in _TOKEN_INPUTS else t for n, t in spec.kwargs.items()},
+    )
+
+
 @contextlib.contextmanager
 def decoding_steps(model: nn.Module, steps: int) -> Iterator[None]:
     """Within the block, ``model.generate()`` decodes exactly ``steps`` tokens: its loop's
@@ -124,18 +163,35 @@ def decoding_steps(model: nn.Module, steps: int) -> Iterator[None]:
         raise GenerationError(
             f"{type(model).__name__}.generate() did not decode token by token as asked (it "
             f"stopped after {steps - remaining[0]} of {steps} tokens): its own generate() "
-            "decides from tensor values (e.g. Whisper's loop over audio segments), which the "
-            "estimate cannot read; this model's generation is not simulated"
+            "decides from tensor values, which the estimate cannot read (Whisper's generate() "
+            "loops `while (seek < max_frames).any()` over 30-second audio segments and moves "
+            "seek by the timestamps it decoded); this model's generation is not simulated"
         )
 
 
+#: Ops whose result holds the values of their first operand (views, copies, conversions).
+_SAME_VALUE_OPS = (
+    "alias view _unsafe_view reshape slice select expand unsqueeze squeeze clone _to_copy "
+    "contiguous detach lift_fresh t transpose permute"
+)
+_SAME_VALUES = frozenset(getattr(torch.ops.aten, name) for name in _SAME_VALUE_OPS.split())
+_ONES = frozenset((torch.ops.aten.ones, torch.ops.aten.ones_like, torch.ops.aten.new_ones))
+
+
 class _OrdinaryPromptReads(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Answers value reads of fake tensors as for ordinary prompts (see the module docstring):
+    """Answers value reads of fake tensors as for ordinary prompts (see the module docstring).
+
+    Tensors made of ones (the attention mask, the tokens it grows by, what is cut or joined
+    from them) are followed: their ``all()`` reads true, their whole ``sum()`` is their number
+    of elements, and a comparison of a known number reads as that comparison does. Otherwise
     the result of an ``all()`` reads true, any other boolean false, a number 0."""
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
-        self._all_results = WeakIdKeyDictionary()  # by identity: tensors compare by value
+        # by identity: tensors compare by value
+        self._all_results = WeakIdKeyDictionary()
+        self._ones = WeakIdKeyDictionary()  # tensors known to hold only ones -> their storage
+        self._values = WeakIdKeyDictionary()  # one-element tensors whose value is known
 
     def __torch_dispatch__(
         self,
@@ -148,20 +204,88 @@ class _OrdinaryPromptReads(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
         if func is torch.ops.aten._local_scalar_dense.default and isinstance(args[0], FakeTensor):
             tensor = args[0]
+            if tensor in self._values:
+                return self._values[tensor]
             if tensor.dtype == torch.bool:
                 return tensor in self._all_results
             return 0.0 if tensor.dtype.is_floating_point else 0
         out = func(*args, **(kwargs or {}))
-        if func.overloadpacket is torch.ops.aten.all and isinstance(out, torch.Tensor):
-            self._all_results[out] = True
+        if isinstance(out, torch.Tensor):
+            self._follow(func.overloadpacket, args, out)
         return out
+
+    def _follow(self, op: Any, args: tuple[Any, ...], out: torch.Tensor) -> None:
+        """What ``out`` is known to hold, from ``op`` and its operands."""
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if first is not None and str(op.__name__).endswith("_"):  # written in place
+            self._forget_storage(first)
+        ones = first is not None and first in self._ones
+        known = first is not None and first in self._values
+        if op is torch.ops.aten.all:
+            self._all_results[out] = True
+            if ones:
+                self._values[out] = True
+        elif op in _ONES or (op in _SAME_VALUES and ones) or self._joins_ones(op, args):
+            self._ones[out] = _storage(out)
+        elif op is torch.ops.aten.sum and first is not None and ones and out.dim() == 0:
+            self._values[out] = first.numel()
+        elif op in (torch.ops.aten.eq, torch.ops.aten.ne) and known:
+            other = args[1]
+            if isinstance(other, torch.Tensor):
+                if other not in self._values:
+                    return
+                other = self._values[other]
+            same = self._values[first] == other
+            self._values[out] = same if op is torch.ops.aten.eq else not same
+
+    def _forget_storage(self, tensor: torch.Tensor) -> None:
+        """Values written in place: nothing is known of the tensors on that storage."""
+        written = _storage(tensor)
+        ones = list(self._ones.items())  # type: ignore[no-untyped-call]
+        for known in [t for t, storage in ones if storage == written]:
+            del self._ones[known]
+        if tensor in self._values:
+            del self._values[tensor]
+
+    def _joins_ones(self, op: Any, args: tuple[Any, ...]) -> bool:
+        if op is not torch.ops.aten.cat or not args:
+            return False
+        return all(isinstance(t, torch.Tensor) and t in self._ones for t in args[0])
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    """Which storage ``tensor`` views (shared by all views of it)."""
+    return int(tensor.untyped_storage()._cdata)
+
+
+def _not_tracing_fakes(is_tracing: Any) -> Any:
+    """transformers' ``is_tracing`` that does not take a fake tensor for a trace."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def is_tracing_but_for_fakes(tensor: Any = None) -> bool:
+        return bool(is_tracing(None if isinstance(tensor, FakeTensor) else tensor))
+
+    return is_tracing_but_for_fakes
 
 
 @contextlib.contextmanager
 def ordinary_prompt_reads() -> Iterator[None]:
-    """Within the block, fake tensors' value reads get :class:`_OrdinaryPromptReads`' answers."""
-    with _OrdinaryPromptReads():
-        yield
+    """Within the block, fake tensors' value reads get :class:`_OrdinaryPromptReads`' answers,
+    and transformers' attention-mask code reads them (it skips those reads for a tensor it
+    takes for a trace, a fake one included, and then builds a mask the real call leaves out:
+    a prompt without padding runs SDPA's own causal or full attention)."""
+    import sys
+
+    masking: Any = sys.modules.get("transformers.masking_utils")
+    original = getattr(masking, "is_tracing", None)
+    if masking is not None and callable(original):
+        masking.is_tracing = _not_tracing_fakes(original)
+    try:
+        with _OrdinaryPromptReads():
+            yield
+    finally:
+        if masking is not None and callable(original):
+            masking.is_tracing = original
 
 
 __all__ = [
@@ -173,4 +297,6 @@ __all__ = [
     "generate_step",
     "generation_kwargs",
     "ordinary_prompt_reads",
+    "prompt_length",
+    "with_prompt_length",
 ]

@@ -12,12 +12,15 @@ from collections.abc import Callable
 
 #: Batches beyond this are reported as "at least this" (tiny models on big GPUs).
 MAX_BATCH = 1 << 16
+#: The longest prompt searched for a model whose config gives no position limit.
+MAX_CONTEXT = 1 << 22
 
 
 def largest_fitting(
     used: Callable[[int], int], limit: int, *, start: int = 1, max_batch: int = MAX_BATCH
 ) -> int:
-    """The largest batch ``b`` in [1, max_batch] with ``used(b) <= limit``; 0 if none.
+    """The largest batch ``b`` in [1, max_batch] with ``used(b) <= limit``; 0 if none. (Any
+    size memory grows with: the longest-context search passes prompt lengths.)
 
     ``used`` must be nondecreasing in ``b``; callers cache it, since the same points serve
     several limits.
@@ -60,3 +63,12 @@ def format_batch(batch: int) -> str:
     if batch == 0:
         return "none (batch 1 does not fit)"
     return f">= {batch:,}" if batch >= MAX_BATCH else f"{batch:,}"
+
+
+def format_context(tokens: int, new_tokens: int, limit: int) -> str:
+    """A longest-context result for people: 0 means nothing fits; the model's own position
+    limit is said to be one (the memory would allow more)."""
+    if tokens == 0:
+        return f"none (a 1-token prompt and {new_tokens:,} new tokens do not fit)"
+    text = f"{tokens:,} tokens ({tokens - new_tokens:,} prompt + {new_tokens:,} new)"
+    return text + " = the model's position limit" if tokens == limit else text

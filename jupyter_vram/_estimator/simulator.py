@@ -205,10 +205,20 @@ class Simulator:
         given (no labels added)."""
         from .._capture.fake import fake_mode
         from .._recording import FakeRunRecording
-        from .generation import decoding_steps, generate_step, ordinary_prompt_reads
+        from .generation import (
+            check_generates,
+            decoding_steps,
+            generate_step,
+            ordinary_prompt_reads,
+            prompt_length,
+            with_prompt_length,
+        )
 
+        check_generates(self.model)  # a model sent as its config is first seen here
         self._kept = None  # a training run's fake tensors are not reused here
         batch = self.given_batch.with_batch_size(batch_size) if batch_size else self.given_batch
+        if settings.prompt_length:
+            batch = with_prompt_length(batch, settings.prompt_length)
         cast = parse_dtype(settings.dtype) if settings.dtype else None
         mode = fake_mode()
         self.slots.fill(_fake_factory(mode, cast))
@@ -239,6 +249,8 @@ class Simulator:
             **self._run_info(settings, batch, started),
             "new_tokens": settings.generate,
             "cache": settings.cache,
+            "prompt_length": prompt_length(batch) or 0,
+            "max_positions": max_positions(self.model),
             "simulated_on": "fake tensors (torch FakeTensorMode) on the CPU",
         }
         raw, _ = canonical_baseline(rec.profile, first, {})
@@ -699,6 +711,22 @@ def _rows_of_host_counters(raw: Profile, sizes: list[int]) -> npt.NDArray[np.boo
         rows = np.flatnonzero(candidates & (a.size == size))[: sizes.count(size)]
         drop[rows] = True
     return drop
+
+
+#: Config fields that bound the positions a model takes (its context window), by family.
+_POSITION_LIMITS = ("max_position_embeddings", "n_positions", "max_target_positions", "n_ctx")
+
+
+def max_positions(model: nn.Module) -> int:
+    """The most positions (prompt and generated tokens) the model's config allows; 0 if it
+    says none."""
+    config = getattr(model, "config", None)
+    config = getattr(config, "get_text_config", lambda **_: config)(decoder=True)
+    for name in _POSITION_LIMITS:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
 
 
 def describe_error(error: BaseException) -> str:

@@ -47,6 +47,9 @@ class StepSettings:
     torch_version: str | None = None
     generate: int = 0  # > 0: a generate() call of that many new tokens instead of a step
     cache: str = "dynamic"  # the KV cache generate() uses (generation.CACHES)
+    # > 0: the prompt lengthened (or shortened) to that many tokens (the longest-context
+    # search's runs); 0: the prompt as given
+    prompt_length: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,7 +65,8 @@ class StepSettings:
         if self.checkpoint:
             parts.append("checkpointing")
         if self.generate:
-            parts.append(f"generate {self.generate} tokens, {self.cache} KV cache")
+            prompt = f"after {self.prompt_length} prompt tokens, " if self.prompt_length else ""
+            parts.append(f"generate {self.generate} tokens, {prompt}{self.cache} KV cache")
         else:
             parts.append("inference" if self.inference else f"optimizer {self.optimizer}")
         if self.target_type == "cuda" and not self.flash_attention:
