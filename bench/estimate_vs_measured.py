@@ -3,7 +3,8 @@
 Cases cover transformers models (GPT-2, BERT, ViT, T5, Llama, ResNet, MobileNetV2, ConvNeXt,
 DistilBERT, OPT, a Mixtral-style MoE, Whisper), recurrent nets (LSTM, bidirectional LSTM, GRU),
 conv nets (depthwise separable, BatchNorm, channels_last), embeddings (Embedding,
-EmbeddingBag), a mixture of experts with top-1 routing, torch's own TransformerEncoder;
+EmbeddingBag; with sparse gradients under SGD and SparseAdam), a mixture of experts with
+top-1 routing, torch's own TransformerEncoder;
 fine-tuning (LoRA and QLoRA NF4 with peft and bitsandbytes, bitsandbytes' AdamW8bit); and
 ``generate()`` with a KV cache (``jv.estimate_generate``: Llama at batch 1 and 4, a static
 cache, T5, DeepSeek-V3's latent attention with MoE layers and all dense), measured as one
@@ -13,9 +14,12 @@ The truth is independent of jupyter_vram's recorders: each measured step runs in
 process (the real model, one warm-up step, then the measured one — the same ``training_step``
 the estimator runs on fake tensors) under ``torch.profiler`` with ``profile_memory=True``. The
 CPU allocator reports every allocation and free to the profiler, in-op workspaces included;
-the peak is what existed before the step (the storages of parameters, buffers, optimizer
-state and inputs, counted once each) plus the running maximum of allocated minus freed bytes
-over the allocator's events. The estimate is made here, from the model built on the meta
+the peak is what existed before the warm-up step (the storages of parameters, buffers,
+optimizer state and inputs, counted once each) plus the running maximum, during the measured
+step, of allocated minus freed bytes since then: the warm-up runs under the profiler too, as
+the profiler reports no free of a block allocated before it started (a step that frees what
+the warm-up made, such as SGD's momentum for a sparse gradient, would count it still alive).
+The estimate is made here, from the model built on the meta
 device, with ``device="cpu"`` (a CUDA target adds allocator rounding a CPU run cannot show).
 
 When torch-kitsune is installed (it is not a dependency), its prediction for each case it can
@@ -75,6 +79,8 @@ class Case:
     # that adds the adapters itself is given)
     fine_tune: str = ""
     base: Callable[[], nn.Module] | None = None
+    # an optimizer no name stands for (``estimate(optimizer=factory)``); ``optimizer`` names it
+    optimizer_factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None
 
     def variant_label(self) -> str:
         if self.generate:
@@ -146,6 +152,31 @@ def t5() -> nn.Module:
         decoder_start_token_id=0,  # set in every released T5 config; required with labels
         pad_token_id=0,
     )
+    model: nn.Module = t.T5ForConditionalGeneration(config)
+    return model
+
+
+def t5_gated() -> nn.Module:
+    """A flan-T5-style config: gated-GELU feed-forward, untied output projection, six heads of
+    64 (inner attention width 384 != d_model)."""
+    t = _transformers()
+    config = t.T5Config(
+        d_model=256, d_kv=64, d_ff=768, num_layers=2, num_decoder_layers=2, num_heads=6,
+        vocab_size=16384, feed_forward_proj="gated-gelu", tie_word_embeddings=False,
+        decoder_start_token_id=0, pad_token_id=0,
+    )  # fmt: skip
+    model: nn.Module = t.T5ForConditionalGeneration(config)
+    return model
+
+
+def t5_wide() -> nn.Module:
+    """T5 with a wide feed-forward (d_ff 2048), eight heads of 32, a deeper encoder than
+    decoder (3 / 1), tied embeddings."""
+    t = _transformers()
+    config = t.T5Config(
+        d_model=256, d_kv=32, d_ff=2048, num_layers=3, num_decoder_layers=1, num_heads=8,
+        vocab_size=16384, decoder_start_token_id=0, pad_token_id=0,
+    )  # fmt: skip
     model: nn.Module = t.T5ForConditionalGeneration(config)
     return model
 
@@ -441,6 +472,44 @@ class SwitchMoE(nn.Module):
         return self.head((tokens + combined).reshape(b, s, w))
 
 
+class SparseEmbeddingMLP(nn.Module):
+    """The embedding-mlp case with sparse gradients for its table (``sparse=True``): the
+    gradient holds one row per looked-up id, not the whole table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(30_000, 64, sparse=True)
+        self.mlp = nn.Sequential(nn.Linear(32 * 64, 512), nn.ReLU(), nn.Linear(512, 4))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.embed(ids).flatten(1))
+
+
+class SparseBagClassifier(BagClassifier):
+    """The embedding-bag case with sparse gradients for its table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bag = nn.EmbeddingBag(50_000, 64, mode="mean", sparse=True)
+
+
+class Factorization(nn.Module):
+    """Matrix factorisation: user and item tables (sparse gradients), scored by a dot product;
+    every trainable weight is sparse, as ``torch.optim.SparseAdam`` requires."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.users = nn.Embedding(20_000, 64, sparse=True)
+        self.items = nn.Embedding(30_000, 64, sparse=True)
+
+    def forward(self, pairs: torch.Tensor) -> torch.Tensor:
+        return (self.users(pairs[:, 0]) * self.items(pairs[:, 1])).sum(-1)
+
+
+def sparse_adam(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.SparseAdam(params, lr=1e-3)
+
+
 def moe() -> nn.Module:
     return SwitchMoE()
 
@@ -484,6 +553,8 @@ CASES: dict[str, Case] = {
         Case("vit", vit, "8x3x96x96"),
         Case("vit-checkpoint", vit, "8x3x96x96", checkpoint=True),
         Case("t5", t5, "8x128"),
+        Case("t5-gated", t5_gated, "8x128"),
+        Case("t5-wide", t5_wide, "8x128"),
         *_variants("llama", llama, "8x128"),
         Case("resnet", resnet, "8x3x128x128"),
         Case("resnet-checkpoint", resnet, "8x3x128x128", checkpoint=True),
@@ -501,6 +572,15 @@ CASES: dict[str, Case] = {
         Case("channels-last-cnn", channels_last_cnn, "16x3x64x64"),
         Case("embedding-bag", BagClassifier, "64x20"),
         Case("embedding-mlp", EmbeddingMLP, "64x32"),
+        Case("embedding-sparse-sgd", SparseEmbeddingMLP, "64x32", optimizer="sgd"),
+        Case("embedding-bag-sparse-sgd", SparseBagClassifier, "64x20", optimizer="sgd"),
+        Case(
+            "factorization-sparseadam",
+            Factorization,
+            "256x2",
+            optimizer="sparseadam",
+            optimizer_factory=sparse_adam,
+        ),
         Case("moe", moe, "8x64x128"),
         Case("moe-amp-bf16", moe, "8x64x128", amp="bf16"),
         Case("torch-encoder", torch_encoder, "8x64x128"),
@@ -576,6 +656,19 @@ KNOWN_DIFFERENCES: dict[str, str] = {
         "unseen by a fake run (CUDA runs the memory-efficient kernel). With the MoE layers "
         "the peak is elsewhere (-0.15 %)."
     ),
+    "embedding-sparse-sgd": (
+        "the table's gradient is sparse: one row of 64 values and one int64 index per looked-up "
+        "id (2,048 ids: 512 KiB + 16 KiB), not the 7.3 MiB table; SGD's momentum for it is "
+        "sparse too and gets new buffers each step (room for both operands' entries in "
+        "`add_`). A fake run made these empty, and the estimate failed on the sparse momentum "
+        "(no storage to read). The measurement profiles the "
+        "warm-up step too, since the step frees the momentum the warm-up made (the profiler "
+        "reports no free of a block allocated before it started)."
+    ),
+    "factorization-sparseadam": (
+        "SparseAdam coalesces each sparse gradient; the estimate keeps every entry (as if no id "
+        "repeats, what a fake run cannot know), and misses a few small in-kernel buffers."
+    ),
     "lstm": (
         "oneDNN's LSTM workspace is exact (its formula, checked against the real kernel); the "
         "in-call scratchpad is modelled within a few tens of KB per layer call."
@@ -586,8 +679,9 @@ KNOWN_DIFFERENCES: dict[str, str] = {
 def settings_of(case: Case, device: str = "cpu") -> Any:
     from jupyter_vram._estimator.step import StepSettings
 
+    optimizer = "custom" if case.optimizer_factory else case.optimizer
     return StepSettings(device=device, dtype=case.dtype, amp=case.amp,
-                        checkpoint=case.checkpoint, optimizer=case.optimizer,
+                        checkpoint=case.checkpoint, optimizer=optimizer,
                         inference=bool(case.generate), generate=case.generate,
                         cache=case.cache)  # fmt: skip
 
@@ -618,15 +712,18 @@ def measure(case: Case) -> dict[str, Any]:
     spec = with_default_labels(model, make_batch_spec(model, case.inputs))
     float_dtype = parse_dtype(case.dtype) if case.dtype else torch.float32
     args, kwargs = spec.build("cpu", float_dtype)
-    opt = make_optimizer(settings, model)
+    opt = make_optimizer(settings, model, case.optimizer_factory)
     started = time.perf_counter()
-    training_step(model, opt, args, kwargs, settings, "cpu")
+    before_warm_up = sum(before_step(model, opt, (args, kwargs)).values())
+    rise = allocator_peak_rise(
+        lambda: training_step(model, opt, args, kwargs, settings, "cpu"),
+        warm_up=lambda: training_step(model, opt, args, kwargs, settings, "cpu"),
+    )
     before = before_step(model, opt, (args, kwargs))
-    rise = allocator_peak_rise(lambda: training_step(model, opt, args, kwargs, settings, "cpu"))
     seconds = time.perf_counter() - started
     return {
         "case": case.name,
-        "peak_bytes": sum(before.values()) + rise,
+        "peak_bytes": before_warm_up + rise,
         "breakdown": before,
         "rise_bytes": rise,
         "parameters": sum(p.numel() for p in model.parameters()),
@@ -684,13 +781,21 @@ def before_step(model: nn.Module, optimizer: Any, batch: Any) -> dict[str, int]:
     }
     for name, tensors in groups.items():
         total = 0
-        for tensor in tensors:
+        for tensor in (part for t in tensors for part in _dense_parts(t)):
             storage = tensor.untyped_storage()
             if storage.data_ptr() not in seen and storage.nbytes():
                 seen.add(storage.data_ptr())
                 total += storage.nbytes()
         out[name] = total
     return out
+
+
+def _dense_parts(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors that hold a tensor's memory: a sparse COO tensor (SGD's momentum for a
+    sparse gradient) keeps its indices and values, each with a storage of its own."""
+    if tensor.layout == torch.sparse_coo:
+        return [tensor._indices(), tensor._values()]
+    return [tensor]
 
 
 def _quant_state(param: Any) -> list[torch.Tensor]:
@@ -704,25 +809,44 @@ def _quant_state(param: Any) -> list[torch.Tensor]:
     return found
 
 
-def allocator_peak_rise(step: Callable[[], None]) -> int:
+def allocator_peak_rise(step: Callable[[], None], warm_up: Callable[[], None] | None = None) -> int:
     """Highest allocated-minus-freed bytes during ``step()``, from the CPU allocator's events
-    as torch.profiler records them (``profile_memory=True``)."""
-    from torch.profiler import ProfilerActivity, profile
+    as torch.profiler records them (``profile_memory=True``), counted from before
+    ``warm_up()`` when given (run first, under the same profiler).
+
+    The profiler reports no free of a block allocated before it started, so a step that frees
+    what an earlier step made (SGD's momentum for a sparse gradient is replaced each step)
+    must have that step profiled too: then the rise is over the state before the warm-up."""
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
+        if warm_up is not None:
+            warm_up()
+        with record_function(_MEASURED_STEP):
+            step()
     events: list[tuple[int, int]] = []
+    window = (0, 0)
     pending = list(prof.profiler.kineto_results.experimental_event_tree())
     while pending:
         event = pending.pop()
         if event.tag == torch._C._profiler._EventType.Allocation:
             events.append((event.start_time_ns, int(event.extra_fields.alloc_size)))
+        elif event.name == _MEASURED_STEP:
+            window = (event.start_time_ns, event.end_time_ns)
         pending.extend(event.children)
-    live = peak = 0
-    for _, size in sorted(events, key=lambda e: e[0]):
+    live = 0
+    peak: int | None = None
+    for time_ns, size in sorted(events, key=lambda e: e[0]):
+        if time_ns >= window[0] and peak is None:
+            peak = live  # what the step starts with
         live += size
-        peak = max(peak, live)
-    return peak
+        if window[0] <= time_ns <= window[1]:
+            peak = max(peak or 0, live)
+    return live if peak is None else peak
+
+
+#: The profiler range around the measured step (see :func:`allocator_peak_rise`).
+_MEASURED_STEP = "estimate_vs_measured: measured step"
 
 
 def start_measurement(name: str) -> subprocess.Popen[str]:
@@ -767,8 +891,9 @@ def run_estimate(case: Case, device: str = "cpu") -> tuple[Any, float]:
         result = estimate_generate(model, case.inputs, case.generate, cache=case.cache,
                                    device=device, dtype=case.dtype)  # fmt: skip
         return result, time.perf_counter() - started
-    result = estimate(model, case.inputs, optimizer=case.optimizer, device=device,
-                      dtype=case.dtype, amp=case.amp, checkpoint=case.checkpoint)  # fmt: skip
+    optimizer = case.optimizer_factory or case.optimizer
+    result = estimate(model, case.inputs, optimizer=optimizer, device=device, dtype=case.dtype,
+                      amp=case.amp, checkpoint=case.checkpoint)  # fmt: skip
     return result, time.perf_counter() - started
 
 
@@ -932,8 +1057,10 @@ def intro() -> str:
         '`jv.estimate(..., device="cpu")` against the same training step measured in a fresh '
         "process (one warm-up step, then the measured one) by the CPU allocator's own events "
         "under `torch.profiler` (`profile_memory=True`), not by jupyter_vram's recorders: the "
-        "measured peak is the storages alive before the step (parameters, buffers, optimizer "
-        "state, inputs) plus the running maximum of allocated minus freed bytes during it. "
+        "measured peak is the storages alive before the warm-up (parameters, buffers, "
+        "optimizer state, inputs) plus the running maximum during the measured step of "
+        "allocated minus freed bytes since then (the warm-up runs under the profiler too: it "
+        "reports no free of a block allocated before it started). "
         f"Made by `python bench/estimate_vs_measured.py --readme` with torch {torch.__version__}, "
         f"transformers {transformers.__version__}, Python {platform.python_version()}, on "
         f"{os.cpu_count()} CPU cores, shared with other jobs (times are inflated). Estimate "

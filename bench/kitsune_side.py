@@ -85,6 +85,8 @@ def unanswerable(case: CaseLike) -> str:
         return "kitsune has no autocast (AMP) setting"
     if case.checkpoint:
         return "kitsune has no activation-checkpointing setting"
+    if not case.generate and case.optimizer not in OPTIMIZER_NAMES:
+        return f"kitsune has no {case.optimizer} optimizer setting"
     return ""
 
 

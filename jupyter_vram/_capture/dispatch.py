@@ -24,7 +24,7 @@ from .._model import CATEGORY_INDEX, Profile
 from .builder import BASELINE_OP, OTHER, TEMPORARY, ProfileBuilder
 from .modes import ObservingMode
 from .stacks import StackSampler
-from .tagging import PHASE_OTHER, Tagger, live_objects
+from .tagging import ACTIVATION, PHASE_OTHER, Tagger, live_objects
 
 _SKIP, _FRESH, _MUTATES = 0, 1, 2
 
@@ -47,7 +47,12 @@ class DispatchRecorder:
         self._wall_ns = 0
         self._active = False
         self._mode_entered = False
-        self.tagger = Tagger(self._on_role, self.builder.modules)
+        self.tagger = Tagger(self._on_role, self.builder.modules, on_enter=self._entered,
+                             on_exit=self._exited)  # fmt: skip
+        # activation checkpointing: rows made while a block is recomputed (a top-level module
+        # call inside backward), and those of them still alive when the recompute ended
+        self._recomputing: list[int] | None = None
+        self._kept_by_recompute: list[int] = []
         self._sampler = StackSampler(self.builder) if stacks else None
         self._mode = ObservingMode(after=self._observe)
 
@@ -86,6 +91,7 @@ class DispatchRecorder:
             try:
                 if self._active:
                     self.tagger.final_scan()
+                    self._recompute_kept_are_activations()
             finally:
                 self.tagger.stop()
                 self._active = False
@@ -102,9 +108,10 @@ class DispatchRecorder:
         )
 
     def row_of(self, tensor: torch.Tensor) -> int | None:
-        """The allocation row of ``tensor``'s storage while recording, None if not seen."""
+        """The allocation row of ``tensor``'s storage while recording, None if not seen (a
+        sparse tensor's: its values')."""
         try:
-            return self._live.get(tensor.untyped_storage()._cdata)
+            return self._live.get(_dense_parts(tensor)[-1].untyped_storage()._cdata)
         except Exception:  # noqa: BLE001 - sparse / wrapper tensors have no plain storage
             return None
 
@@ -185,7 +192,14 @@ class DispatchRecorder:
             pass
 
     def _record(self, tensor: torch.Tensor, op: int, kind: int) -> None:
-        storage = tensor.untyped_storage()
+        try:
+            storage = tensor.untyped_storage()
+        except NotImplementedError:  # a sparse tensor: its indices and values hold its memory
+            parts = _dense_parts(tensor)
+            if len(parts) > 1:
+                for part in parts:
+                    self._record(part, op, kind)
+            return
         key = storage._cdata
         row = self._live.get(key)
         if row is not None:
@@ -199,6 +213,8 @@ class DispatchRecorder:
 
     def _add(self, storage: torch.UntypedStorage, key: int, size: int, op: int, cat: int) -> int:
         phase, module = self.tagger.phase_and_module()
+        if self._recomputing is not None and self.tagger.module_stack:
+            module = self.tagger.module_stack[-1]  # the recomputed module, not the backward node
         stack = self._sampler.sample(sys._getframe(3)) if self._sampler is not None else -1
         row = self.builder.add(
             size,
@@ -212,6 +228,8 @@ class DispatchRecorder:
             cat,
         )
         self._track(storage, key, row)
+        if self._recomputing is not None:
+            self._recomputing.append(row)
         return row
 
     def _track(self, storage: torch.UntypedStorage, key: int, row: int) -> None:
@@ -240,16 +258,42 @@ class DispatchRecorder:
             did = self._device_ids[device] = self.builder.devices(str(device))
         return did
 
+    # -- activation checkpointing ------------------------------------------------------------
+
+    def _entered(self, module: int) -> None:
+        """A module call began: a top-level one inside backward is a recompute."""
+        if len(self.tagger.module_stack) == 1 and torch._C._current_graph_task_id() != -1:
+            self._recomputing = []
+
+    def _exited(self) -> None:
+        """A module call ended: at the end of a recompute, note what it keeps for backward."""
+        if self._recomputing is not None and not self.tagger.module_stack:
+            free_seq = self.builder.free_seq
+            self._kept_by_recompute += [row for row in self._recomputing if free_seq[row] < 0]
+            self._recomputing = None
+
+    def _recompute_kept_are_activations(self) -> None:
+        """What a recompute keeps for backward past its end is an activation (as the CPU
+        recorder says): checkpointing's own saved-tensor hooks hide it from ours."""
+        category = self.builder.category
+        for row in self._kept_by_recompute:
+            if category[row] == TEMPORARY:
+                category[row] = ACTIVATION
+
     # -- roles -------------------------------------------------------------------------------
 
     def _register_existing(self, tensor: torch.Tensor, category: int) -> int | None:
-        """A tensor that was alive before recording (or first seen through a role)."""
+        """A tensor that was alive before recording (or first seen through a role); a sparse
+        one as its indices and values (the row returned: its values')."""
         try:
             storage = tensor.untyped_storage()
             key = storage._cdata
             size = storage.nbytes()
         except Exception:  # noqa: BLE001 - sparse / wrapper tensors have no plain storage
-            return None
+            parts = _dense_parts(tensor)
+            if len(parts) == 1:
+                return None
+            return [self._register_existing(part, category) for part in parts][-1]
         row = self._live.get(key)
         if row is not None:
             return row
@@ -267,7 +311,11 @@ class DispatchRecorder:
             return
         try:
             row = self._live.get(tensor.untyped_storage()._cdata)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - no plain storage: a sparse tensor's are its parts
+            parts = _dense_parts(tensor)
+            if len(parts) > 1:  # an embedding's sparse gradient, SGD's momentum for it
+                for part in parts:
+                    self._on_role(part, category, module)
             return
         if row is None:
             row = self._register_existing(tensor, category)
@@ -276,3 +324,14 @@ class DispatchRecorder:
         self.builder.promote(row, category)
         if module and not self.builder.module[row]:
             self.builder.module[row] = module
+
+
+def _dense_parts(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors whose storages hold ``tensor``'s memory: a sparse COO tensor's indices
+    and values (it has no storage of its own), else the tensor itself."""
+    try:
+        if tensor.layout == torch.sparse_coo:
+            return [tensor._indices(), tensor._values()]
+    except Exception:  # noqa: BLE001 - a wrapper tensor without a layout: itself
+        pass
+    return [tensor]

@@ -57,6 +57,14 @@ from the real kernel in what else it returns:
   too, so a float32 MoE model could not be estimated. :func:`grouped_mm_any_dtype` gives the
   fake run the same output (shape and dtype by the meta implementation's own rule) for any
   float dtype.
+- **Sparse gradients.** An ``nn.Embedding`` / ``nn.EmbeddingBag`` with ``sparse=True`` gets a
+  sparse COO gradient: an int64 index and a row of values per looked-up id. Autograd stores a
+  copy (``clone``), but the meta implementations of ``clone``, ``coalesce`` and
+  ``sparse_mask`` return sparse tensors with no entries, so the fake gradient, SGD's momentum
+  and SparseAdam's reads were empty. :func:`sparse_tensors` keeps their entries (``coalesce``
+  keeps them all: a fake run cannot know which ids repeat, and distinct ids are the upper
+  bound), and gives in-place ``mul_`` / ``add_`` of a sparse tensor new buffers as the CPU
+  kernels do (``add_`` makes room for both operands' entries, which SGD's momentum keeps).
 """
 
 from __future__ import annotations
@@ -465,3 +473,89 @@ def grouped_mm_any_dtype() -> Iterator[None]:
         yield
     finally:
         table.pop(op, None)
+
+
+@contextlib.contextmanager
+def sparse_tensors() -> Iterator[None]:
+    """Within the block, fake sparse COO tensors (an embedding's sparse gradient, the
+    optimizer state made from it) hold as many entries as the CPU kernels give them; see the
+    module docstring. Enter it above the recorder, so the recorder sees the buffers the
+    in-place rules make before the ones they replace are freed."""
+    from torch._subclasses import fake_impls
+
+    aten = torch.ops.aten
+    rules = {aten.clone.default: _sparse_copy, aten._coalesce.default: _sparse_copy,
+             aten.sparse_mask.default: _sparse_mask}  # fmt: skip
+    table = fake_impls.op_implementations_dict
+    added = [op for op in rules if op not in table]  # torch's own rules, where it has them
+    table.update({op: rules[op] for op in added})
+    try:
+        with rewriting_ops(_sparse_in_place):
+            yield
+    finally:
+        for op in added:
+            table.pop(op, None)
+
+
+def _is_sparse(tensor: Any) -> bool:
+    return isinstance(tensor, torch.Tensor) and tensor.layout == torch.sparse_coo
+
+
+def _sparse_like(like: torch.Tensor, indices: torch.Tensor, values: torch.Tensor,
+                 coalesced: bool) -> Any:  # fmt: skip
+    """A sparse COO tensor of ``like``'s shape, dims and device over these indices and
+    values."""
+    return torch.ops.aten._sparse_coo_tensor_with_dims_and_tensors.default(
+        like.sparse_dim(), like.dense_dim(), list(like.shape), indices, values,
+        dtype=values.dtype, layout=torch.sparse_coo, device=like.device, is_coalesced=coalesced,
+    )  # fmt: skip
+
+
+def _sparse_copy(fake_mode: Any, func: Any, tensor: Any, *args: Any, **kwargs: Any) -> Any:
+    """``clone`` / ``coalesce`` of a fake sparse tensor: new indices and values, every entry."""
+    if not _is_sparse(tensor):
+        return NotImplemented
+    coalesced = func is torch.ops.aten._coalesce.default or tensor.is_coalesced()
+    with fake_mode:
+        return _sparse_like(tensor, tensor._indices().clone(), tensor._values().clone(),
+                            coalesced)  # fmt: skip
+
+
+def _sparse_mask(fake_mode: Any, func: Any, dense: Any, mask: Any) -> Any:
+    """``dense.sparse_mask(mask)``: the mask's indices, a new value per entry of the mask."""
+    if not _is_sparse(mask) or _is_sparse(dense):
+        return NotImplemented
+    with fake_mode:
+        values = dense.new_empty((mask._nnz(), *dense.shape[mask.sparse_dim() :]))
+        return _sparse_like(mask, mask._indices(), values, mask.is_coalesced())
+
+
+def _sparse_in_place(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+    """After ``mul_`` / ``add_`` on a fake sparse tensor (which keeps its buffers), give it new
+    indices and values, as the CPU kernels do: as many entries for ``mul_``, room for both
+    operands' for ``add_`` of a sparse tensor; the old buffers are freed after."""
+    aten = torch.ops.aten
+    if func is not aten.mul_.Tensor and func is not aten.add_.Tensor:
+        return out
+    tensor, other = args[0], args[1]
+    if not _is_sparse(tensor) or tensor._nnz() == 0:
+        return out
+    entries = tensor._nnz()
+    if func is aten.add_.Tensor:
+        if not _is_sparse(other):
+            return out
+        entries += other._nnz()
+    elif _is_sparse(other):
+        return out
+    old = tensor._indices(), tensor._values()  # alive until the new ones exist
+    indices, values = old
+    # zero-stride sources: the copy allocates the new buffers, the sources nothing
+    source = _sparse_like(
+        tensor,
+        indices.as_strided((indices.shape[0], entries), (0, 0)),
+        values.as_strided((entries, *values.shape[1:]), (0,) * values.dim()),
+        coalesced=False,
+    )
+    aten.copy_sparse_to_sparse_(tensor, source)
+    del old, indices, values, source
+    return out

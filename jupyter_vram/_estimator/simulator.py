@@ -39,6 +39,7 @@ from .kernels import (
     grouped_mm_any_dtype,
     onednn_scratch,
     rnn_workspaces,
+    sparse_tensors,
 )
 from .order import canonical_baseline, canonical_bursts, rows_of
 from .step import (
@@ -96,6 +97,10 @@ class Simulator:
         self._kept: _Kept | None = None  # the last run's fake tensors, when reusable
         # LSTM workspaces (kernels.rnn_workspaces) until a step shows the model needs none
         self._has_rnn_modules = any(isinstance(m, nn.RNNBase) for m in model.modules())
+        # embeddings with sparse gradients (kernels.sparse_tensors)
+        self._sparse_gradients = any(
+            isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse for m in model.modules()
+        )
         self._may_run_rnn = True
 
     def run(self, settings: StepSettings, batch_size: int | None) -> Profile:
@@ -336,7 +341,8 @@ class Simulator:
         from .._capture.fake import scalars_read_as_one
 
         trainable = [p for p in self.model.parameters() if p.requires_grad]
-        if optimizer is not None and self._forward_keeps_nothing and self._stateful_params:
+        shortcut = self._forward_keeps_nothing and not self._sparse_gradients  # dense zeros
+        if optimizer is not None and shortcut and self._stateful_params:
             for index, param in enumerate(trainable):
                 if index in self._stateful_params:
                     param.grad = torch.zeros_like(param)
@@ -365,7 +371,8 @@ class Simulator:
 
         cuda = settings.target_type == "cuda"
         scratch = contextlib.nullcontext() if cuda else onednn_scratch()
-        with scratch, bitsandbytes_cpu_update(settings.target_type):
+        sparse = sparse_tensors() if self._sparse_gradients else contextlib.nullcontext()
+        with scratch, sparse, bitsandbytes_cpu_update(settings.target_type):
             training_step(
                 self.model,
                 optimizer,
@@ -460,6 +467,10 @@ def _reuse_key(settings: StepSettings) -> tuple[Any, ...]:
 
 def _describe_value(value: Any) -> Any:
     """A state entry by what decides memory: a tensor's layout, or a plain value itself."""
+    if isinstance(value, torch.Tensor) and value.layout == torch.sparse_coo:
+        # SGD's momentum for a sparse gradient: its entries decide its memory
+        return ("sparse", tuple(value.shape), _describe_value(value._indices()),
+                _describe_value(value._values()))  # fmt: skip
     if isinstance(value, torch.Tensor):
         return ("tensor", tuple(value.shape), value.stride(), value.dtype, value.device,
                 value.untyped_storage().nbytes(), value.requires_grad)  # fmt: skip
