@@ -50,7 +50,8 @@ class _RunState:
     rows: dict[int, int] = field(default_factory=dict)  # storage id -> its row, by address
     #: the never-freed rows whose address the capture gave (never matched by size)
     addressed: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
-    complete: bool = True  # every candidate was looked at when the run ended
+    #: the bound that stopped the search for what the run left alive ("": none did)
+    bound: str = ""
 
 
 _runs: weakref.WeakKeyDictionary[Profile, _RunState] = weakref.WeakKeyDictionary()
@@ -84,7 +85,7 @@ def attach(profile: Profile, state: _RunState) -> None:
             if sizes.empty() and not at:
                 state.made = {}
             else:
-                state.made, state.rows, state.complete = made_by_run(
+                state.made, state.rows, state.bound = made_by_run(
                     state.namespace, state.device_type, state.before, RowMatcher(at, sizes)
                 )
         except Exception:  # noqa: BLE001 - the profile stays; leaks() says none were noted
@@ -179,17 +180,28 @@ def find_leaks(profile: Profile) -> pd.DataFrame:
                 "(the recording gave no address for them): op, module and site are those of "
                 "its allocations of that size"
             )
-    if not state.complete:
-        from ._capture.leaks import MAX_TENSORS
-
-        notes.append(
-            "the search for what the cell left alive, as it ended, stopped at its bound (the "
-            f"first {MAX_TENSORS:,} of the garbage collector's tensors): some leaks may be "
-            "missing"
-        )
+    if state.bound:
+        notes.append(_bound_note(state.bound))
     if notes:
         frame.attrs["note"] = "; ".join(notes)
     return frame
+
+
+def _bound_note(bound: str) -> str:
+    """What a search cut short by ``bound`` (see ``made_by_run``) may have left out."""
+    from ._capture.leaks import MAX_TENSORS, NAMES_BOUND
+    from ._capture.tagging import BASELINE_TENSORS
+
+    looked_at = (
+        f"the first {BASELINE_TENSORS:,} tensors the notebook's names reach, with every "
+        "module's and optimizer's state"
+        if bound == NAMES_BOUND
+        else f"the first {MAX_TENSORS:,} of the garbage collector's tensors"
+    )
+    return (
+        f"the search for what the cell left alive, as it ended, stopped at its bound "
+        f"({looked_at}): some leaks may be missing"
+    )
 
 
 def _records(

@@ -117,6 +117,39 @@ def test_note_when_the_end_of_run_search_stops_at_its_bound(
     assert "stopped at its bound" in leaks_html(leaks)
 
 
+def test_a_cell_keeping_more_tensors_than_the_names_bound_says_leaks_may_be_missing(
+    shell: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the run ends, the notebook's names are walked as recording's start walks them: every
+    module's and optimizer's state, and the first so many bare tensors (a cell keeping 300,000
+    tiny tensors in a list paid seconds for noting each). Past that bound the frame says
+    leaks may be missing; the tensors looked at are found."""
+    from jupyter_vram._capture import leaks as capture_leaks
+
+    real = capture_leaks.made_by_run
+    monkeypatch.setattr(
+        capture_leaks,
+        "made_by_run",
+        lambda ns, kind, old, rows: real(ns, kind, old, rows, max_named=5),
+    )
+    run(shell, "kept = [torch.ones(1000 + i) for i in range(12)]\n")
+    leaks = shell.user_ns["_vram"].leaks()
+    shell.user_ns.pop("kept")
+    sizes = list(leaks["bytes"])
+    assert len(sizes) == len(set(sizes)) == 5  # five of the twelve, each once
+    assert set(sizes) <= {4 * (1000 + i) for i in range(12)}
+    assert "the first 50,000 tensors the notebook's names reach" in leaks.attrs["note"]
+    assert "some leaks may be missing" in leaks.attrs["note"]
+
+
+def test_a_cell_keeping_tensors_under_the_bound_finds_them_all(shell: Any) -> None:
+    run(shell, "kept = [torch.ones(1000 + i) for i in range(12)]\n")
+    leaks = shell.user_ns["_vram"].leaks()
+    shell.user_ns.pop("kept")
+    assert sorted(leaks["bytes"]) == [4 * (1000 + i) for i in range(12)]
+    assert "note" not in leaks.attrs
+
+
 def test_leak_search_does_not_depend_on_the_clock(
     shell: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -32,6 +32,9 @@ from .tagging import BASELINE_TENSORS, one_scan, reachable_objects, storages_of
 #: Garbage-collected tensors looked at for storages the notebook's names do not reach (a
 #: notebook rarely holds this many; each costs microseconds).
 MAX_TENSORS = 200_000
+#: what stopped the search for what a run left alive (see :func:`made_by_run`)
+NAMES_BOUND = "names"
+COLLECTOR_BOUND = "collector"
 #: ``gc.get_referrers`` calls (each one scans every object the collector tracks) spent on what
 #: holds one unnamed storage, and on all of them in one search.
 MAX_SCANS = 64
@@ -245,7 +248,8 @@ def made_by_run(
     before: Mapping[int, Any],
     rows: RowMatcher,
     max_tensors: int = MAX_TENSORS,
-) -> tuple[dict[int, Any], dict[int, int], bool]:
+    max_named: int = BASELINE_TENSORS,
+) -> tuple[dict[int, Any], dict[int, int], str]:
     """Weak references (storage id -> weakref) to the storages alive as a run ends that it
     made: new since ``before`` and one of its never-freed allocations (``rows``: the one at
     the storage's address, else one of its size); and the row of each matched by address.
@@ -253,10 +257,14 @@ def made_by_run(
     the same address even) is never one of them.
 
     The notebook's names are walked first (no traceback frame's locals: see
-    :func:`storage_keys`); the garbage collector's tensors (the cell's last value, a
-    traceback's locals, cycles) only for rows the names did not account for: listed in C
-    (~0.05 s for 300,000 objects), then at most ``max_tensors`` of them looked at. The flag
-    says whether every candidate was looked at."""
+    :func:`storage_keys`), the state of their modules and optimizers whole and their first
+    ``max_named`` bare tensors, as recording's start walks them (each costs microseconds: a
+    cell that keeps 300,000 tensors in a list would pay seconds); the garbage collector's
+    tensors (the cell's last value, a traceback's locals, cycles) only for rows the names did
+    not account for: listed in C (~0.05 s for 300,000 objects), then at most ``max_tensors``
+    of them looked at (at most ``max_named`` past the names' bound). The last item says which
+    bound, if any, stopped the search (:data:`NAMES_BOUND`, :data:`COLLECTOR_BOUND`; "":
+    every candidate was looked at)."""
     made: dict[int, Any] = {}
     exact: dict[int, int] = {}
     left = rows.copy()
@@ -284,11 +292,14 @@ def made_by_run(
 
     with one_scan():  # the names' storages and their tensors: one walk
         walked = reachable_objects(namespace)[0]
-        for storage in held_storages(namespace, device_type):  # on the device already
-            claim(storage)
+        for storage in held_storages(namespace, device_type, limit=max_named):
+            claim(storage)  # on the device already
+    bound = NAMES_BOUND if len(walked) > max_named else ""
+    if bound:  # the rows left are mostly the names' tensors past it: look for others as far
+        max_tensors = min(max_tensors, max_named)
     if left.empty():
-        return made, exact, True
-    seen = set(map(id, walked))  # alive while ``walked`` is: their storages were looked at
+        return made, exact, bound
+    seen = set(map(id, walked))  # alive while ``walked`` is: looked at, or left to the bound
     tensors = tensor_objects()  # in C: bounded by the object count
     try:
         looked = 0
@@ -297,7 +308,7 @@ def made_by_run(
                 continue
             looked += 1
             if looked > max_tensors:
-                return made, exact, False
+                return made, exact, bound or COLLECTOR_BOUND
             for storage in storages_of(tensor):
                 if storage.device.type == device_type:
                     claim(storage)
@@ -305,7 +316,7 @@ def made_by_run(
                 break
     finally:
         del tensors, walked
-    return made, exact, True
+    return made, exact, bound
 
 
 def held(
