@@ -15,6 +15,7 @@ from ._capture import (
     make_recorder,
     stack_mode,
 )
+from ._capture.resent_interrupts import Interrupts
 from ._model import Profile as ProfileData
 from ._profile import Profile
 
@@ -53,6 +54,7 @@ class Recording:
         self._limit: Any = None  # capture.capacity.CapacityLimit
         self._oom_watch: Any = None  # capture.oom.OomWatch
         self._leak_state: Any = None  # leaks._RunState
+        self._interrupts: Interrupts | None = None
 
     @property
     def profile(self) -> Profile:
@@ -88,9 +90,14 @@ class Recording:
                 )
                 self._recorder.start(entry, self._namespace)
                 self._start_watches(self._recorder.device, namespace)
+                # the recorder's weakref callbacks run all the time, and an interrupt landing
+                # in one is dropped by the interpreter: a Ctrl-C must still stop the block
+                self._interrupts = Interrupts()
+                self._interrupts.start()
         except BaseException:
             with interrupts_deferred():
                 try:
+                    self._stop_interrupts()
                     self._stop_watches()
                 finally:
                     if self._recorder is not None:
@@ -112,6 +119,14 @@ class Recording:
             self._limit = CapacityLimit(self._capacity, device)
             self._limit.start(namespace)
 
+    def _stop_interrupts(self) -> int:
+        """No more re-sends of dropped interrupts: how many were dropped and never sent."""
+        interrupts, self._interrupts = self._interrupts, None
+        if interrupts is None:
+            return 0
+        interrupts.stop()
+        return interrupts.unsent
+
     def _stop_watches(self) -> None:
         limit, self._limit = self._limit, None
         watch = self._oom_watch
@@ -131,9 +146,11 @@ class Recording:
         assert self._recorder is not None
         error = None if exc_type is None else f"{exc_type.__name__}: {exc}"
         limit = self._limit
+        unsent = 0
         try:
             with interrupts_deferred():  # an interrupt here must not lose the profile
                 try:
+                    unsent = self._stop_interrupts()
                     self._stop_watches()
                 finally:
                     self._profile = Profile.of(self._recorder.stop(error=error))
@@ -141,6 +158,8 @@ class Recording:
             self._recorder = None
             RECORDING_LOCK.release()
         self._profile = self._after(self._profile, exc, limit)
+        if unsent and exc_type is None:  # a Ctrl-C the interpreter dropped just before the end
+            raise KeyboardInterrupt
 
     def _after(self, profile: ProfileData, exc: BaseException | None, limit: Any) -> Profile:
         """Post-mortem facts of an OOM (a refused CPU request taken out of the profile: see

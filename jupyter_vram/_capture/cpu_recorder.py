@@ -406,7 +406,8 @@ class ProfilerRecorder:
 
     def _released(self, ref: weakref.ref[torch.UntypedStorage]) -> None:
         """A weakref callback: when a noted storage's memory goes, remember when (the profiler
-        does not report frees of memory allocated before it started)."""
+        does not report frees of memory allocated before it started). A Ctrl-C landing in here
+        is dropped by the interpreter: ``jv.record`` sends it again (``resent_interrupts``)."""
         key = self._keys.pop(ref, None)
         if key is not None:
             self._freed[key] = time.time_ns()
