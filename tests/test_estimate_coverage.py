@@ -14,20 +14,11 @@ from typing import Any
 
 import pytest
 
-from .test_estimate_models import bench
+from .test_estimate_models import measured_and_estimated
 
 pytest.importorskip("transformers")
 
 TOLERANCE = 0.01  # the issue's bar for these families
-
-
-def _compare(name: str) -> tuple[dict[str, Any], Any]:
-    measuring = bench.start_measurement(name)
-    try:
-        estimate, _ = bench.run_estimate(bench.CASES[name])
-    finally:
-        measured = bench.finish_measurement(measuring)
-    return measured, estimate
 
 
 def _within(measured: dict[str, Any], estimate: Any) -> None:
@@ -41,7 +32,7 @@ def test_mixtral_moe_in_float32_is_estimated() -> None:
     """torch's fake grouped_mm takes only bf16; the estimate gives fp32 experts their output
     (before: the estimate failed). Expert weights by hand: gate_up (E x 2I x H) and down
     (E x H x I) per layer."""
-    measured, estimate = _compare("mixtral")
+    measured, estimate = measured_and_estimated("mixtral")
     _within(measured, estimate)
     hidden, inter, experts, layers, vocab = 256, 512, 4, 2, 8192
     kv = 2 * 64  # two key-value heads of 64
@@ -57,7 +48,7 @@ def test_mixtral_moe_in_float32_is_estimated() -> None:
 
 @pytest.mark.slow
 def test_vit_at_224_patch_16_is_estimated() -> None:
-    measured, estimate = _compare("vit-224")
+    measured, estimate = measured_and_estimated("vit-224")
     _within(measured, estimate)
     assert estimate.peak_breakdown()["input"] == 8 * 3 * 224 * 224 * 4 + 8 * 8  # + labels
 
@@ -68,7 +59,7 @@ def test_whisper_encoder_decoder_is_estimated() -> None:
     gradients meet in autograd's input buffer. The first is a view (a transposed matmul
     result), so autograd sums out of place, as the estimate now does (before: -5.9 %, the
     sum made in place). The encoder's sinusoidal positions are a frozen weight."""
-    measured, estimate = _compare("whisper")
+    measured, estimate = measured_and_estimated("whisper")
     _within(measured, estimate)
     breakdown = estimate.peak_breakdown()
     assert breakdown["frozen_parameter"] == 200 * 256 * 4  # max_source_positions x d_model
@@ -85,7 +76,7 @@ def test_fine_tuning_against_the_allocator(name: str) -> None:
     if name != "llama-lora":
         pytest.importorskip("bitsandbytes")
     pytest.importorskip("peft")
-    measured, estimate = _compare(name)
+    measured, estimate = measured_and_estimated(name)
     _within(measured, estimate)
     before = estimate.profile.timeline.baseline_by_category()
     from jupyter_vram._model import CATEGORIES

@@ -19,7 +19,7 @@ from jupyter_vram._estimator import EstimateError
 from jupyter_vram._estimator.generation import generate_step
 from jupyter_vram._model import CATEGORIES
 
-from .test_estimate_models import bench
+from .test_estimate_models import bench, measured_and_estimated
 
 transformers = pytest.importorskip("transformers")
 
@@ -29,15 +29,6 @@ PROMPT, NEW = 128, 64
 
 def kv_bytes(tokens: int, batch: int) -> int:
     return 2 * LAYERS * KV_HEADS * HEAD_DIM * tokens * batch * 4
-
-
-def _compare(name: str) -> tuple[dict[str, Any], Any]:
-    measuring = bench.start_measurement(name)
-    try:
-        estimate, _ = bench.run_estimate(bench.CASES[name])
-    finally:
-        measured = bench.finish_measurement(measuring)
-    return measured, estimate
 
 
 def _most(profile: jv.Profile, category: str) -> int:
@@ -56,7 +47,7 @@ def test_generate_with_a_dynamic_cache(batch: int) -> None:
     """The cache grows by ``cat``: at the last step it holds prompt + new - 1 positions (the
     last token's keys are never computed), and while one layer's tensor is replaced the old
     one (a position shorter) is still alive."""
-    measured, estimate = _compare(f"llama-generate-b{batch}")
+    measured, estimate = measured_and_estimated(f"llama-generate-b{batch}")
     _within(measured, estimate)
     final = PROMPT + NEW - 1
     one_tensor = kv_bytes(final - 1, batch) // (2 * LAYERS)
@@ -69,7 +60,7 @@ def test_generate_with_a_dynamic_cache(batch: int) -> None:
 def test_generate_with_a_static_cache() -> None:
     """A static cache is allocated whole before the first token (max_length - 1 positions),
     plus one int64 length counter per layer."""
-    measured, estimate = _compare("llama-generate-static")
+    measured, estimate = measured_and_estimated("llama-generate-static")
     _within(measured, estimate)
     cache = kv_bytes(PROMPT + NEW - 1, 4) + LAYERS * 8
     assert _most(estimate.profile, "kv_cache") == cache
@@ -80,7 +71,7 @@ def test_generate_with_a_static_cache() -> None:
 def test_encoder_decoder_generation_is_estimated() -> None:
     """T5: the encoder runs once, the decoder keeps a self-attention and a cross-attention
     cache."""
-    measured, estimate = _compare("t5-generate")
+    measured, estimate = measured_and_estimated("t5-generate")
     _within(measured, estimate)
 
 
@@ -277,7 +268,7 @@ def test_latent_attention_caches_the_latent() -> None:
 @pytest.mark.parametrize("name", ["deepseek-generate", "deepseek-dense-generate"])
 def test_latent_attention_generate_matches_a_measured_one(name: str) -> None:
     """With routed MoE experts past the first layer, and all dense (first_k_dense_replace)."""
-    measured, estimate = _compare(name)
+    measured, estimate = measured_and_estimated(name)
     _within(measured, estimate)
 
 
@@ -308,7 +299,7 @@ def test_encoder_decoder_leaves_out_the_mask_the_real_call_leaves_out() -> None:
     """T5's encoder, given a prompt without padding, runs SDPA without a mask in the real call;
     the fake run used to build a 4 x 1 x 128 x 128 bool mask (64 KiB) alive at the peak (the
     encoder's feed-forward): +64 KiB, now within 64 B of the measured peak."""
-    measured, estimate = _compare("t5-generate")
+    measured, estimate = measured_and_estimated("t5-generate")
     assert abs(estimate.peak_bytes - int(measured["peak_bytes"])) <= 64
     frame = estimate.profile.to_dataframe()
     masks = frame[frame.op == "bitwise_and"]  # how transformers combines mask conditions

@@ -58,7 +58,7 @@ def _most(profile: Any, category: str) -> int:
     return int(profile.timeline.by_category()[:, CATEGORIES.index(category)].max())
 
 
-def _compare(name: str) -> tuple[dict[str, Any], Any]:
+def measured_and_estimated(name: str) -> tuple[dict[str, Any], Any]:
     """The measured step (fresh process) and the estimate of case ``name``, run side by side."""
     measuring = bench.start_measurement(name)
     try:
@@ -70,13 +70,16 @@ def _compare(name: str) -> tuple[dict[str, Any], Any]:
 
 @pytest.fixture(scope="module")
 def gpt2() -> tuple[dict[str, Any], Any]:
-    return _compare("gpt2")
+    return measured_and_estimated("gpt2")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2", "vit"])
 def test_estimate_matches_measured_step(name: str, request: pytest.FixtureRequest) -> None:
-    measured, estimate = request.getfixturevalue("gpt2") if name == "gpt2" else _compare(name)
+    if name == "gpt2":
+        measured, estimate = request.getfixturevalue("gpt2")
+    else:
+        measured, estimate = measured_and_estimated(name)
     error = (estimate.peak_bytes - measured["peak_bytes"]) / measured["peak_bytes"]
     assert abs(error) <= TOLERANCE, (name, error, measured["breakdown"], estimate.peak_breakdown())
     # what exists before the step is known exactly, not just within the tolerance

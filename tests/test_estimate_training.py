@@ -20,7 +20,7 @@ import jupyter_vram as jv
 from jupyter_vram._estimator import estimate
 from jupyter_vram._estimator.step import StepSettings, make_optimizer, training_step
 
-from .test_estimate_models import BENCH, bench
+from .test_estimate_models import BENCH, measured_and_estimated
 
 F32, I64 = 4, 8
 
@@ -122,15 +122,6 @@ def bench_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(BENCH.parent))
 
 
-def _compare(name: str) -> tuple[dict[str, Any], Any]:
-    measuring = bench.start_measurement(name)
-    try:
-        est, _ = bench.run_estimate(bench.CASES[name])
-    finally:
-        measured = bench.finish_measurement(measuring)
-    return measured, est
-
-
 def _within_one_percent(measured: dict[str, Any], est: Any) -> None:
     truth = int(measured["peak_bytes"])
     assert abs(est.peak_bytes - truth) <= 0.01 * truth, (est.peak_bytes, truth)
@@ -162,7 +153,7 @@ def test_sparse_embedding_gradient_and_sgd_momentum_by_hand() -> None:
 def test_sparse_embeddings_with_sgd_within_one_percent_of_the_measured_step(case: str) -> None:
     """Before, the estimate failed: the sparse momentum has no storage to read (and the fake
     run's sparse gradient and momentum were empty)."""
-    measured, est = _compare(case)
+    measured, est = measured_and_estimated(case)
     _within_one_percent(measured, est)
 
 
@@ -172,7 +163,7 @@ def test_sparse_adam_state_and_gradient_by_hand_and_measured() -> None:
     """Matrix factorisation (20,000 users, 30,000 items, 64 each) on 256 pairs with
     SparseAdam: gradients of 256 entries per table (index + 64 floats), two dense moments per
     table, and the peak within 1 % of the measured step."""
-    measured, est = _compare("factorization-sparseadam")
+    measured, est = measured_and_estimated("factorization-sparseadam")
     peak = est.peak_breakdown()
     assert peak["gradient"] == 2 * 256 * (I64 + 64 * F32)
     assert peak["optimizer_state"] == 2 * (20_000 + 30_000) * 64 * F32
@@ -184,5 +175,5 @@ def test_sparse_adam_state_and_gradient_by_hand_and_measured() -> None:
 def test_t5_configs_within_one_percent_of_the_measured_step(case: str) -> None:
     """Flan-T5-style gated-GELU with an untied head and six heads of 64 (inner width 384 !=
     d_model), and a wide feed-forward with eight heads of 32 and a 3 / 1 encoder / decoder."""
-    measured, est = _compare(case)
+    measured, est = measured_and_estimated(case)
     _within_one_percent(measured, est)
