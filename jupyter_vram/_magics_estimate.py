@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from argparse import Namespace
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ._estimator.api import Estimate
 from ._estimator.configs import is_config, model_label
 from ._estimator.entry import estimate
-from ._estimator.gpus import find_gpu
+from ._estimator.gpus import Gpu, find_gpu
 from ._estimator.inputs import InputError
 from ._estimator.runner import EstimateError
 from ._estimator.search import format_batch
@@ -98,96 +99,121 @@ def _lora_value(text: str) -> Any:
     return text
 
 
+@dataclass(frozen=True)
+class _Answers:
+    """What one ``%vram_estimate`` computed, for the text or the app to show."""
+
+    result: Estimate
+    gpu: Gpu | None
+    largest: int | None  # largest batch on ``gpu``
+    context: int | None  # longest context on ``gpu`` (a generation from token ids)
+    what_ifs: Any
+
+
 def run_estimate_magic(args: Namespace, namespace: dict[str, Any]) -> Estimate | None:
     """Run the estimate, show it, and bind it to ``_vram_estimate``; errors become messages."""
-    from IPython.display import display
-
-    from ._session import remember_estimate
-
     progress = _progress_line()
     try:
-        check_gpus(args.gpus)  # before the run, not after it
-        model = resolve_model(args.model, namespace)
-        gpu = find_gpu(unquote(args.gpu)) if args.gpu else None
-        progress(f"estimating {model_label(model)} on fake tensors ...")
-        result = (
-            _generate(args, model, namespace)
-            if args.generate is not None
-            else estimate(
-                model,
-                resolve_inputs(args.input, namespace),
-                optimizer=unquote(args.optimizer),
-                device=unquote(args.device),
-                dtype=unquote(args.dtype) if args.dtype else None,
-                amp=unquote(args.amp) if args.amp else None,
-                checkpoint=args.checkpoint,
-                batch_size=args.batch_size,
-                inference=args.inference,
-                loss_fn=resolve(args.loss, namespace, "the loss") if args.loss else None,
-                timeout_s=args.timeout,
-                lora=lora_spec(args.lora, namespace),
-                qlora=args.qlora,
-            )
-        )
-        namespace["_vram_estimate"] = result
-        remember_estimate(result)
-        largest = result.max_batch_size(gpu, progress=progress) if gpu is not None else None
-        context = (
-            result.max_context(gpu, progress=progress)
-            if gpu is not None and result.settings.generate and result.prompt_length
-            else None
-        )
-        what_ifs = result.what_ifs(gpus=args.gpus, progress=progress) if args.what_if else None
-    except EXPECTED_ERRORS as error:
-        progress("")
-        print(f"%vram_estimate: {error}")
-        return None
-    except ValueError as error:  # an unknown GPU name
+        answers = _answer(args, namespace, progress)
+    except (*EXPECTED_ERRORS, ValueError) as error:  # ValueError: an unknown GPU name
         progress("")
         print(f"%vram_estimate: {error}")
         return None
     progress("")
     if args.text:
-        from ._estimator.api import estimate_summary
+        _print_answers(answers)
+    else:
+        _show_answers(answers)
+    return answers.result
+
+
+def _answer(
+    args: Namespace, namespace: dict[str, Any], progress: Callable[[str], None]
+) -> _Answers:
+    """The estimate (bound to ``_vram_estimate``) and what the flags ask of it."""
+    from ._session import remember_estimate
+
+    check_gpus(args.gpus)  # before the run, not after it
+    model = resolve_model(args.model, namespace)
+    gpu = find_gpu(unquote(args.gpu)) if args.gpu else None
+    progress(f"estimating {model_label(model)} on fake tensors ...")
+    result = (
+        _generate(args, model, namespace)
+        if args.generate is not None
+        else estimate(
+            model,
+            resolve_inputs(args.input, namespace),
+            optimizer=unquote(args.optimizer),
+            device=unquote(args.device),
+            dtype=unquote(args.dtype) if args.dtype else None,
+            amp=unquote(args.amp) if args.amp else None,
+            checkpoint=args.checkpoint,
+            batch_size=args.batch_size,
+            inference=args.inference,
+            loss_fn=resolve(args.loss, namespace, "the loss") if args.loss else None,
+            timeout_s=args.timeout,
+            lora=lora_spec(args.lora, namespace),
+            qlora=args.qlora,
+        )
+    )
+    namespace["_vram_estimate"] = result
+    remember_estimate(result)
+    largest = result.max_batch_size(gpu, progress=progress) if gpu is not None else None
+    context = (
+        result.max_context(gpu, progress=progress)
+        if gpu is not None and result.settings.generate and result.prompt_length
+        else None
+    )
+    what_ifs = result.what_ifs(gpus=args.gpus, progress=progress) if args.what_if else None
+    return _Answers(result, gpu, largest, context, what_ifs)
+
+
+def _print_answers(answers: _Answers) -> None:
+    """``--text``: the estimate's summary and each answer as a line."""
+    from ._estimator.api import estimate_summary
+    from ._render.estimate_text import what_if_text
+
+    result, gpu = answers.result, answers.gpu
+    print(estimate_summary(result))
+    if result.settings.generate:
+        s = result.settings
+        print(f"simulated: model.generate() of {s.generate} new tokens after the prompt "
+              f"(greedy), {s.cache} KV cache (category kv_cache)")  # fmt: skip
+    adapters = result.profile.meta.get("estimate", {}).get("adapters")
+    if adapters:
+        print(f"what if: the model with {adapters} (peft; the step trains the adapters)")
+    if result.paged_state_bytes:
+        print(f"paged optimizer state: {format_bytes(result.paged_state_bytes)} in CUDA "
+              "managed memory, not in the figures above (paged to the host when the GPU "
+              "runs short)")  # fmt: skip
+    if answers.what_ifs is not None:
+        print(what_if_text(answers.what_ifs))
+    if gpu is not None and answers.largest is not None:
+        fits = "fits" if result.fits(gpu) else "does NOT fit"
+        print(
+            f"{gpu.name}: batch {result.batch_size} {fits}; "
+            f"largest batch that fits: {format_batch(answers.largest)}"
+        )
+    if gpu is not None and answers.context is not None:
+        from ._app.estimate_view import context_text
+
+        print(f"{gpu.name}: longest context that fits at batch {result.batch_size}: "
+              + context_text(result, answers.context))  # fmt: skip
+
+
+def _show_answers(answers: _Answers) -> None:
+    """The app: the answer to ``--gpu`` is its first line (and its row is highlighted)."""
+    from IPython.display import display
+
+    from ._app import ProfileApp
+
+    app = ProfileApp(answers.result.profile, estimate=answers.result, gpu=answers.gpu,
+                     largest_batch=answers.largest, longest_context=answers.context)  # fmt: skip
+    display(app)  # type: ignore[no-untyped-call]
+    if answers.what_ifs is not None:
         from ._render.estimate_text import what_if_text
 
-        print(estimate_summary(result))
-        if result.settings.generate:
-            s = result.settings
-            print(f"simulated: model.generate() of {s.generate} new tokens after the prompt "
-                  f"(greedy), {s.cache} KV cache (category kv_cache)")  # fmt: skip
-        adapters = result.profile.meta.get("estimate", {}).get("adapters")
-        if adapters:
-            print(f"what if: the model with {adapters} (peft; the step trains the adapters)")
-        if result.paged_state_bytes:
-            print(f"paged optimizer state: {format_bytes(result.paged_state_bytes)} in CUDA "
-                  "managed memory, not in the figures above (paged to the host when the GPU "
-                  "runs short)")  # fmt: skip
-        if what_ifs is not None:
-            print(what_if_text(what_ifs))
-        if gpu is not None and largest is not None:
-            fits = "fits" if result.fits(gpu) else "does NOT fit"
-            print(
-                f"{gpu.name}: batch {result.batch_size} {fits}; "
-                f"largest batch that fits: {format_batch(largest)}"
-            )
-        if gpu is not None and context is not None:
-            from ._app.estimate_view import context_text
-
-            print(f"{gpu.name}: longest context that fits at batch {result.batch_size}: "
-                  + context_text(result, context))  # fmt: skip
-    else:
-        from ._app import ProfileApp
-
-        # the answer to --gpu is the app's first line (and its row is highlighted)
-        app = ProfileApp(result.profile, estimate=result, gpu=gpu, largest_batch=largest,
-                         longest_context=context)  # fmt: skip
-        display(app)  # type: ignore[no-untyped-call]
-        if what_ifs is not None:
-            from ._render.estimate_text import what_if_text
-
-            print(what_if_text(what_ifs))
-    return result
+        print(what_if_text(answers.what_ifs))
 
 
 def _generate(args: Namespace, model: Any, namespace: Mapping[str, Any]) -> Estimate:
