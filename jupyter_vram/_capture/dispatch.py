@@ -14,7 +14,7 @@ import itertools
 import sys
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
@@ -24,7 +24,7 @@ from .._model import CATEGORY_INDEX, Profile
 from .builder import BASELINE_OP, OTHER, TEMPORARY, ProfileBuilder
 from .modes import ObservingMode
 from .stacks import StackSampler
-from .tagging import ACTIVATION, PHASE_OTHER, Tagger, live_objects
+from .tagging import ACTIVATION, PHASE_OTHER, Tagger, live_objects, storages_of
 
 _SKIP, _FRESH, _MUTATES = 0, 1, 2
 
@@ -111,7 +111,7 @@ class DispatchRecorder:
         """The allocation row of ``tensor``'s storage while recording, None if not seen (a
         sparse tensor's: its values')."""
         try:
-            return self._live.get(_dense_parts(tensor)[-1].untyped_storage()._cdata)
+            return self._live.get(_storages(tensor)[-1]._cdata)
         except Exception:  # noqa: BLE001 - sparse / wrapper tensors have no plain storage
             return None
 
@@ -192,24 +192,16 @@ class DispatchRecorder:
             pass
 
     def _record(self, tensor: torch.Tensor, op: int, kind: int) -> None:
-        try:
-            storage = tensor.untyped_storage()
-        except NotImplementedError:  # a sparse tensor: its indices and values hold its memory
-            parts = _dense_parts(tensor)
-            if len(parts) > 1:
-                for part in parts:
-                    self._record(part, op, kind)
-            return
-        key = storage._cdata
-        row = self._live.get(key)
-        if row is not None:
-            if kind == _MUTATES and storage.nbytes() != self.builder.size[row]:
-                self._resized(storage, key, row, op)
-            return
-        size = storage.nbytes()
-        if size == 0:
-            return
-        self._add(storage, key, size, op, TEMPORARY)
+        for storage in _storages(tensor):
+            key = storage._cdata
+            row = self._live.get(key)
+            if row is not None:
+                if kind == _MUTATES and storage.nbytes() != self.builder.size[row]:
+                    self._resized(storage, key, row, op)
+                continue
+            size = storage.nbytes()
+            if size:
+                self._add(storage, key, size, op, TEMPORARY)
 
     def _add(self, storage: torch.UntypedStorage, key: int, size: int, op: int, cat: int) -> int:
         phase, module = self.tagger.phase_and_module()
@@ -282,21 +274,18 @@ class DispatchRecorder:
 
     # -- roles -------------------------------------------------------------------------------
 
-    def _register_existing(self, tensor: torch.Tensor, category: int) -> int | None:
-        """A tensor that was alive before recording (or first seen through a role); a sparse
-        one as its indices and values (the row returned: its values')."""
-        try:
-            storage = tensor.untyped_storage()
-            key = storage._cdata
-            size = storage.nbytes()
-        except Exception:  # noqa: BLE001 - sparse / wrapper tensors have no plain storage
-            parts = _dense_parts(tensor)
-            if len(parts) == 1:
-                return None
-            return [self._register_existing(part, category) for part in parts][-1]
+    def _register_existing(self, tensor: torch.Tensor, category: int) -> None:
+        """A tensor that was alive before recording; a sparse one as its indices and values."""
+        for storage in _storages(tensor):
+            self._register_storage(storage, category)
+
+    def _register_storage(self, storage: torch.UntypedStorage, category: int) -> int | None:
+        """A storage alive before recording (or first seen through a role): its row."""
+        key = storage._cdata
         row = self._live.get(key)
         if row is not None:
             return row
+        size = storage.nbytes()
         if size == 0:
             return None
         row = self.builder.add(
@@ -309,29 +298,23 @@ class DispatchRecorder:
     def _on_role(self, tensor: torch.Tensor, category: int, module: int) -> None:
         if not self._active:
             return
-        try:
-            row = self._live.get(tensor.untyped_storage()._cdata)
-        except Exception:  # noqa: BLE001 - no plain storage: a sparse tensor's are its parts
-            parts = _dense_parts(tensor)
-            if len(parts) > 1:  # an embedding's sparse gradient, SGD's momentum for it
-                for part in parts:
-                    self._on_role(part, category, module)
-            return
-        if row is None:
-            row = self._register_existing(tensor, category)
-        if row is None:
-            return
-        self.builder.promote(row, category)
-        if module and not self.builder.module[row]:
-            self.builder.module[row] = module
+        # a sparse tensor (an embedding's sparse gradient, SGD's momentum for it): its parts
+        for storage in _storages(tensor):
+            row = self._live.get(storage._cdata)
+            if row is None:
+                row = self._register_storage(storage, category)
+            if row is None:
+                continue
+            self.builder.promote(row, category)
+            if module and not self.builder.module[row]:
+                self.builder.module[row] = module
 
 
-def _dense_parts(tensor: torch.Tensor) -> list[torch.Tensor]:
-    """The tensors whose storages hold ``tensor``'s memory: a sparse COO tensor's indices
-    and values (it has no storage of its own), else the tensor itself."""
+def _storages(tensor: torch.Tensor) -> Sequence[torch.UntypedStorage]:
+    """The storages holding ``tensor``'s memory: its own, at the cost of one call, for the
+    strided tensors nearly every op makes; else :func:`.tagging.storages_of`'s (a sparse
+    tensor's indices and values; none for a wrapper without plain storage)."""
     try:
-        if tensor.layout == torch.sparse_coo:
-            return [tensor._indices(), tensor._values()]
-    except Exception:  # noqa: BLE001 - a wrapper tensor without a layout: itself
-        pass
-    return [tensor]
+        return (tensor.untyped_storage(),)
+    except Exception:  # noqa: BLE001 - sparse / wrapper tensors have no plain storage
+        return storages_of(tensor)
