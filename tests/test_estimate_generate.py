@@ -128,6 +128,9 @@ def test_magic_generate(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "model.generate() of 8 new tokens after the prompt" in out, out
     assert "dynamic KV cache" in out
+    modelled = next(t for t in out.splitlines() if t.startswith("modelled:"))
+    assert modelled.startswith("modelled: every tensor of generate(): the prompt's forward and")
+    assert "optimizer" not in modelled  # a generation has no training step to describe
     est = shell.user_ns["_vram_estimate"]
     assert est.settings.generate == 8 and est.batch_size == 2
     # 2 layers x 2 KV heads x 16 dims x (16 + 8 - 1) positions x 2 sequences x K, V x 4 B

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import ipywidgets as w
 
 from .._estimator.api import (
-    MODELLED,
     NOT_MODELLED,
     RUNTIME_OVERHEAD,
     Allowance,
     Estimate,
     RunSummary,
     model_weights,
+    modelled,
     what_if_fits,
 )
 from .._estimator.gpus import GPUS, RUNTIME_HIDDEN_BYTES, Gpu, find_gpu
@@ -151,7 +151,7 @@ def estimate_header_html(profile: Profile, estimate: Estimate | None = None) -> 
         badge=BADGE,
         facts=estimate_facts(profile, estimate),
         error=profile.error,
-        modelled=MODELLED,
+        modelled=modelled(estimate.settings if estimate is not None else None),
         not_modelled=NOT_MODELLED,
     )
 

@@ -409,14 +409,34 @@ class Estimate:
 
 
 #: What the simulation models and what it does not; shown with every estimate.
+#: what the fake run was, by kind of estimate (see :func:`modelled`)
+_RUNS = {
+    "train": "a forward, loss, backward and optimizer step (the second step, so optimizer "
+    "state exists)",
+    "inference": "a forward pass without autograd",
+    "generate": "generate(): the prompt's forward and each decoding step (the weights, the KV "
+    "cache as it grows, each step's temporaries)",
+}
 MODELLED = (
-    "modelled: every tensor of a forward, loss, backward and optimizer step (the second step, "
-    "so optimizer state exists) at its exact size and lifetime; on CUDA the caching "
+    "modelled: every tensor of {run} at its exact size and lifetime; on CUDA the caching "
     "allocator's 512 B rounding, block splitting and 2/20 MiB segments, Adam's foreach path, "
     "attention through the flash / memory-efficient kernel each GPU runs (no flash before "
     "compute capability 8.0: T4, V100), PyTorch's cuBLAS workspaces (one per matmul thread); "
     "LSTM workspaces (oneDNN's exact, cuDNN's reserve as measured on an H200)"
 )
+
+
+def modelled(settings: StepSettings | None) -> str:
+    """What the estimate models, for the run it made (a training step, a forward pass or a
+    generate() call)."""
+    run = "train"
+    if settings is not None and settings.generate:
+        run = "generate"
+    elif settings is not None and settings.inference:
+        run = "inference"
+    return MODELLED.format(run=_RUNS[run])
+
+
 NOT_MODELLED = (
     "not modelled: CUDA kernels' temporary workspaces (cuDNN, flash attention; the cuBLAS "
     "workspaces are modelled), "
@@ -461,7 +481,7 @@ def estimate_summary(estimate: Estimate) -> str:
         )
     else:
         lines.append("a CPU estimate: use device='cuda' (--device cuda) for the GPUs it fits")
-    lines += [MODELLED, NOT_MODELLED]
+    lines += [modelled(s), NOT_MODELLED]
     return "\n".join(lines)
 
 
