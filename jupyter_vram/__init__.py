@@ -107,6 +107,22 @@ def load_ipython_extension(ipython: InteractiveShell) -> None:
     if _pre_run_cell not in ipython.events.callbacks["pre_run_cell"]:
         ipython.events.register("pre_run_cell", _pre_run_cell)
     _start_estimator_early()
+    _build_recorder_early()
+
+
+def _build_recorder_early() -> None:
+    """Build the light recorder's library on a helper thread (once per torch build, a few
+    seconds), so the first `%%vram` does not wait for it. Never blocks or fails `%load_ext`."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return
+    try:
+        from ._capture import native
+
+        native.build_in_background()
+    except Exception:  # noqa: BLE001 - the first recording builds it, or says why not
+        pass
 
 
 #: Set to "0" to keep `%load_ext` from starting an estimator process ahead.

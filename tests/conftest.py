@@ -19,7 +19,7 @@ from torch.nn.modules import module as module_hooks
 from torch.optim import optimizer as optimizer_hooks
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from jupyter_vram._capture import RECORDING_LOCK
+from jupyter_vram._capture import RECORDING_LOCK, native
 from jupyter_vram._capture.ticker import CHUNK_SIGNAL
 
 
@@ -33,6 +33,8 @@ def recording_state() -> dict[str, object]:
         "step_post_hooks": len(optimizer_hooks._global_optimizer_post_hooks),
         "saved_tensor_hooks": torch._C._autograd._top_saved_tensors_default_hooks(False),
         "profiler": torch.autograd.profiler._is_profiler_enabled,
+        "light_recorder": native.recording(),
+        "profiler_start_hook": torch.autograd.profiler._run_on_profiler_start.__qualname__,
         "thread_profile": threading.getprofile(),
         "sigint": signal.getsignal(signal.SIGINT),
         "chunk_signal": signal.getsignal(CHUNK_SIGNAL) if CHUNK_SIGNAL else None,
@@ -48,7 +50,10 @@ def recording_state() -> dict[str, object]:
 #: our threads that are not part of a recording: an estimator process closed, or the spare
 #: one `%load_ext` starts, in the background (each ends by itself within seconds; on a loaded
 #: machine it may outlive a test)
-NOT_RECORDING = frozenset({"jupyter_vram-estimator-close", "jupyter_vram-estimator-start"})
+NOT_RECORDING = frozenset(
+    {"jupyter_vram-estimator-close", "jupyter_vram-estimator-start", "jupyter_vram-build"}
+)
+native.library()  # built (or loaded) before any test records, so every test records alike
 
 STARTED_SIGINT = signal.getsignal(signal.SIGINT)
 """SIGINT's handler as the test session started: Python's default, or SIG_IGN where the session
@@ -62,6 +67,8 @@ CLEAN = {
     "step_post_hooks": 0,
     "saved_tensor_hooks": None,
     "profiler": False,
+    "light_recorder": False,
+    "profiler_start_hook": "_run_on_profiler_start",
     "thread_profile": None,
     "sigint": STARTED_SIGINT,
     "chunk_signal": signal.SIG_DFL if CHUNK_SIGNAL else None,

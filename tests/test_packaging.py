@@ -132,6 +132,7 @@ def test_wheel_brings_the_prebuilt_extension_without_node(tmp_path: Path) -> Non
     data = next(n.split("/data/")[0] for n in names if "/data/" in n) + "/data/"
     lab = data + "share/jupyter/labextensions/jupyter-vram/"
     assert "jupyter_vram/py.typed" in names  # type checkers read the package's hints
+    assert "jupyter_vram/_capture/native_reports.cpp" in names  # the light recorder's source
     assert lab + "package.json" in names
     assert lab + "install.json" in names
     assert lab + "schemas/jupyter-vram/plugin.json" in names

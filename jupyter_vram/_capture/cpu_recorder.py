@@ -50,7 +50,7 @@ from ._common import stack_mode
 from .builder import OTHER, Interner, ProfileBuilder
 from .cpu_rows import build_rows
 from .cpu_threads import ThreadWatch
-from .distributed_roles import DistributedRoles
+from .distributed_roles import DistributedRoles, distributed_run
 from .profiler_chunks import ChunkedProfiler, gc_paused
 from .profiler_read import EventRead, Reports
 from .profiler_session import LogLevel, profiler_busy
@@ -170,6 +170,7 @@ class ProfilerRecorder:
             idle=self._idle,
             warnings=self._warnings,
             readers=(self._distributed.read,),
+            light=True,
         )
         self.tagger = Tagger(
             self._on_role,
@@ -228,6 +229,8 @@ class ProfilerRecorder:
         traced = self._check_stacks(compiling)
         del modules, optimizers
         self._log_level = LogLevel.quiet()
+        # the distributed roles read collectives' ranges from the profiler's own event tree
+        self._chunks.light = not distributed_run()
         self._chunks.start(
             self._boundary,
             traced=traced,
@@ -295,7 +298,7 @@ class ProfilerRecorder:
                 self.tagger.stop()
                 self._wall_ns = time.time_ns() - self._t0 if self._t0 else 0
                 self._active = False
-                if chunks.session.on and not profiler_busy():
+                if chunks.session.taken_over():
                     self._warnings.append(  # a profiler the cell ran ended ours
                         "a torch.profiler started inside the recording took over the "
                         "allocator's reports: this profile is incomplete"

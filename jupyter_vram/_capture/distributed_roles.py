@@ -78,7 +78,7 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor | None:
     return None
 
 
-def _distributed_run() -> bool:
+def distributed_run() -> bool:
     import torch.distributed as dist
 
     return bool(dist.is_available()) and (dist.is_initialized() or "WORLD_SIZE" in os.environ)
@@ -112,7 +112,7 @@ class DistributedRoles:
     def start(self) -> None:
         """Watch only where distributed training can happen: a process group is up, or a
         launcher (torchrun, jv.launch) set WORLD_SIZE for a script that starts one."""
-        self.active = _distributed_run()
+        self.active = distributed_run()
         if not self.active:
             return
         self._handles = [

@@ -24,9 +24,10 @@ from typing import Any
 
 import torch
 
+from . import native
 from ._common import interrupts_deferred
 from .builder import Interner, ProfileBuilder
-from .profiler_read import ReadState, Reports, StackReader, read_events
+from .profiler_read import ReadState, Reports, StackReader, read_events, read_native
 from .profiler_session import FULL, LEAN, ProfilerSession
 from .ticker import Ticker
 
@@ -122,8 +123,10 @@ class ChunkedProfiler:
         idle: Callable[[], bool],
         warnings: list[str],
         readers: Sequence[Callable[[Sequence[Any]], None]] = (),
+        light: bool = False,
     ) -> None:
-        self.session = ProfilerSession()
+        self.session: ProfilerSession = ProfilerSession()
+        self.light = light
         self.state = ReadState(windows=self.session.windows)
         self.reports = Reports()
         self.budget = Budget(ops)
@@ -154,6 +157,10 @@ class ChunkedProfiler:
         see ``ticker``)."""
         if traced:
             self.reader = StackReader(builder, boundary)
+        lib = native.library() if self.light and not traced and not native.disabled() else None
+        if lib is not None:
+            self.session = native.NativeSession(lib)
+            self.state.windows = self.session.windows
         self.session.start(stacks=traced)
         self._t0 = time.time_ns()
         self.budget = Budget(self.budget.ops)
@@ -265,6 +272,9 @@ class ChunkedProfiler:
         """Read a chunk into the reports whole: a Ctrl-C meanwhile waits until it is in
         (columns half extended would not line up)."""
         with interrupts_deferred(), gc_paused():
+            if isinstance(events, native.NativeChunk):
+                read_native(events, self._modules, self.state, self.reports)
+                return
             for reader in self._readers:
                 reader(events)
             before = len(self.reports)
@@ -300,6 +310,14 @@ class ChunkedProfiler:
         """What the chunks left out, for ``meta`` (and a warning line each)."""
         reports = len(self.reports)
         out: dict[str, Any] = {"reports": reports}
+        if self.light:
+            light = isinstance(self.session, native.NativeSession)
+            out["reports_from"] = "light recorder" if light else "torch.profiler"
+            why = native.why_not()
+            if not light and why and not self.reader:
+                self._warnings.append(
+                    f"recorded through torch.profiler, 2-3x slower on small ops: {why}"
+                )
         if self.lean_reports:
             out["reports_without_ops"] = self.lean_reports
             share = self.lean_reports / max(reports, 1)

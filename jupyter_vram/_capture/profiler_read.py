@@ -13,6 +13,7 @@ from dataclasses import astuple, dataclass, field
 from itertools import repeat
 from typing import Any
 
+import numpy as np
 import torch
 from torch._C._profiler import (
     _ExtraFields_Allocation,
@@ -23,6 +24,7 @@ from torch._C._profiler import (
 
 from .._model import Frame
 from .builder import UNKNOWN, Interner, ProfileBuilder
+from .native import NativeChunk
 from .profiler_session import MODULE_RANGE, ProfilerSession, SeqWindows
 from .stacks import FrameFilter, cell_name
 from .tagging import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OPTIMIZER, PHASE_OTHER
@@ -229,6 +231,8 @@ class ReadState:
     sticky: bool = False
     #: where the last chunk's backward seed (a free-standing ones_like) is in the reports
     seed: int = -1
+    #: the light recorder's name ids -> op ids
+    native_ops: list[int] = field(default_factory=list)
 
 
 #: Our own functions the profiler's Python tracer sees between a module hook and the module
@@ -334,8 +338,19 @@ def read_events(
     points: list[tuple[int, int, int, int]] = []  # time, kind, value, end
     first_op = state.ops(LEAN_OP) if lean else 0
     _walk(roots, device_type, modules, stacks, state.ops, allocs, points, first_op)
-    read = EventRead(into if into is not None else Reports(), state.ops.names)
     allocs.sort(key=_first)
+    return _swept(allocs, points, state, into, lean)
+
+
+def _swept(
+    allocs: list[list[int]],
+    points: list[tuple[int, int, int, int]],
+    state: ReadState,
+    into: Reports | None,
+    lean: bool,
+) -> EventRead:
+    """Sweep a chunk's reports (in time order) through its points, onto ``into``."""
+    read = EventRead(into if into is not None else Reports(), state.ops.names)
     seed_op = -1 if lean else state.ops.index.get("ones_like", -2)
     _sweep(allocs, points, seed_op, state, read.events)
     if allocs:
@@ -343,6 +358,37 @@ def read_events(
         for (name, _), values in zip(_COLUMNS, columns, strict=False):  # not the backward seq
             getattr(read.events, name).extend(values)
     return read
+
+
+def read_native(
+    chunk: NativeChunk, modules: Interner, state: ReadState, into: Reports | None = None
+) -> EventRead:
+    """What :func:`read_events` gives for the profiler's tree, from a chunk of the light
+    recorder (``native``), which noted each report's op, backward node and outermost span,
+    and the ranges' time points, as it ran."""
+    ops = state.native_ops
+    for name in chunk.names[len(ops) :]:  # the library's name ids, as op ids (0 stays 0)
+        ops.append(state.ops(name) if ops else 0)
+    reports = chunk.reports
+    if len(reports):
+        reports = reports[np.argsort(reports[:, 0], kind="stable")]  # threads interleave
+    span = reports[:, 5] - chunk.span_base
+    known = (reports[:, 5] >= 0) & (span >= 0) & (span < len(chunk.spans))
+    s0 = np.zeros(len(reports), np.int64)
+    s1 = np.zeros(len(reports), np.int64)
+    s0[known], s1[known] = chunk.spans[span[known], 0], chunk.spans[span[known], 1]
+    zero = np.zeros(len(reports), np.int64)
+    op = np.asarray(ops, np.int64)[reports[:, 3]] if len(reports) else zero
+    allocs = np.column_stack(
+        [reports[:, 0], reports[:, 1], reports[:, 2], op, zero, zero, zero - 1, zero, s0, s1,
+         reports[:, 4]]
+    ).tolist()  # fmt: skip
+    points = [
+        (t, kind, modules(chunk.names[value]) if kind in (_OPEN_STEP, _CLOSE_STEP)
+         else value, end)
+        for t, kind, value, end in chunk.points.tolist()
+    ]  # fmt: skip
+    return _swept(allocs, points, state, into, False)
 
 
 def _first(row: list[int]) -> int:

@@ -129,6 +129,10 @@ class ProfilerSession:
         self.on = True
         self.started_ns = time.monotonic_ns()
 
+    def taken_over(self) -> bool:
+        """A profiler the cell ran took over this one (ended it, or took its reports)."""
+        return self.on and not profiler_busy()
+
     def stop(self) -> Sequence[Any]:
         """Close our ranges, stop the profiler and return its event tree (empty if it cannot
         be read, or if something else stopped it: a profiler the cell ran took it over)."""

@@ -1,0 +1,159 @@
+"""The light recorder (a C++ memory reporter + RecordFunction callback, built on first use)
+against torch.profiler's own event tree: two independent readings of the same allocator
+reports must give the same allocations, ops, modules, phases and categories."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import jupyter_vram as jv
+from jupyter_vram._capture import native
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def reader() -> Iterator[Callable[[str], None]]:
+    """Choose the reading for the next recordings: "light" or "profiler"."""
+    saved = os.environ.get("JUPYTER_VRAM_NATIVE")
+
+    def choose(which: str) -> None:
+        os.environ["JUPYTER_VRAM_NATIVE"] = "1" if which == "light" else "0"
+
+    yield choose
+    if saved is None:
+        os.environ.pop("JUPYTER_VRAM_NATIVE", None)
+    else:
+        os.environ["JUPYTER_VRAM_NATIVE"] = saved
+
+
+def test_the_library_builds_here() -> None:
+    assert native.library() is not None, native.why_not()
+    assert native.why_not() == ""
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(self.norm(x))))
+
+
+class Stack(nn.Module):
+    def __init__(self, checkpointed: bool) -> None:
+        super().__init__()
+        self.embed = nn.Conv1d(8, 32, 3, padding=1)
+        self.blocks = nn.ModuleList(Block(32) for _ in range(3))
+        self.head = nn.Linear(32, 5)
+        self.checkpointed = checkpointed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x).transpose(1, 2)
+        for block in self.blocks:
+            h = checkpoint(block, h, use_reentrant=False) if self.checkpointed else block(h)
+        return self.head(h).mean(1)
+
+
+def _steps(checkpointed: bool) -> Callable[[], None]:
+    torch.manual_seed(0)
+    model = Stack(checkpointed)
+    opt = torch.optim.AdamW(model.parameters())
+    x, y = torch.randn(4, 8, 16), torch.randint(0, 5, (4,))
+
+    def steps() -> None:
+        for _ in range(3):
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    steps()
+    return steps
+
+
+COLUMNS = ["op", "module", "phase", "category", "bytes", "alloc_seq", "free_seq"]
+
+
+def _rows(profile: jv.Profile) -> pd.DataFrame:
+    df = profile.to_dataframe()
+    return df[df["alloc_seq"] >= 0][COLUMNS].astype(str).reset_index(drop=True)
+
+
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "checkpointed"])
+def test_light_and_profiler_readings_agree(
+    reader: Callable[[str], None], checkpointed: bool
+) -> None:
+    steps = _steps(checkpointed)
+    profiles = {}
+    for which in ("profiler", "light", "profiler"):
+        reader(which)
+        with jv.record("cpu") as rec:
+            steps()
+        profiles[which] = rec.profile
+    light, traced = profiles["light"], profiles["profiler"]
+    assert light.meta["reports_from"] == "light recorder"
+    assert traced.meta["reports_from"] == "torch.profiler"
+    assert light.meta["reports"] == traced.meta["reports"] > 100
+    assert light.peak_bytes == traced.peak_bytes
+    a, b = _rows(light), _rows(traced)
+    assert len(a) > 50
+    pd.testing.assert_frame_equal(a, b)
+    # the readings name real things: backward's ops have their forward op's module
+    backward = set(a[a["phase"] == "backward"]["module"])
+    assert {"Stack.head", "Stack.blocks.2.up", "Stack.embed"} <= backward, backward
+
+
+def test_a_users_profiler_inside_takes_the_reports_and_gives_them_back(
+    reader: Callable[[str], None],
+) -> None:
+    reader("light")
+    with jv.record("cpu") as rec:
+        before = torch.ones(1000)
+        with torch.profiler.profile(profile_memory=True) as users_own:
+            inside = torch.ones(2000)
+        after = torch.ones(3000)
+    assert any(e.cpu_memory_usage == 8000 for e in users_own.events())  # theirs worked
+    sizes = set(rec.profile.to_dataframe()["bytes"])
+    assert {4000, 12000} <= sizes and 8000 not in sizes  # it had the reports meanwhile
+    assert any("incomplete" in w for w in rec.profile.meta["warnings"])
+    assert torch.autograd.profiler._run_on_profiler_start.__module__ == "torch.autograd.profiler"
+    del before, inside, after
+
+
+def test_without_a_compiler_the_profiler_reads_and_the_profile_says_why(tmp_path: Path) -> None:
+    code = (
+        "import torch, jupyter_vram as jv\n"
+        "with jv.record('cpu') as rec:\n"
+        "    x = torch.ones(256)\n"
+        "print(rec.profile.meta['reports_from'])\n"
+        "print(rec.profile.peak_bytes)\n"
+        "print(rec.profile.meta['warnings'][0])\n"
+    )
+    env = {
+        **os.environ,
+        "XDG_CACHE_HOME": str(tmp_path),  # nothing built there
+        "CXX": str(tmp_path / "no-such-compiler"),
+        "PYTHONPATH": str(ROOT),
+    }
+    env.pop("JUPYTER_VRAM_NATIVE", None)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "torch.profiler"
+    assert lines[1] == str(256 * 4)
+    assert "could not be built" in lines[2] and "no-such-compiler" in lines[2]
