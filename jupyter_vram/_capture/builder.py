@@ -92,6 +92,34 @@ class ProfileBuilder:
         self.category.append(category)
         return row
 
+    def add_many(
+        self,
+        size: np.ndarray,
+        alloc_ns: np.ndarray,
+        device: int,
+        op: np.ndarray,
+        module: np.ndarray,
+        stack: np.ndarray,
+        phase: np.ndarray,
+        category: int,
+    ) -> None:
+        """Append allocations in bulk (what ``add`` does one by one: rows follow in order)."""
+        n = len(size)
+        for column, values, dtype in (
+            (self.size, size, np.int64),
+            (self.alloc_seq, np.zeros(n), np.int64),
+            (self.free_seq, np.full(n, -1), np.int64),
+            (self.alloc_ns, alloc_ns, np.int64),
+            (self.free_ns, np.full(n, -1), np.int64),
+            (self.device, np.full(n, device), np.int32),
+            (self.op, op, np.int32),
+            (self.module, module, np.int32),
+            (self.stack, stack, np.int32),
+            (self.phase, phase, np.int8),
+            (self.category, np.full(n, category), np.int8),
+        ):
+            column.frombytes(np.ascontiguousarray(values, dtype).tobytes())
+
     def free(self, row: int, seq: int, ns: int) -> None:
         self.free_seq[row] = seq
         self.free_ns[row] = ns

@@ -6,10 +6,13 @@ index buffers). Nothing runs per op in Python and no dispatch mode is entered, s
 executes exactly the program it would without us (a dispatch mode makes it accumulate
 gradients out of place, which raises the true peak of some models by a third).
 
-Attribution is read back from the profiler's event tree (``profiler_read``), a chunk at a
-time: the profiler is stopped and restarted every few tens of thousands of events, at a module
-call or between two bytecodes (``ticker``), and only compact columns are kept, so host memory
-stays bounded however long the cell runs.
+The reports come from the light recorder (``native``: a C++ memory reporter that notes the op,
+backward node and ranges around each report as the cell runs, ~10 % on a small training step
+where the profiler costs 2-3x), or from the profiler's event tree (``profiler_read``) where
+that library cannot be built, Python stacks are traced, or a distributed run needs the
+profiler's collective ranges. Either is read a chunk at a time, at a module call or between
+two bytecodes (``ticker``), and only compact columns are kept, so host memory stays bounded
+however long the cell runs.
 
 * the op is the innermost aten op around the allocation;
 * the module is a ``jv.module:<id>`` range our global module hooks open around each call

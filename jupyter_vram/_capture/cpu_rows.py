@@ -11,6 +11,8 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .builder import BASELINE_OP, OTHER, TEMPORARY, ProfileBuilder
 from .cpu_threads import MemoryMap
 from .profiler_read import EventRead, Reports
@@ -117,16 +119,17 @@ class _Replay:
 
 def _replay_reports(builder: ProfileBuilder, events: Reports, cpu: int, t0: int) -> _Replay:
     """1. Allocations made while recording, each report paired with the live block at its
-    address; ``starts`` orders the live blocks by address. The hot loop: locals only."""
+    address; ``starts`` orders the live blocks by address. The hot loop: locals only (the
+    rows are added in bulk after it, in report order)."""
     r = _Replay()
     by_ptr, live, alloc_time, blocks = r.by_ptr, r.live, r.alloc_time, r.blocks
     inferred, evicted, reported, free_phase = r.inferred, r.evicted, r.reported, r.free_phase
     starts = SortedInts()
+    row = len(builder) - 1  # the row the last allocation will have
     columns = zip(
-        events.time_ns, events.ptr, events.size, events.op, events.module, events.stack,
-        events.phase, events.recompute_end, strict=True,
-    )  # fmt: skip
-    for t, ptr, size, op, module, stack, phase, recompute in columns:
+        events.time_ns, events.ptr, events.size, events.phase, events.recompute_end, strict=True
+    )
+    for t, ptr, size, phase, recompute in columns:
         if size > 0:
             stop_at = ptr + size
             other = starts.before(stop_at)
@@ -139,7 +142,7 @@ def _replay_reports(builder: ProfileBuilder, events: Reports, cpu: int, t0: int)
                 inferred[held] = t - 1  # freed unseen before its bytes were handed out again
                 evicted[held] = other
                 other = starts.before(stop_at)
-            row = builder.add(size, 0, t - t0, cpu, op, module, stack, phase, TEMPORARY)
+            row += 1
             live[ptr] = (row, stop_at)
             starts.add(ptr)
             alloc_time[row] = t
@@ -155,8 +158,28 @@ def _replay_reports(builder: ProfileBuilder, events: Reports, cpu: int, t0: int)
             starts.remove(ptr)
             reported[held_or_none[0]] = t
             free_phase[held_or_none[0]] = phase
+    _add_rows(builder, events, cpu, t0)
     r.free_time = {**inferred, **reported}
     return r
+
+
+def _add_rows(builder: ProfileBuilder, events: Reports, cpu: int, t0: int) -> None:
+    """The rows of the allocation reports, in order, as temporaries until a role says more."""
+
+    def column(name: str, dtype: type) -> np.ndarray:
+        return np.frombuffer(getattr(events, name), dtype)
+
+    made = column("size", np.int64) > 0
+    builder.add_many(
+        size=column("size", np.int64)[made],
+        alloc_ns=column("time_ns", np.int64)[made] - t0,
+        device=cpu,
+        op=column("op", np.int32)[made],
+        module=column("module", np.int32)[made],
+        stack=column("stack", np.int32)[made],
+        phase=column("phase", np.int8)[made],
+        category=TEMPORARY,
+    )
 
 
 def _place_notes(
