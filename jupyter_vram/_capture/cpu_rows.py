@@ -280,15 +280,24 @@ def _unmapped_ends(
 def _sequence(
     builder: ProfileBuilder, alloc_time: dict[int, int], free_time: dict[int, int], t0: int
 ) -> None:
-    """5. One sequence over every allocation and free, in time order."""
-    timeline = [(t, 0, row) for row, t in alloc_time.items()]
-    timeline.extend((t, 1, row) for row, t in free_time.items())
-    timeline.sort()
-    for seq, (t, kind, row) in enumerate(timeline):
-        if kind == 0:
-            builder.alloc_seq[row] = seq
-        else:
-            builder.free(row, seq, max(0, t - t0))
+    """5. One sequence over every allocation and free, in time order (an allocation before a
+    free at the same time, then by row)."""
+    rows = np.fromiter(alloc_time.keys(), np.int64, len(alloc_time))
+    freed = np.fromiter(free_time.keys(), np.int64, len(free_time))
+    times = np.concatenate(
+        [
+            np.fromiter(alloc_time.values(), np.int64, len(alloc_time)),
+            np.fromiter(free_time.values(), np.int64, len(free_time)),
+        ]
+    )
+    kinds = np.repeat(np.array([0, 1], np.int64), [len(rows), len(freed)])
+    order = np.lexsort((np.concatenate([rows, freed]), kinds, times))
+    seq = np.empty(len(order), np.int64)
+    seq[order] = np.arange(len(order))
+    np.frombuffer(builder.alloc_seq, np.int64)[rows] = seq[: len(rows)]
+    np.frombuffer(builder.free_seq, np.int64)[freed] = seq[len(rows) :]
+    free_ns = np.maximum(0, times[len(rows) :] - t0)
+    np.frombuffer(builder.free_ns, np.int64)[freed] = free_ns
 
 
 class SortedInts:

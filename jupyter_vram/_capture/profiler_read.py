@@ -339,24 +339,24 @@ def read_events(
     first_op = state.ops(LEAN_OP) if lean else 0
     _walk(roots, device_type, modules, stacks, state.ops, allocs, points, first_op)
     allocs.sort(key=_first)
-    return _swept(allocs, points, state, into, lean)
+    table = np.array(allocs, np.int64).reshape(len(allocs), len(_ROW))
+    return _swept(table, points, state, into, lean)
 
 
 def _swept(
-    allocs: list[list[int]],
+    table: np.ndarray,
     points: list[tuple[int, int, int, int]],
     state: ReadState,
     into: Reports | None,
     lean: bool,
 ) -> EventRead:
-    """Sweep a chunk's reports (in time order) through its points, onto ``into``."""
+    """Sweep a chunk's reports (rows of ``table`` in time order, see ``_ROW``) through its
+    points, onto ``into``."""
     read = EventRead(into if into is not None else Reports(), state.ops.names)
     seed_op = -1 if lean else state.ops.index.get("ones_like", -2)
-    _sweep(allocs, points, seed_op, state, read.events)
-    if allocs:
-        columns = list(zip(*allocs, strict=True))
-        for (name, _), values in zip(_COLUMNS, columns, strict=False):  # not the backward seq
-            getattr(read.events, name).extend(values)
+    _sweep(table, points, seed_op, state, read.events)
+    for j, (name, code) in enumerate(_COLUMNS):  # not the backward seq
+        getattr(read.events, name).frombytes(table[:, j].astype(_DTYPES[code]).tobytes())
     return read
 
 
@@ -379,16 +379,16 @@ def read_native(
     s0[known], s1[known] = chunk.spans[span[known], 0], chunk.spans[span[known], 1]
     zero = np.zeros(len(reports), np.int64)
     op = np.asarray(ops, np.int64)[reports[:, 3]] if len(reports) else zero
-    allocs = np.column_stack(
+    table = np.column_stack(
         [reports[:, 0], reports[:, 1], reports[:, 2], op, zero, zero, zero - 1, zero, s0, s1,
          reports[:, 4]]
-    ).tolist()  # fmt: skip
+    )  # fmt: skip
     points = [
         (t, kind, modules(chunk.names[value]) if kind in (_OPEN_STEP, _CLOSE_STEP)
          else value, end)
         for t, kind, value, end in chunk.points.tolist()
     ]  # fmt: skip
-    return _swept(allocs, points, state, into, False)
+    return _swept(table, points, state, into, False)
 
 
 def _first(row: list[int]) -> int:
@@ -507,40 +507,163 @@ def _range_or_node(
 
 
 _OPEN_MODULE, _CLOSE_MODULE, _OPEN_STEP, _CLOSE_STEP, _BACKWARD, _FORWARD_OP, _ALLOC = range(7)
-# a report row: time, ptr, size, op, module, phase, stack, recompute end, span, backward seq
+#: a report row: the columns of ``Reports``, then the backward node's sequence number
+_ROW = (*(name for name, _ in _COLUMNS), "backward_seq")
 _T, _SIZE, _OP, _MODULE, _PHASE, _RECOMPUTE, _BSEQ = 0, 2, 3, 4, 5, 7, 10
+_DTYPES = {"q": np.int64, "i": np.int32, "b": np.int8}
 
 
 def _sweep(
-    allocs: list[list[int]],
+    table: np.ndarray,
     points: list[tuple[int, int, int, int]],
     seed_op: int,
     state: ReadState,
     into: Reports,
 ) -> None:
-    """Module, phase and recompute window of each report from the ranges open at its time.
+    """Module, phase and recompute window of each report (a row of ``table``, in time order)
+    from the ranges open at its time; written into ``table``'s columns.
 
-    ``allocs`` are in time order and will follow the reports already in ``into``; what the
-    sweep knows at a chunk's end (forward until backward starts, the seed of backward) goes on
-    to the next chunk through ``state``. Backward's seed is the last free-standing allocation
-    before it by the op that makes it (``seed_op``: ``ones_like``); a lean chunk (``seed_op``
-    -1) has no op names, so there it counts as forward (a few bytes: the loss's gradient).
+    The points are walked in Python (a few per module call: the state after each is kept);
+    the reports, often far more, take the state of the last point at or before them in numpy.
+    ``table``'s reports will follow those already in ``into``; what the sweep knows at a
+    chunk's end (forward until backward starts, the seed of backward) goes on to the next
+    chunk through ``state``. Backward's seed is the last free-standing allocation before it by
+    the op that makes it (``seed_op``: ``ones_like``); a lean chunk (``seed_op`` -1) has no op
+    names, so there it counts as forward (a few bytes: the loss's gradient).
     """
     points.sort()
     if seed_op == -1:
         _merge_backward_nodes(points)
-    sweep = _Sweep(state, into, len(into), seed_op)
-    points.append((1 << 63, -1, 0, 0))  # a sentinel: never reached
-    next_point = 0
-    for i, row in enumerate(allocs):  # the ranges that start at or before a report first
-        t = row[_T]
-        while points[next_point][0] <= t:
-            sweep.point(points[next_point])
-            next_point += 1
-        sweep.report(i, row)
-    for point in points[next_point:-1]:
-        sweep.point(point)
-    sweep.done()
+    ranges = _ranges_after_points(points, state)
+    t, bseq = table[:, _T], table[:, _BSEQ]
+    k = np.searchsorted(np.array([p[0] for p in points], np.int64), t, side="right")
+    in_backward = (bseq != -2) | (t < ranges.backward_until[k])
+    if seed_op == -1:  # made by the engine just after the node that began last (a lean chunk)
+        bseq = np.where((bseq == -2) & in_backward, ranges.node_seq[k], bseq)
+    in_step = ranges.step_depth[k] > 0
+    in_module = ranges.module_depth[k] > 0
+    backward = in_backward & ~in_step
+    recompute_until = ranges.recompute_until[k]
+    recompute = backward & (recompute_until > 0) & (t <= recompute_until) & in_module
+    forward = ~in_step & ~in_backward & (in_module | ranges.sticky[k])
+    table[:, _PHASE] = np.select(
+        [in_step, backward, forward], [PHASE_OPTIMIZER, PHASE_BACKWARD, PHASE_FORWARD], PHASE_OTHER
+    )
+    module = np.where(in_step, ranges.step_top[k], np.where(in_module, ranges.module_top[k], 0))
+    by_node = backward & ~recompute
+    if by_node.any():
+        seqs, where = np.unique(bseq[by_node], return_inverse=True)
+        found = [state.seq_module.get(seq) for seq in seqs.tolist()]
+        names = [
+            m if m is not None else state.windows.module_of(s)
+            for m, s in zip(found, seqs.tolist(), strict=True)
+        ]
+        module[by_node] = np.asarray(names, np.int64)[where]
+    table[:, _MODULE] = module
+    table[:, _RECOMPUTE] = np.where(recompute, recompute_until, 0)
+    free_standing = ~in_step & ~in_module & (table[:, _OP] == seed_op)
+    _seeds(table, k, (table[:, _SIZE] > 0) & ~in_backward, free_standing, ranges, state, into)
+
+
+def _module_of_node(state: ReadState, seq: int) -> int:
+    """The module whose call made backward node ``seq``'s forward op."""
+    module = state.seq_module.get(seq)
+    return module if module is not None else state.windows.module_of(seq)
+
+
+@dataclass
+class _Ranges:
+    """The ranges open after each point of a chunk (index 0: before the first), as columns."""
+
+    module_depth: np.ndarray
+    module_top: np.ndarray
+    step_depth: np.ndarray
+    step_top: np.ndarray
+    backward_until: np.ndarray  # end of the top-level backward ranges so far
+    recompute_until: np.ndarray  # end of a module call made inside backward (checkpointing)
+    sticky: np.ndarray  # forward: after a top-level module call, until backward
+    node_seq: np.ndarray  # a lean chunk: the backward node that began last
+    backward_points: list[int]  # indices (into the points) of the backward ranges' starts
+
+
+def _ranges_after_points(points: list[tuple[int, int, int, int]], state: ReadState) -> _Ranges:
+    """Walk a chunk's points (in time order): the ranges open after each, and the module of
+    each forward op's sequence number (into ``state``)."""
+    n = len(points) + 1
+    cols = [[0] * n for _ in range(8)]
+    module_depth, module_top, step_depth, step_top, until, recompute, sticky_col, node = cols
+    module_stack: list[int] = []
+    step_stack: list[int] = []
+    backward_until = recompute_until = 0
+    sticky = int(state.sticky)
+    node_seq = -1
+    backward_points = []
+    sticky_col[0], node[0] = sticky, node_seq
+    for i, (t, kind, value, end) in enumerate(points, start=1):
+        if kind == _OPEN_MODULE:
+            if t < backward_until and not module_stack:
+                recompute_until = end
+            elif not module_stack:
+                sticky = 1
+            module_stack.append(value)
+        elif kind == _CLOSE_MODULE:
+            if module_stack:
+                module_stack.pop()
+            if not module_stack:
+                recompute_until = 0
+        elif kind == _OPEN_STEP:
+            step_stack.append(value)
+            sticky = 0
+        elif kind == _CLOSE_STEP:
+            if step_stack:
+                step_stack.pop()
+        elif kind == _FORWARD_OP:
+            state.seq_module.setdefault(value, module_stack[-1] if module_stack else 0)
+        elif kind == _BACKWARD:
+            backward_until = max(backward_until, end)
+            sticky = 0
+            node_seq = value
+            backward_points.append(i - 1)
+        module_depth[i], module_top[i] = len(module_stack), module_stack[-1] if module_stack else 0
+        step_depth[i], step_top[i] = len(step_stack), step_stack[-1] if step_stack else 0
+        until[i], recompute[i], sticky_col[i], node[i] = (
+            backward_until, recompute_until, sticky, node_seq
+        )  # fmt: skip
+    a = [np.asarray(col, np.int64) for col in cols]
+    return _Ranges(a[0], a[1], a[2], a[3], a[4], a[5], a[6].astype(bool), a[7], backward_points)
+
+
+def _seeds(
+    table: np.ndarray,
+    k: np.ndarray,
+    candidate: np.ndarray,
+    free_standing: np.ndarray,
+    ranges: _Ranges,
+    state: ReadState,
+    into: Reports,
+) -> None:
+    """Backward's seed: at each backward range's start, the last allocation made outside
+    backward before it, if none was seed since and it is a free-standing ``seed_op`` (else
+    the one an earlier chunk left in ``state``, if no allocation came between). Report ``i``
+    comes before point ``j`` when ``k[i] <= j``."""
+    rows = np.flatnonzero(candidate)
+    consumed_to = -1  # the last backward point so far: candidates before it are spent
+    base = len(into)
+    for j in ranges.backward_points:
+        last = np.searchsorted(k[rows], j, side="right") - 1  # last candidate before point j
+        if last >= 0 and k[rows[last]] > consumed_to:
+            row = rows[last]
+            if free_standing[row]:
+                table[row, _PHASE], table[row, _MODULE] = PHASE_BACKWARD, 0
+        elif last < 0 and consumed_to < 0 and state.seed >= 0:  # made at an earlier chunk's end
+            into.phase[state.seed] = PHASE_BACKWARD
+            into.module[state.seed] = 0
+        state.seed = -1
+        consumed_to = j
+    state.sticky = bool(ranges.sticky[-1])
+    if len(rows) and k[rows[-1]] > consumed_to:  # the chunk ends after an allocation
+        row = rows[-1]
+        state.seed = base + int(row) if free_standing[row] else -1
 
 
 def _merge_backward_nodes(points: list[tuple[int, int, int, int]]) -> None:
@@ -557,88 +680,3 @@ def _merge_backward_nodes(points: list[tuple[int, int, int, int]]) -> None:
                 t, k, v, _ = points[j]
                 points[j] = (t, k, v, end)
             run = []
-
-
-class _Sweep:
-    """The ranges open at one moment of a sweep through a chunk (see :func:`_sweep`)."""
-
-    def __init__(self, state: ReadState, into: Reports, base: int, seed_op: int) -> None:
-        self.state = state
-        self.into = into
-        self.base = base  # where this chunk's reports begin in ``into``
-        self.seed_op = seed_op
-        self.node_seq = -1  # a lean chunk: the backward node that began last
-        self.module_stack: list[int] = []
-        self.opt_stack: list[int] = []
-        self.backward_until = 0  # end of the current top-level backward range
-        self.recompute_until = 0  # end of a module call made inside backward (checkpointing)
-        self.sticky = state.sticky  # forward: after a top-level module call, until backward
-        self.seed: list[int] | None = None  # the last free-standing ones_like: backward's seed
-        self.seed_at = -1  # where that row will be in ``into``
-
-    def point(self, point: tuple[int, int, int, int]) -> None:
-        t, kind, value, end = point
-        module_stack = self.module_stack
-        if kind == _OPEN_MODULE:
-            if t < self.backward_until and not module_stack:
-                self.recompute_until = end
-            elif not module_stack:
-                self.sticky = True
-            module_stack.append(value)
-        elif kind == _CLOSE_MODULE:
-            if module_stack:
-                module_stack.pop()
-            if not module_stack:
-                self.recompute_until = 0
-        elif kind == _OPEN_STEP:
-            self.opt_stack.append(value)
-            self.sticky = False
-        elif kind == _CLOSE_STEP:
-            if self.opt_stack:
-                self.opt_stack.pop()
-        elif kind == _FORWARD_OP:
-            self.state.seq_module.setdefault(value, module_stack[-1] if module_stack else 0)
-        elif kind == _BACKWARD:
-            self.backward_until = max(self.backward_until, end)
-            self.sticky = False
-            self.node_seq = value
-            self._seed_is_backward()
-
-    def _seed_is_backward(self) -> None:
-        if self.seed is not None:
-            self.seed[_PHASE], self.seed[_MODULE] = PHASE_BACKWARD, 0
-        elif self.state.seed >= 0:  # made at the end of an earlier chunk
-            self.into.phase[self.state.seed] = PHASE_BACKWARD
-            self.into.module[self.state.seed] = 0
-        self.seed, self.seed_at, self.state.seed = None, -1, -1
-
-    def report(self, i: int, row: list[int]) -> None:
-        t = row[_T]
-        bseq = row[_BSEQ]
-        in_backward = bseq != -2 or t < self.backward_until
-        if bseq == -2 and in_backward and self.seed_op == -1:
-            bseq = self.node_seq  # made by the engine just after that node (a lean chunk)
-        module_stack, opt_stack = self.module_stack, self.opt_stack
-        if opt_stack:
-            row[_PHASE], row[_MODULE] = PHASE_OPTIMIZER, opt_stack[-1]
-        elif in_backward:
-            row[_PHASE] = PHASE_BACKWARD
-            if self.recompute_until and t <= self.recompute_until and module_stack:
-                row[_MODULE], row[_RECOMPUTE] = module_stack[-1], self.recompute_until
-            else:
-                module = self.state.seq_module.get(bseq)
-                row[_MODULE] = module if module is not None else self.state.windows.module_of(bseq)
-        elif module_stack:
-            row[_PHASE], row[_MODULE] = PHASE_FORWARD, module_stack[-1]
-        else:
-            row[_PHASE] = PHASE_FORWARD if self.sticky else PHASE_OTHER
-        if row[_SIZE] > 0 and not in_backward:
-            free_standing = not opt_stack and not module_stack and row[_OP] == self.seed_op
-            self.seed = row if free_standing else None
-            self.seed_at = self.base + i if free_standing else -1
-            self.state.seed = -1
-
-    def done(self) -> None:
-        self.state.sticky = self.sticky
-        if self.seed is not None:
-            self.state.seed = self.seed_at
