@@ -72,6 +72,7 @@ class Case:
     notes: dict[str, Any] = field(default_factory=dict)
     generate: int = 0  # > 0: model.generate() of that many new tokens instead of a step
     cache: str = "dynamic"
+    cache_config: dict[str, Any] = field(default_factory=dict)  # a quantised cache's options
     # where the estimated model is built: "meta" (shapes only), or "cpu" for a model that
     # needs values to exist (bitsandbytes quantises real weights)
     estimate_from: str = "meta"
@@ -596,6 +597,19 @@ CASES: dict[str, Case] = {
         Case("llama-generate-b1", llama_long, "input_ids=1x128", generate=64),
         Case("llama-generate-b4", llama_long, "input_ids=4x128", generate=64),
         Case("llama-generate-static", llama_long, "input_ids=4x128", generate=64, cache="static"),
+        Case(
+            "llama-generate-quantized",
+            llama_long,
+            "input_ids=4x128",
+            generate=64,
+            cache="quantized",
+            cache_config={
+                "backend": "quanto",
+                "nbits": 4,
+                "q_group_size": 64,
+                "residual_length": 16,
+            },
+        ),
         Case("t5-generate", t5, "input_ids=4x128", generate=32),
         Case("deepseek-generate", deepseek, "input_ids=4x128", generate=32),
         Case("deepseek-dense-generate", deepseek_dense, "input_ids=4x128", generate=32),
@@ -683,7 +697,14 @@ def settings_of(case: Case, device: str = "cpu") -> Any:
     return StepSettings(device=device, dtype=case.dtype, amp=case.amp,
                         checkpoint=case.checkpoint, optimizer=optimizer,
                         inference=bool(case.generate), generate=case.generate,
-                        cache=case.cache)  # fmt: skip
+                        cache=case.cache, cache_config=cache_options_of(case))  # fmt: skip
+
+
+def cache_options_of(case: Case) -> str:
+    """The case's quantised-cache options as the estimator's settings keep them."""
+    from jupyter_vram._estimator.generation import cache_options
+
+    return cache_options(case.cache, case.cache_config)
 
 
 def build(case: Case, device: str = "cpu") -> nn.Module:
@@ -742,10 +763,11 @@ def measure_generation(case: Case) -> dict[str, Any]:
     spec = make_batch_spec(model, case.inputs)
     args, kwargs = spec.build("cpu", torch.float32)
     started = time.perf_counter()
-    generate_step(model, args, kwargs, case.generate, case.cache)
+    options = cache_options_of(case)
+    generate_step(model, args, kwargs, case.generate, case.cache, options)
     before = before_step(model, None, (args, kwargs))
     rise = allocator_peak_rise(lambda: generate_step(model, args, kwargs, case.generate,
-                                                     case.cache))  # fmt: skip
+                                                     case.cache, options))  # fmt: skip
     return {
         "case": case.name,
         "peak_bytes": sum(before.values()) + rise,
@@ -889,7 +911,8 @@ def run_estimate(case: Case, device: str = "cpu") -> tuple[Any, float]:
         from jupyter_vram._estimator import estimate_generate
 
         result = estimate_generate(model, case.inputs, case.generate, cache=case.cache,
-                                   device=device, dtype=case.dtype)  # fmt: skip
+                                   cache_config=case.cache_config, device=device,
+                                   dtype=case.dtype)  # fmt: skip
         return result, time.perf_counter() - started
     optimizer = case.optimizer_factory or case.optimizer
     result = estimate(model, case.inputs, optimizer=optimizer, device=device, dtype=case.dtype,
