@@ -326,10 +326,18 @@ def test_encoder_decoder_leaves_out_the_mask_the_real_call_leaves_out() -> None:
 # -- a quantised cache (optimum-quanto) -----------------------------------------------------
 
 
-def _quanto() -> Any:
-    return pytest.importorskip(
+def _quanto(real_run: bool = False) -> Any:
+    """optimum.quanto, or a skip saying why; ``real_run``: a real quantised generate() follows,
+    whose first dequantisation builds quanto's CPU kernel (a C++ compiler is needed)."""
+    import os
+    import shutil
+
+    quanto = pytest.importorskip(
         "optimum.quanto", reason="optimum-quanto is not installed: no quantised cache to run"
     )
+    if real_run and shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("quanto builds its CPU unpack kernel on first use: no C++ compiler here")
+    return quanto
 
 
 def test_quantized_cache_bytes_by_hand() -> None:
@@ -376,7 +384,7 @@ def test_quantized_generate_matches_a_measured_one(config: dict[str, int]) -> No
     peak is a re-quantisation of the cache (quanto's ``round`` and ``clamp`` copies and the
     uint8 result of all 80 positions), not the prefill. The real call (the first of the
     process builds quanto's CPU extension) is recorded from the CPU allocator's reports."""
-    _quanto()
+    _quanto(real_run=True)
     from jupyter_vram._estimator.generation import cache_options
 
     torch.manual_seed(0)
@@ -406,7 +414,7 @@ def test_quantized_generate_matches_a_measured_one(config: dict[str, int]) -> No
 @pytest.mark.slow
 def test_quantized_generate_bench_row() -> None:
     """The bench's row: Llama at batch 4, 4-bit quanto cache re-quantised every 16 tokens."""
-    _quanto()
+    _quanto(real_run=True)
     measured, estimate = measured_and_estimated("llama-generate-quantized")
     _within(measured, estimate)
     assert abs(estimate.peak_bytes - int(measured["peak_bytes"])) <= 64
