@@ -235,6 +235,28 @@ def test_longest_context_that_fits() -> None:
     assert estimate.settings.prompt_length == 0 and estimate.prompt_length == 16
 
 
+def test_gpu_table_has_the_longest_context() -> None:
+    """``gpu_table()`` of a generation adds each card's longest context (``max_context``, the
+    same searches: a card of a 40-token prompt's peak + 511 B takes 40 + 4 tokens, as in
+    test_longest_context_that_fits; a huge one the model's 128 positions), in the text and
+    HTML tables too; without the search there is no such column."""
+    from jupyter_vram._app.estimate_view import gpu_table_html
+    from jupyter_vram._estimator.gpus import Gpu
+    from jupyter_vram._render.estimate_text import gpu_table_text
+
+    model = _tiny_llama()
+    estimate = jv.estimate_generate(model, 16, 4, device="cpu")
+    at_40 = jv.estimate_generate(model, 40, 4, device="cpu").peak_bytes
+    cards = [Gpu("fits 40", at_40 + 511), Gpu("huge", 1 << 40)]
+    table = estimate.gpu_table(cards)
+    assert table["max_context"].tolist() == [44, 128]
+    assert "max_context" not in estimate.gpu_table(cards, search=False).columns
+    text = gpu_table_text(table).splitlines()
+    assert text[0].endswith("longest context") and text[1].endswith("  44 tokens"), text
+    html = gpu_table_html(table, cards, estimate.batch_size)
+    assert "longest context</th>" in html and ">128 tokens</td>" in html, html
+
+
 def test_longest_context_in_the_magic(capsys: pytest.CaptureFixture[str]) -> None:
     """``%vram_estimate model --generate N --gpu T4``: the answer names the longest context
     too (a tiny model on a T4: the model's 128 positions)."""
