@@ -362,6 +362,20 @@ def _quanto(real_run: bool = False) -> Any:
     return quanto
 
 
+def test_quantized_cache_without_quanto_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where optimum-quanto is not installed the estimate says so before any run (the fake
+    run executes quanto's own quantisation)."""
+    import importlib.util
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if "quanto" in name else found(name)
+    )
+    model = bench.build(bench.CASES["llama-generate-b1"], "meta")
+    with pytest.raises(EstimateError, match="needs optimum-quanto installed"):
+        jv.estimate_generate(model, 16, 4, cache="quantized", device="cpu")
+
+
 def test_quantized_cache_bytes_by_hand() -> None:
     """quanto's 4-bit cache, groups of 16 along axis 0, the newest 8 tokens unquantised: a
     tensor of T tokens (2 sequences x 2 KV heads x T x 16 dims = 64 T values, 4 T groups) is
