@@ -445,7 +445,17 @@ class VramMagics(Magics):
         help="model.generate() of N new tokens with a KV cache instead of a training step "
         "(--input: the prompt, a length such as 512 or a shape such as 4x512)",
     )
-    @argument("--cache", default="dynamic", help="with --generate: dynamic (default) or static")
+    @argument(
+        "--cache",
+        default="dynamic",
+        help="with --generate: dynamic (default), static or quantized (optimum-quanto)",
+    )
+    @argument(
+        "--cache-config",
+        default=None,
+        metavar="K=V,...",
+        help="with --cache quantized: transformers' cache_config, e.g. nbits=2,residual_length=64",
+    )
     @argument("--device", default="cuda", help="device to predict: cuda (default) or cpu")
     @argument("--gpu", default=None, help="a GPU to check (e.g. A100-80GB): fit + largest batch")
     @argument("--what-if", action="store_true", help="also show the what-if table")

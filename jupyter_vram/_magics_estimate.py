@@ -171,6 +171,7 @@ def _answer(
 def _print_answers(answers: _Answers) -> None:
     """``--text``: the estimate's summary and each answer as a line."""
     from ._estimator.api import estimate_summary
+    from ._estimator.generation import cache_words
     from ._render.estimate_text import what_if_text
 
     result, gpu = answers.result, answers.gpu
@@ -178,7 +179,7 @@ def _print_answers(answers: _Answers) -> None:
     if result.settings.generate:
         s = result.settings
         print(f"simulated: model.generate() of {s.generate} new tokens after the prompt "
-              f"(greedy), {s.cache} KV cache (category kv_cache)")  # fmt: skip
+              f"(greedy), {cache_words(s.cache, s.cache_config)} (category kv_cache)")  # fmt: skip
     adapters = result.profile.meta.get("estimate", {}).get("adapters")
     if adapters:
         print(f"what if: the model with {adapters} (peft; the step trains the adapters)")
@@ -234,10 +235,25 @@ def _generate(args: Namespace, model: Any, namespace: Mapping[str, Any]) -> Esti
         args.generate,
         batch=args.batch_size,
         cache=unquote(args.cache),
+        cache_config=_cache_config(args.cache_config),
         device=unquote(args.device),
         dtype=unquote(args.dtype) if args.dtype else None,
         timeout_s=args.timeout,
     )
+
+
+def _cache_config(text: str | None) -> dict[str, str | int] | None:
+    """``--cache-config nbits=2,residual_length=64`` as transformers' ``cache_config`` (whole
+    numbers as numbers; the estimate checks names and values)."""
+    if text is None:
+        return None
+    config: dict[str, str | int] = {}
+    for item in unquote(text).split(","):
+        name, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not name:
+            raise InputError(f"--cache-config takes name=value pairs separated by commas: {item!r}")
+        config[name] = int(value) if value.lstrip("-").isdigit() else value
+    return config
 
 
 def _progress_line() -> Callable[[str], None]:

@@ -77,8 +77,22 @@ def test_encoder_decoder_generation_is_estimated() -> None:
 
 def test_refusals_name_the_reason() -> None:
     model = bench.build(bench.CASES["llama-generate-b1"], "meta")
-    with pytest.raises(EstimateError, match="quantised cache"):
-        jv.estimate_generate(model, 16, 4, cache="quantized", device="cpu")
+    with pytest.raises(EstimateError, match="a quantised cache is cache='quantized'"):
+        jv.estimate_generate(model, 16, 4, cache="quantised", device="cpu")
+    for config, reason in [
+        ({"backend": "hqq"}, "only the quanto backend"),
+        ({"backend": "fp8"}, "only the quanto backend"),
+        ({"nbits": 3}, "nbits=3: quanto takes 2 or 4"),
+        ({"axis_key": 1}, "axis_key=1: quanto takes 0 or -1"),
+        ({"residual_length": 0}, "residual_length=0 must be positive"),
+        ({"q_group_size": "64"}, "must be a whole number"),
+        ({"group_size": 64}, "unknown option"),
+    ]:
+        with pytest.raises(EstimateError, match=reason):
+            jv.estimate_generate(model, 16, 4, cache="quantized", cache_config=config,
+                                 device="cpu")  # fmt: skip
+    with pytest.raises(EstimateError, match="cache_config is for cache='quantized'"):
+        jv.estimate_generate(model, 16, 4, cache_config={"nbits": 4}, device="cpu")
     with pytest.raises(EstimateError, match="not simulated"):
         jv.estimate_generate(model, 16, 4, cache="offloaded", device="cpu")
     with pytest.raises(EstimateError, match="no transformers generate"):
@@ -221,6 +235,28 @@ def test_longest_context_that_fits() -> None:
     assert estimate.settings.prompt_length == 0 and estimate.prompt_length == 16
 
 
+def test_gpu_table_has_the_longest_context() -> None:
+    """``gpu_table()`` of a generation adds each card's longest context (``max_context``, the
+    same searches: a card of a 40-token prompt's peak + 511 B takes 40 + 4 tokens, as in
+    test_longest_context_that_fits; a huge one the model's 128 positions), in the text and
+    HTML tables too; without the search there is no such column."""
+    from jupyter_vram._app.estimate_view import gpu_table_html
+    from jupyter_vram._estimator.gpus import Gpu
+    from jupyter_vram._render.estimate_text import gpu_table_text
+
+    model = _tiny_llama()
+    estimate = jv.estimate_generate(model, 16, 4, device="cpu")
+    at_40 = jv.estimate_generate(model, 40, 4, device="cpu").peak_bytes
+    cards = [Gpu("fits 40", at_40 + 511), Gpu("huge", 1 << 40)]
+    table = estimate.gpu_table(cards)
+    assert table["max_context"].tolist() == [44, 128]
+    assert "max_context" not in estimate.gpu_table(cards, search=False).columns
+    text = gpu_table_text(table).splitlines()
+    assert text[0].endswith("longest context") and text[1].endswith("  44 tokens"), text
+    html = gpu_table_html(table, cards, estimate.batch_size)
+    assert "longest context</th>" in html and ">128 tokens</td>" in html, html
+
+
 def test_longest_context_in_the_magic(capsys: pytest.CaptureFixture[str]) -> None:
     """``%vram_estimate model --generate N --gpu T4``: the answer names the longest context
     too (a tiny model on a T4: the model's 128 positions)."""
@@ -307,3 +343,140 @@ def test_encoder_decoder_leaves_out_the_mask_the_real_call_leaves_out() -> None:
     frame = estimate.profile.to_dataframe()
     masks = frame[frame.op == "bitwise_and"]  # how transformers combines mask conditions
     assert not (masks.bytes == 4 * 1 * 128 * 128).any(), masks.bytes.tolist()
+
+
+# -- a quantised cache (optimum-quanto) -----------------------------------------------------
+
+
+def _quanto(real_run: bool = False) -> Any:
+    """optimum.quanto, or a skip saying why; ``real_run``: a real quantised generate() follows,
+    whose first dequantisation builds quanto's CPU kernel (a C++ compiler is needed)."""
+    import os
+    import shutil
+
+    quanto = pytest.importorskip(
+        "optimum.quanto", reason="optimum-quanto is not installed: no quantised cache to run"
+    )
+    if real_run and shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("quanto builds its CPU unpack kernel on first use: no C++ compiler here")
+    return quanto
+
+
+def test_quantized_cache_without_quanto_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where optimum-quanto is not installed the estimate says so before any run (the fake
+    run executes quanto's own quantisation)."""
+    import importlib.util
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if "quanto" in name else found(name)
+    )
+    model = bench.build(bench.CASES["llama-generate-b1"], "meta")
+    with pytest.raises(EstimateError, match="needs optimum-quanto installed"):
+        jv.estimate_generate(model, 16, 4, cache="quantized", device="cpu")
+
+
+def test_quantized_cache_bytes_by_hand() -> None:
+    """quanto's 4-bit cache, groups of 16 along axis 0, the newest 8 tokens unquantised: a
+    tensor of T tokens (2 sequences x 2 KV heads x T x 16 dims = 64 T values, 4 T groups) is
+    stored as 32 T bytes of packed data (two values a byte) plus a float32 scale and shift per
+    group (16 T bytes each). The 40-token prompt is quantised at once (T = 40); 8 and 16
+    decoding steps later the 8 unquantised tokens are quantised with the rest (T = 48, 56).
+
+    The most the cache holds: at the 16th step, layer 0's new K and V (T = 56: 64 x 56 B
+    each) exist before the old ones (T = 48) go, while every layer also holds 7 unquantised
+    positions of K and V (7 x 256 B each); then layer 0 drops its residual positions:
+    2 x (2 x 64 x 48 + 2 x 7 x 256) + 64 x 56 (new K) + 64 x 56 (new V) - 64 x 48 (old K)
+    = 23,552 B, a quarter of a dynamic cache's 2 x 2 x 63 x 256 B = 64,512 B at the end."""
+    _quanto()
+    estimate = jv.estimate_generate(
+        _tiny_llama(), prompt=40, new_tokens=24, batch=2, cache="quantized",
+        cache_config={"nbits": 4, "q_group_size": 16, "residual_length": 8}, device="cpu",
+    )  # fmt: skip
+    frame = estimate.profile.to_dataframe()
+    cache = frame[frame.category == "kv_cache"]
+    per_tensor = [40] * 4 + [48] * 4 + [56] * 4  # 2 layers x K, V at each quantisation
+    assert sorted(cache[cache.op == "zeros"].bytes) == [32 * t for t in per_tensor]  # packed
+    assert sorted(cache[cache.op == "div"].bytes) == [16 * t for t in per_tensor]  # scales
+    assert sorted(cache[cache.op == "neg"].bytes) == [16 * t for t in per_tensor]  # shifts
+    residual = sorted(cache[cache.op == "cat"].bytes)  # 1..7 tokens, 3 runs x 2 layers x K, V
+    assert residual == sorted([256 * t for t in range(1, 8)] * 12)
+    assert _most(estimate.profile, "kv_cache") == 23_552
+    assert "quanto 4-bit, groups of 16, the newest 8 tokens unquantised" in (
+        estimate.settings.describe()
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"nbits": 4, "q_group_size": 16, "residual_length": 8},
+        {"nbits": 2, "q_group_size": 16, "residual_length": 8, "axis_key": -1, "axis_value": -1},
+    ],
+)
+def test_quantized_generate_matches_a_measured_one(config: dict[str, int]) -> None:
+    """A tiny Llama whose KV is wide (8 heads of 64 dims) and feed-forward narrow (16): the
+    peak is a re-quantisation of the cache (quanto's ``round`` and ``clamp`` copies and the
+    uint8 result of all 80 positions), not the prefill. The real call (the first of the
+    process builds quanto's CPU extension) is recorded from the CPU allocator's reports."""
+    _quanto(real_run=True)
+    from jupyter_vram._estimator.generation import cache_options
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=16, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=8, head_dim=64, vocab_size=256, max_position_embeddings=128,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    prompt, new, batch = 64, 24, 2
+    estimate = jv.estimate_generate(model, prompt, new, batch=batch, cache="quantized",
+                                    cache_config=config, device="cpu")  # fmt: skip
+    ids = torch.randint(0, 256, (batch, prompt))
+    options = cache_options("quantized", config)
+    generate_step(model, (), {"input_ids": ids}, new, "quantized", options)  # warm-up
+    with jv.record(namespace={"ids": ids}) as rec:  # the prompt is held, as the estimate's
+        generate_step(model, (), {"input_ids": ids}, new, "quantized", options)
+    assert _most(estimate.profile, "kv_cache") == _most(rec.profile, "kv_cache")
+    frame = rec.profile.to_dataframe()
+    at_peak = frame[frame.live_at_peak]
+    # 2 sequences x 8 heads x 80 positions x 64 dims, float32: re-quantised keys of layer 0
+    assert (at_peak.op == "round").any() and 2 * 8 * 80 * 64 * 4 in set(at_peak.bytes)
+    assert abs(estimate.peak_bytes - rec.profile.peak_bytes) <= 64, (
+        estimate.peak_bytes, rec.profile.peak_bytes,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_quantized_generate_bench_row() -> None:
+    """The bench's row: Llama at batch 4, 4-bit quanto cache re-quantised every 16 tokens."""
+    _quanto(real_run=True)
+    measured, estimate = measured_and_estimated("llama-generate-quantized")
+    _within(measured, estimate)
+    assert abs(estimate.peak_bytes - int(measured["peak_bytes"])) <= 64
+
+
+def test_magic_generate_with_a_quantized_cache(capsys: pytest.CaptureFixture[str]) -> None:
+    """``%vram_estimate model --generate N --cache quantized --cache-config ...``."""
+    _quanto()
+    from .conftest import ipython_shell
+
+    shell = ipython_shell()
+    assert shell is not None
+    shell.run_line_magic("load_ext", "jupyter_vram")
+    shell.user_ns["tiny_llama"] = _tiny_llama()
+    capsys.readouterr()
+    try:
+        line = (
+            "%vram_estimate tiny_llama --generate 24 --input 40 --batch-size 2 --device cpu"
+            " --cache quantized --cache-config q_group_size=16,residual_length=8 --text"
+        )
+        assert shell.run_cell(line).success
+        estimate = shell.user_ns["_vram_estimate"]
+        assert shell.run_cell(line.replace("residual_length=8", "residual")).success
+    finally:
+        shell.user_ns.pop("tiny_llama", None)
+    out = capsys.readouterr().out
+    assert "quantized KV cache (quanto 4-bit, groups of 16, the newest 8 tokens" in out, out
+    assert _most(estimate.profile, "kv_cache") == 23_552  # as test_quantized_cache_bytes_by_hand
+    assert "--cache-config takes name=value pairs" in out

@@ -234,6 +234,7 @@ class GpuRow:
     headroom: str
     largest: str
     chosen: bool
+    context: str = ""  # a generation's longest context that fits, where searched
 
 
 def gpu_table_html(
@@ -243,6 +244,7 @@ def gpu_table_html(
     The row of ``chosen`` (the GPU asked about) is highlighted."""
     approximate = {g.name for g in gpus if g.approximate}
     searched = "max_batch_size" in frame.columns
+    contexts = "max_context" in frame.columns
     rows = [
         GpuRow(
             name=str(row["gpu"]),
@@ -251,6 +253,7 @@ def gpu_table_html(
             headroom=f"{row['headroom_gib']:.2f} GiB",
             largest=format_batch(int(row["max_batch_size"])) if searched else "",
             chosen=str(row["gpu"]) == chosen,
+            context=f"{int(row['max_context']):,} tokens" if contexts else "",
         )
         for row in _records(frame)
     ]
@@ -260,6 +263,7 @@ def gpu_table_html(
         rows=rows,
         batch_size=batch_size,
         searched=searched,
+        contexts=contexts,
         rule=FITS_RULE,
         approximate=bool(approximate),
     )

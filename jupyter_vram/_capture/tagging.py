@@ -851,13 +851,24 @@ def cache_tensors(values: list[Any]) -> list[torch.Tensor]:
                 continue
             seen.add(id(value))
             if is_cache(cls):
-                found.extend(_tensors_within([value], set()))
+                found.extend(_with_wrapped(_tensors_within([value], set())))
             elif depth < 4 and isinstance(value, (tuple, list)):
                 todo.extend((v, depth + 1) for v in value[:LARGE])
             elif depth < 4 and isinstance(value, Mapping):
                 todo.extend((v, depth + 1) for v in list(value.values())[:LARGE])
     except Exception:  # noqa: BLE001 - bookkeeping must never break the user's forward
         return found
+    return found
+
+
+def _with_wrapped(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``tensors`` and what their wrapper subclasses hold (a quantised cache's packed data,
+    scales and shifts: the wrapper has no storage of its own)."""
+    found = list(tensors)
+    for tensor in tensors:
+        if _flattens(type(tensor)):
+            data, state = quantisation_parts(tensor)
+            found.extend(data + state)
     return found
 
 

@@ -315,11 +315,16 @@ class Estimate:
 
     def gpu_table(self, gpus: Iterable[str | Gpu] | None = None, *, search: bool = True,
                   progress: Progress | None = None) -> pd.DataFrame:  # fmt: skip
-        """One row per GPU: memory, whether this step fits, headroom, largest batch."""
+        """One row per GPU: memory, whether this step fits, headroom, largest batch; for a
+        generation from token ids also the longest context that fits (``max_context``, in
+        tokens: prompt + new, 0 when none; :meth:`max_context`)."""
         import pandas as pd
 
         chosen = [_gpu(g) for g in gpus] if gpus is not None else list(GPUS)
         largest = self.max_batch_sizes(chosen, progress=progress) if search else {}
+        contexts: dict[str, int] = {}
+        if search and self.settings.generate and self.prompt_length:
+            contexts = self.max_contexts(chosen, progress=progress)
         rows = []
         for gpu in chosen:
             row: dict[str, Any] = {
@@ -330,6 +335,8 @@ class Estimate:
             }
             if search:
                 row["max_batch_size"] = largest[gpu.name]
+            if contexts:
+                row["max_context"] = contexts[gpu.name]
             rows.append(row)
         return pd.DataFrame(rows)
 

@@ -142,6 +142,7 @@ def estimate_generate(
     dtype: str | None = None,
     gpu: str | Gpu | None = None,
     *,
+    cache_config: Mapping[str, Any] | None = None,
     stacks: bool = True,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     torch_version: str | None = None,
@@ -156,11 +157,14 @@ def estimate_generate(
     on the meta device in the estimator process only. ``prompt``: a length in tokens, token
     ids (a tensor), or named shapes as in :func:`estimate` (``"input_features=1x80x3000"``).
     ``batch``: sequences generated at once (default 1; with a length or 1-D ids).
-    ``cache``: "dynamic" (grows by concatenation) or "static" (allocated for the whole
-    length at once); a quantised cache is refused, not guessed. ``gpu``: a GPU name, which
-    implies ``device="cuda"`` with that card's attention kernel.
+    ``cache``: "dynamic" (grows by concatenation), "static" (allocated for the whole
+    length at once) or "quantized" (optimum-quanto's packed integers, the newest tokens kept
+    unquantised); ``cache_config``: a quantised cache's options as transformers takes them
+    (backend "quanto", nbits, axis_key, axis_value, q_group_size, residual_length; the HQQ and
+    fp8 backends are refused). ``gpu``: a GPU name, which implies ``device="cuda"`` with that
+    card's attention kernel.
     """
-    from .generation import GenerationError, check_cache, check_generates
+    from .generation import GenerationError, cache_options, check_generates, check_quantizer
 
     if not isinstance(new_tokens, int) or new_tokens < 1:
         raise EstimateError(f"new_tokens must be a positive number of tokens, not {new_tokens!r}")
@@ -169,7 +173,8 @@ def estimate_generate(
     inputs, batch_size = _prompt_inputs(prompt, batch)
     spec: BatchSpec | PendingInputs
     try:
-        check_cache(cache)
+        options = cache_options(cache, cache_config)
+        check_quantizer(options)
         if from_config:  # built, checked and fed in the estimator process only
             spec = PendingInputs(inputs, batch_size)
         else:
@@ -185,7 +190,8 @@ def estimate_generate(
         raise EstimateError(f"device must be 'cuda' or 'cpu', not {device!r}")
     settings = StepSettings(device=device, dtype=dtype, optimizer="none", inference=True,
                             stacks=stacks, flash_attention=flash, torch_version=torch_version,
-                            generate=new_tokens, cache=cache)  # fmt: skip
+                            generate=new_tokens, cache=cache,
+                            cache_config=options)  # fmt: skip
     payload = pack_job(Job(model, spec))
     with EstimatorProcess(payload, timeout_s=timeout_s) as process:
         profile = process.run(settings, None)

@@ -24,7 +24,7 @@ The step is the same code for the fake run and for a measured real run
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -36,7 +36,20 @@ from torch.utils.weak import WeakIdKeyDictionary
 from .inputs import BatchSpec, TensorInput
 
 #: Cache kinds the estimate simulates (transformers' ``cache_implementation`` names).
-CACHES = ("dynamic", "static")
+CACHES = ("dynamic", "static", "quantized")
+
+#: A quantised cache's options (transformers' ``cache_config``) and transformers' defaults.
+QUANTIZED_DEFAULTS: dict[str, str | int] = {
+    "backend": "quanto",
+    "nbits": 4,
+    "axis_key": 0,
+    "axis_value": 0,
+    "q_group_size": 64,
+    "residual_length": 128,
+}
+
+#: Values quanto's cache layer takes (transformers' ``QuantoQuantizedLayer`` checks them).
+_QUANTO_CHOICES = {"nbits": (2, 4), "axis_key": (0, -1), "axis_value": (0, -1)}
 
 
 class GenerationError(ValueError):
@@ -50,11 +63,81 @@ def check_cache(cache: str) -> str:
         return cache
     if "quant" in cache:
         raise GenerationError(
-            f"cache={cache!r}: a quantised cache's size depends on its backend (quanto / HQQ "
-            "packing and residual length), which the estimate does not simulate; use 'dynamic' "
-            "or 'static'"
+            f"cache={cache!r} is not a cache kind; a quantised cache is cache='quantized' "
+            "(its backend, nbits, q_group_size and residual_length in cache_config)"
         )
     raise GenerationError(f"cache={cache!r} is not simulated; use one of {', '.join(CACHES)}")
+
+
+def cache_options(cache: str, config: Mapping[str, Any] | None) -> str:
+    """A quantised cache's ``cache_config`` as the settings keep it ("backend=quanto,nbits=4,
+    ..."; every option, transformers' default where not given); "" for other caches.
+    :class:`GenerationError` names an option or backend the estimate does not simulate: only
+    quanto's packing is (the cache's own code runs in the fake run; HQQ's and fp8's not)."""
+    check_cache(cache)
+    if cache != "quantized":
+        if config:
+            raise GenerationError(f"cache_config is for cache='quantized', not cache={cache!r}")
+        return ""
+    given = dict(config or {})
+    unknown = sorted(set(given) - set(QUANTIZED_DEFAULTS))
+    if unknown:
+        raise GenerationError(
+            f"cache_config: unknown option(s) {', '.join(unknown)}; a quantised cache takes "
+            f"{', '.join(QUANTIZED_DEFAULTS)}"
+        )
+    options = {**QUANTIZED_DEFAULTS, **given}
+    if options["backend"] != "quanto":
+        raise GenerationError(
+            f"cache_config backend={options['backend']!r}: only the quanto backend "
+            "(optimum-quanto) is simulated; HQQ's quantiser and fp8 are not"
+        )
+    for name in ("nbits", "axis_key", "axis_value", "q_group_size", "residual_length"):
+        value = options[name]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise GenerationError(f"cache_config {name}={value!r} must be a whole number")
+        if name in _QUANTO_CHOICES and value not in _QUANTO_CHOICES[name]:
+            allowed = " or ".join(str(v) for v in _QUANTO_CHOICES[name])
+            raise GenerationError(f"cache_config {name}={value}: quanto takes {allowed}")
+        if name in ("q_group_size", "residual_length") and value < 1:
+            raise GenerationError(f"cache_config {name}={value} must be positive")
+    return ",".join(f"{name}={value}" for name, value in options.items())
+
+
+def cache_words(cache: str, options: str) -> str:
+    """The cache in words: "dynamic KV cache", "quantized KV cache (quanto 4-bit, groups of
+    64, the newest 128 tokens unquantised)"."""
+    if not options:
+        return f"{cache} KV cache"
+    config = cache_config(options)
+    return (
+        f"{cache} KV cache ({config['backend']} {config['nbits']}-bit, groups of "
+        f"{config['q_group_size']}, the newest {config['residual_length']} tokens unquantised)"
+    )
+
+
+def check_quantizer(options: str) -> None:
+    """Refuse a quantised cache where its backend's package is missing (the fake run runs its
+    quantisation), naming the package."""
+    import importlib.util
+
+    if not options:
+        return
+    try:
+        found = importlib.util.find_spec("optimum.quanto") is not None
+    except ModuleNotFoundError:  # no optimum at all
+        found = False
+    if not found:
+        raise GenerationError(
+            "cache='quantized' (quanto backend) needs optimum-quanto installed "
+            "(pip install optimum-quanto): the estimate runs its quantisation on fake tensors"
+        )
+
+
+def cache_config(options: str) -> dict[str, str | int]:
+    """The ``cache_config`` dict of :func:`cache_options`' text."""
+    pairs = (item.split("=", 1) for item in options.split(",") if item)
+    return {name: value if name == "backend" else int(value) for name, value in pairs}
 
 
 def check_generates(model: nn.Module) -> None:
@@ -68,9 +151,12 @@ def check_generates(model: nn.Module) -> None:
         )
 
 
-def generation_kwargs(model: nn.Module, new_tokens: int, cache: str) -> dict[str, Any]:
+def generation_kwargs(
+    model: nn.Module, new_tokens: int, cache: str, options: str = ""
+) -> dict[str, Any]:
     """The arguments of the ``generate()`` call estimated and measured: greedy decoding of
-    exactly ``new_tokens`` tokens with a cache."""
+    exactly ``new_tokens`` tokens with a cache (``options``: a quantised cache's, as
+    :func:`cache_options` writes them)."""
     config = getattr(model, "generation_config", None) or getattr(model, "config", None)
     pad = getattr(config, "pad_token_id", None)
     if pad is None:
@@ -86,11 +172,18 @@ def generation_kwargs(model: nn.Module, new_tokens: int, cache: str) -> dict[str
     }
     if cache != "dynamic":
         kwargs["cache_implementation"] = cache
+    if options:
+        kwargs["cache_config"] = cache_config(options)
     return kwargs
 
 
 def generate_step(
-    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], new_tokens: int, cache: str
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    new_tokens: int,
+    cache: str,
+    options: str = "",
 ) -> None:
     """One ``generate()`` call of ``new_tokens`` tokens; its result is dropped at once. A
     positional input is the model's main input (``input_ids``, Whisper's ``input_features``);
@@ -102,7 +195,7 @@ def generate_step(
     if isinstance(ids, torch.Tensor) and not ids.is_floating_point():
         inputs.setdefault("attention_mask", torch.ones_like(ids))
     with torch.no_grad():
-        out = model.generate(**inputs, **generation_kwargs(model, new_tokens, cache))  # type: ignore[operator]
+        out = model.generate(**inputs, **generation_kwargs(model, new_tokens, cache, options))  # type: ignore[operator]
     del out
 
 
@@ -290,9 +383,14 @@ def ordinary_prompt_reads() -> Iterator[None]:
 
 __all__ = [
     "CACHES",
+    "QUANTIZED_DEFAULTS",
     "GenerationError",
+    "cache_config",
+    "cache_options",
+    "cache_words",
     "check_cache",
     "check_generates",
+    "check_quantizer",
     "decoding_steps",
     "generate_step",
     "generation_kwargs",

@@ -218,6 +218,7 @@ class Simulator:
             prompt_length,
             with_prompt_length,
         )
+        from .quantized_cache import quanto_as_run
 
         check_generates(self.model)  # a model sent as its config is first seen here
         self._kept = None  # a training run's fake tensors are not reused here
@@ -242,8 +243,13 @@ class Simulator:
                     recorder = cast_recorder(rec.recorder)
                     first = rows_of(recorder, _held_tensors(self.slots, None, args, kwargs))
                     recorder.mark_inputs(iter_tensors((args, kwargs)))
-                    with ordinary_prompt_reads(), decoding_steps(self.model, settings.generate):
-                        generate_step(self.model, args, kwargs, settings.generate, settings.cache)
+                    with (
+                        ordinary_prompt_reads(),
+                        decoding_steps(self.model, settings.generate),
+                        quanto_as_run(settings.cache_config, settings.target_type),
+                    ):
+                        generate_step(self.model, args, kwargs, settings.generate,
+                                      settings.cache, settings.cache_config)  # fmt: skip
                 del args, kwargs
         finally:
             for handle in position_checks:
@@ -254,6 +260,7 @@ class Simulator:
             **self._run_info(settings, batch, started),
             "new_tokens": settings.generate,
             "cache": settings.cache,
+            "cache_config": settings.cache_config,
             "prompt_length": prompt_length(batch) or 0,
             "max_positions": max_positions(self.model),
             "simulated_on": "fake tensors (torch FakeTensorMode) on the CPU",

@@ -20,6 +20,7 @@ from torch import nn
 
 from .._capture.tagging import iter_tensors
 from .._transforms.amp import amp_dtype, autocast
+from .generation import cache_words
 from .inputs import parse_dtype
 
 LossFn = Callable[[Any, Any], torch.Tensor]
@@ -47,6 +48,8 @@ class StepSettings:
     torch_version: str | None = None
     generate: int = 0  # > 0: a generate() call of that many new tokens instead of a step
     cache: str = "dynamic"  # the KV cache generate() uses (generation.CACHES)
+    # a quantised cache's options ("backend=quanto,nbits=4,..."; generation.cache_options)
+    cache_config: str = ""
     # > 0: the prompt lengthened (or shortened) to that many tokens (the longest-context
     # search's runs); 0: the prompt as given
     prompt_length: int = 0
@@ -66,7 +69,8 @@ class StepSettings:
             parts.append("checkpointing")
         if self.generate:
             prompt = f"after {self.prompt_length} prompt tokens, " if self.prompt_length else ""
-            parts.append(f"generate {self.generate} tokens, {prompt}{self.cache} KV cache")
+            cache = cache_words(self.cache, self.cache_config)
+            parts.append(f"generate {self.generate} tokens, {prompt}{cache}")
         else:
             parts.append("inference" if self.inference else f"optimizer {self.optimizer}")
         if self.target_type == "cuda" and not self.flash_attention:

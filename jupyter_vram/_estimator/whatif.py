@@ -158,7 +158,7 @@ def variants(base: StepSettings) -> list[tuple[str, StepSettings]]:
         options = [o for o in options if o[1].optimizer == base.optimizer and not o[1].checkpoint]
     if base.generate:  # the same generate() call with the other cache kind
         other = "static" if base.cache == "dynamic" else "dynamic"
-        options.append((f"{other} KV cache", replace(base, cache=other)))
+        options.append((f"{other} KV cache", replace(base, cache=other, cache_config="")))
     if base.optimizer == "custom":
         options = [o for o in options if o[1].optimizer == "custom"]
     seen = {base}

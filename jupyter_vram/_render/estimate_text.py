@@ -20,14 +20,20 @@ if TYPE_CHECKING:
 
 
 def gpu_table_text(table: pd.DataFrame) -> str:
-    """The GPU table as aligned text."""
-    lines = [f"{'GPU':<16}{'memory':>10}  {'fits':<5}{'headroom':>11}  largest batch"]
+    """The GPU table as aligned text (a generation's longest context, in tokens, where the
+    table has it)."""
+    contexts = "max_context" in table.columns
+    head = f"{'GPU':<16}{'memory':>10}  {'fits':<5}{'headroom':>11}  largest batch"
+    lines = [head + ("  longest context" if contexts else "")]
     for _, row in table.iterrows():
         largest = row.get("max_batch_size")
-        lines.append(
+        line = (
             f"{row['gpu']:<16}{row['memory_gib']:>7.1f} GiB  {'yes' if row['fits'] else 'no':<5}"
             f"{row['headroom_gib']:>7.1f} GiB  {'' if largest is None else largest}"
         )
+        if contexts:
+            line = f"{line:<62}  {int(row['max_context']):,} tokens"
+        lines.append(line)
     return "\n".join(lines)
 
 
