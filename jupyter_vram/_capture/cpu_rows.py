@@ -86,7 +86,7 @@ def build_rows(
     for name in read.ops[1:]:
         builder.ops(name)
     cpu = builder.devices("cpu")
-    r = _replay_reports(builder, read.events, cpu, t0)
+    r = _replay_reports(builder, read.events, cpu, t0, {note[1] for note in notes})
     space = _Space(r.blocks, r.orphans, r.alloc_time, r.free_time)
     unreported = _place_notes(builder, r, space, notes, freed, cpu, t0, threads_ran_from, maps)
     _kept_for_backward(builder, r)
@@ -104,7 +104,8 @@ class _Replay:
     """What replaying the allocator's reports left: the blocks still live (by address), and
     each row's allocation and free times (reported, or inferred where the reports are silent)."""
 
-    by_ptr: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # ptr -> (t, row)
+    #: noted address -> (time, row) of the allocations made there
+    by_ptr: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     live: dict[int, tuple[int, int]] = field(default_factory=dict)  # ptr -> (row, end address)
     alloc_time: dict[int, int] = field(default_factory=dict)
     reported: dict[int, int] = field(default_factory=dict)  # row -> time of its reported free
@@ -117,10 +118,13 @@ class _Replay:
     free_time: dict[int, int] = field(default_factory=dict)  # inferred, then reported, frees
 
 
-def _replay_reports(builder: ProfileBuilder, events: Reports, cpu: int, t0: int) -> _Replay:
+def _replay_reports(
+    builder: ProfileBuilder, events: Reports, cpu: int, t0: int, noted: set[int]
+) -> _Replay:
     """1. Allocations made while recording, each report paired with the live block at its
     address; ``starts`` orders the live blocks by address. The hot loop: locals only (the
-    rows are added in bulk after it, in report order)."""
+    rows are added in bulk after it, in report order); ``by_ptr`` only for the addresses a
+    role note names (``noted``)."""
     r = _Replay()
     by_ptr, live, alloc_time, blocks = r.by_ptr, r.live, r.alloc_time, r.blocks
     inferred, evicted, reported, free_phase = r.inferred, r.evicted, r.reported, r.free_phase
@@ -146,7 +150,8 @@ def _replay_reports(builder: ProfileBuilder, events: Reports, cpu: int, t0: int)
             live[ptr] = (row, stop_at)
             starts.add(ptr)
             alloc_time[row] = t
-            by_ptr.setdefault(ptr, []).append((t, row))
+            if ptr in noted:
+                by_ptr.setdefault(ptr, []).append((t, row))
             blocks.append((ptr, stop_at, row))
             if recompute:
                 r.recompute_end[row] = recompute

@@ -262,9 +262,9 @@ def made_by_run(
     cell that keeps 300,000 tensors in a list would pay seconds); the garbage collector's
     tensors (the cell's last value, a traceback's locals, cycles) only for rows the names did
     not account for: listed in C (~0.05 s for 300,000 objects), then at most ``max_tensors``
-    of them looked at (at most ``max_named`` past the names' bound). The last item says which
-    bound, if any, stopped the search (:data:`NAMES_BOUND`, :data:`COLLECTOR_BOUND`; "":
-    every candidate was looked at)."""
+    of them looked at (past the names' bound, a tenth of ``max_named``: what is left is then
+    mostly the names' own tensors). The last item says which bound, if any, stopped the
+    search (:data:`NAMES_BOUND`, :data:`COLLECTOR_BOUND`; "": every candidate was looked at)."""
     made: dict[int, Any] = {}
     exact: dict[int, int] = {}
     left = rows.copy()
@@ -295,8 +295,8 @@ def made_by_run(
         for storage in held_storages(namespace, device_type, limit=max_named):
             claim(storage)  # on the device already
     bound = NAMES_BOUND if len(walked) > max_named else ""
-    if bound:  # the rows left are mostly the names' tensors past it: look for others as far
-        max_tensors = min(max_tensors, max_named)
+    if bound:  # the rows left are mostly the names' tensors past it: a look for others only
+        max_tensors = min(max_tensors, max_named // 10)
     if left.empty():
         return made, exact, bound
     seen = set(map(id, walked))  # alive while ``walked`` is: looked at, or left to the bound
