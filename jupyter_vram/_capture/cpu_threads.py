@@ -102,8 +102,8 @@ class ThreadWatch:
         sys.setprofile(self._previous)
 
     def sample_memory(self, *, last: bool = False) -> None:
-        """Snapshot the memory map, at most every ``_MAP_EVERY_NS`` (or 20 times what the
-        last one took: at most 5 % of the time) and ``_MAX_MAPS`` times a recording;
+        """Snapshot the memory map, at most every ``_MAP_EVERY_NS`` (or 100 times what the
+        last one took: at most 1 % of the time) and ``_MAX_MAPS`` times a recording;
         ``last``: the first and the last one, always. Never raises."""
         began = time.monotonic_ns()
         if not last and (began < self.next_map or len(self.maps) >= _MAX_MAPS):
@@ -112,7 +112,7 @@ class ThreadWatch:
             snapshot = MemoryMap.now()
             if snapshot is not None:
                 self.maps.append(snapshot)
-        self.next_map = began + max(_MAP_EVERY_NS, 20 * (time.monotonic_ns() - began))
+        self.next_map = began + max(_MAP_EVERY_NS, 100 * (time.monotonic_ns() - began))
 
     def stop(self) -> None:
         if not self._on:
