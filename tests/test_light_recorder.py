@@ -157,3 +157,20 @@ def test_without_a_compiler_the_profiler_reads_and_the_profile_says_why(tmp_path
     assert lines[0] == "torch.profiler"
     assert lines[1] == str(256 * 4)
     assert "could not be built" in lines[2] and "no-such-compiler" in lines[2]
+
+
+def test_a_process_forked_while_recording_records_nothing() -> None:
+    """A DataLoader worker forked mid-cell inherits the callback: it must neither record nor
+    grow (its ops would otherwise add to arrays nobody reads)."""
+    with jv.record("cpu") as rec:
+        kept = torch.ones(100)
+        pid = os.fork()
+        if pid == 0:  # the child: run ops, then say whether it thinks it records
+            for _ in range(1000):
+                torch.ones(10).add_(1)
+            os._exit(3 if native.recording() else 0)
+        _, status = os.waitpid(pid, 0)
+        more = torch.ones(200)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert rec.profile.peak_bytes == 4 * 100 + 4 * 200
+    del kept, more

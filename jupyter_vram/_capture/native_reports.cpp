@@ -22,6 +22,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <pthread.h>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -166,6 +167,10 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   f.point = -1;
   f.own_span = -1;
   f.end = END_NONE;
+  if (!g_active.load(std::memory_order_relaxed)) {  // stopping, or a forked child: pair only
+    ts.stack.push_back(f);
+    return nullptr;
+  }
   const char* name = fn.name();
   if (starts_with(name, "aten::", 6)) {
     const char* op = name + 6;
@@ -200,6 +205,11 @@ void on_end(const at::RecordFunction&, at::ObserverContext*) {
     g_spans[slot * SPAN_COLUMNS + 1] = t;
   }
 }
+
+// A process forked while recording (a DataLoader worker) records nothing: its callbacks
+// only keep their frames paired, and its reports are dropped.
+void forked_child() { g_active.store(false); }
+const int g_atfork = pthread_atfork(nullptr, nullptr, &forked_child);
 
 struct Reporter final : public c10::MemoryReportingInfoBase {
   void reportMemoryUsage(void* ptr, int64_t size, size_t, size_t, c10::Device device) override {
