@@ -174,3 +174,25 @@ def test_a_process_forked_while_recording_records_nothing() -> None:
     assert os.waitstatus_to_exitcode(status) == 0
     assert rec.profile.peak_bytes == 4 * 100 + 4 * 200
     del kept, more
+
+
+class _Twice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return grad * 2
+
+
+def test_custom_autograd_functions_run_under_the_light_recorder() -> None:
+    """torch reads what sits in the thread's profiler-state slot as a profiler's state when a
+    custom autograd Function applies (bitsandbytes' 4-bit matmul is one): a bare memory
+    reporter there made that apply fail (std::bad_alloc) or crash the process."""
+    x = torch.randn(64, requires_grad=True)
+    with jv.record("cpu") as rec:
+        for _ in range(500):
+            _Twice.apply(x).sum().backward()
+    assert rec.profile.meta["reports_from"] == "light recorder"
+    assert x.grad is not None and torch.equal(x.grad, torch.full((64,), 2.0 * 500))

@@ -13,6 +13,7 @@
 #include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
 
 #include <atomic>
 #include <chrono>
@@ -64,10 +65,15 @@ std::atomic<bool> g_active{false};
 std::atomic<int64_t> g_generation{0};
 at::CallbackHandle g_handle = 0;
 
+// set when this thread's state is destroyed (thread exit): a free reported after that, by
+// another thread-local's destructor, must not touch it
+thread_local bool t_gone = false;
+
 struct ThreadState {
   int64_t generation = -1;
   std::vector<Frame> stack;
   std::unordered_map<const char*, std::pair<int32_t, const std::string*>> ids;
+  ~ThreadState() { t_gone = true; }
 };
 thread_local ThreadState t_state;
 
@@ -162,6 +168,7 @@ void enter_range(ThreadState& ts, const at::RecordFunction& fn, const char* name
 }
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  if (t_gone) return nullptr;
   ThreadState& ts = state();
   Frame f = ts.stack.empty() ? Frame{0, -2, -1, -1, 0, -1, END_NONE} : ts.stack.back();
   f.point = -1;
@@ -188,6 +195,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
 }
 
 void on_end(const at::RecordFunction&, at::ObserverContext*) {
+  if (t_gone) return;
   ThreadState& ts = state();
   if (ts.stack.empty()) return;
   Frame f = ts.stack.back();
@@ -211,9 +219,20 @@ void on_end(const at::RecordFunction&, at::ObserverContext*) {
 void forked_child() { g_active.store(false); }
 const int g_atfork = pthread_atfork(nullptr, nullptr, &forked_child);
 
-struct Reporter final : public c10::MemoryReportingInfoBase {
+// torch reads whatever sits in the thread's PROFILER_STATE slot as a profiler's state
+// (ProfilerStateBase: its config, its type); a bare memory reporter there was read as one and
+// crashed (an autograd Function's apply). Ours is a profiler state that says "disabled": torch
+// code asking whether a profiler runs hears no, and the allocator still reports to it.
+struct Reporter final : public torch::profiler::impl::ProfilerStateBase {
+  Reporter()
+      : ProfilerStateBase(
+            torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::Disabled)) {}
+  torch::profiler::impl::ActiveProfilerType profilerType() override {
+    return torch::profiler::impl::ActiveProfilerType::NONE;
+  }
   void reportMemoryUsage(void* ptr, int64_t size, size_t, size_t, c10::Device device) override {
-    if (!g_active.load(std::memory_order_relaxed) || device.type() != c10::DeviceType::CPU) {
+    if (!g_active.load(std::memory_order_relaxed) || device.type() != c10::DeviceType::CPU ||
+        t_gone) {
       return;
     }
     ThreadState& ts = state();

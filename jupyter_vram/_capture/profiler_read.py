@@ -553,12 +553,8 @@ def _sweep(
     by_node = backward & ~recompute
     if by_node.any():
         seqs, where = np.unique(bseq[by_node], return_inverse=True)
-        found = [state.seq_module.get(seq) for seq in seqs.tolist()]
-        names = [
-            m if m is not None else state.windows.module_of(s)
-            for m, s in zip(found, seqs.tolist(), strict=True)
-        ]
-        module[by_node] = np.asarray(names, np.int64)[where]
+        of_node = [_module_of_node(state, seq) for seq in seqs.tolist()]
+        module[by_node] = np.asarray(of_node, np.int64)[where]
     table[:, _MODULE] = module
     table[:, _RECOMPUTE] = np.where(recompute, recompute_until, 0)
     free_standing = ~in_step & ~in_module & (table[:, _OP] == seed_op)
