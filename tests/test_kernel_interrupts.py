@@ -19,10 +19,11 @@ import pytest
 
 jupyter_client = pytest.importorskip("jupyter_client")
 
+# long enough (about 0.3 s plain) that interrupts sent 0-0.4 s after it starts land inside
 CELL = """%%vram -q
 xs = []
-for i in range(400):
-    xs.append(torch.randn(64, 64) @ torch.randn(64, 64))
+for i in range(1000):
+    xs.append(torch.randn(128, 128) @ torch.randn(128, 128))
     if len(xs) > 20:
         xs.pop(0)
 """
@@ -31,7 +32,7 @@ PROBE = """
 import signal, threading, torch
 from torch.nn.modules import module as _m
 from torch.optim import optimizer as _o
-from jupyter_vram._capture import RECORDING_LOCK
+from jupyter_vram._capture import RECORDING_LOCK, native
 state = (
     torch.autograd.profiler._is_profiler_enabled,
     len(_m._global_forward_pre_hooks), len(_m._global_forward_hooks),
@@ -40,8 +41,12 @@ state = (
     threading.getprofile() is None,
     signal.getsignal(signal.SIGINT) is signal.default_int_handler,
     RECORDING_LOCK.locked(),
+    native.recording(),
+    torch.autograd.profiler._run_on_profiler_start.__qualname__,
 )
-assert state == (False, 0, 0, 0, 0, True, True, True, False), state
+assert state == (
+    False, 0, 0, 0, 0, True, True, True, False, False, "_run_on_profiler_start"
+), state
 """
 
 NEXT = """%%vram -q

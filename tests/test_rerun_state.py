@@ -425,15 +425,20 @@ def test_a_discarded_interrupted_recording_is_not_read(monkeypatch: pytest.Monke
     stacks; elsewhere an interrupted run keeps its partial profile."""
     from jupyter_vram._capture import cpu_recorder, profiler_chunks
 
-    read: list[int] = []  # events read as the recording stops
+    read: list[int] = []  # events read as the recording stops (either reading)
     stopping: list[bool] = []
-    real = profiler_chunks.read_events
+    real, real_native = profiler_chunks.read_events, profiler_chunks.read_native
     real_stop = cpu_recorder.ProfilerRecorder.stop
 
     def spy(roots: Any, *args: Any, **kwargs: Any) -> Any:
         if stopping:
             read.append(len(roots))
         return real(roots, *args, **kwargs)
+
+    def spy_native(chunk: Any, *args: Any, **kwargs: Any) -> Any:
+        if stopping:
+            read.append(len(chunk))
+        return real_native(chunk, *args, **kwargs)
 
     def stop(self: Any, error: str | None = None) -> jv.Profile:
         stopping.append(True)
@@ -443,6 +448,7 @@ def test_a_discarded_interrupted_recording_is_not_read(monkeypatch: pytest.Monke
             stopping.clear()
 
     monkeypatch.setattr(profiler_chunks, "read_events", spy)
+    monkeypatch.setattr(profiler_chunks, "read_native", spy_native)
     monkeypatch.setattr(cpu_recorder.ProfilerRecorder, "stop", stop)
     monkeypatch.setattr(profiler_chunks, "FIRST_CHUNK_NS", 10**15)  # one chunk: read at the end
     ns = notebook()
@@ -472,9 +478,9 @@ def test_an_interrupted_rerun_reads_no_events(
     from jupyter_vram import _session as session
     from jupyter_vram._capture import cpu_recorder, profiler_chunks
 
-    read_at_stop: list[int] = []
+    read_at_stop: list[int] = []  # either reading
     stopping: list[bool] = []
-    real = profiler_chunks.read_events
+    real, real_native = profiler_chunks.read_events, profiler_chunks.read_native
     real_stop = cpu_recorder.ProfilerRecorder.stop
 
     def spy(roots: Any, *args: Any, **kwargs: Any) -> Any:
@@ -482,11 +488,17 @@ def test_an_interrupted_rerun_reads_no_events(
             read_at_stop.append(len(roots))
         return real(roots, *args, **kwargs)
 
+    def spy_native(chunk: Any, *args: Any, **kwargs: Any) -> Any:
+        if stopping:
+            read_at_stop.append(len(chunk))
+        return real_native(chunk, *args, **kwargs)
+
     def stop(self: Any, error: str | None = None) -> jv.Profile:
         stopping.append(True)
         return real_stop(self, error)
 
     monkeypatch.setattr(profiler_chunks, "read_events", spy)
+    monkeypatch.setattr(profiler_chunks, "read_native", spy_native)
     monkeypatch.setattr(cpu_recorder.ProfilerRecorder, "stop", stop)
     cell = session.cell_of(baseline)
     assert cell is not None
