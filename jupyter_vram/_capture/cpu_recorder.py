@@ -7,7 +7,7 @@ executes exactly the program it would without us (a dispatch mode makes it accum
 gradients out of place, which raises the true peak of some models by a third).
 
 The reports come from the light recorder (``native``: a C++ memory reporter that notes the op,
-backward node and ranges around each report as the cell runs, ~10 % on a small training step
+backward node and ranges around each report as the cell runs, ~20 % on a small training step
 where the profiler costs 2-3x), or from the profiler's event tree (``profiler_read``) where
 that library cannot be built, Python stacks are traced, or a distributed run needs the
 profiler's collective ranges. Either is read a chunk at a time, at a module call or between

@@ -4,7 +4,7 @@ torch.profiler costs 2-3x a small training step while it runs (it records every 
 event and post-processes each one) before any of its events is read. The allocator's reports
 it gets come from a hook any library can install: a thread's memory-reporting debug info.
 ``native_reports.cpp`` installs its own, plus a RecordFunction callback that keeps the op and
-ranges open on each thread, and writes each report as a row of six integers: about 10 %
+ranges open on each thread, and writes each report as a row of six integers: about 20 %
 on the same step.
 
 The library is compiled once per torch build with the system's C++ compiler (a few seconds,
