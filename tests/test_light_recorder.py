@@ -196,3 +196,16 @@ def test_custom_autograd_functions_run_under_the_light_recorder() -> None:
             _Twice.apply(x).sum().backward()
     assert rec.profile.meta["reports_from"] == "light recorder"
     assert x.grad is not None and torch.equal(x.grad, torch.full((64,), 2.0 * 500))
+
+
+def test_a_profile_names_only_the_ops_its_own_reports_made() -> None:
+    """The library's name table lives as long as the process: a later recording's profile must
+    not list the ops an earlier one ran (the plan reads "BatchNorm in the run" from them)."""
+    with jv.record("cpu"):
+        nn.BatchNorm1d(4)(torch.randn(8, 4))
+    with jv.record("cpu") as rec:
+        kept = torch.ones(1000) * 2
+    ops = set(rec.profile.ops)
+    assert "mul" in ops
+    assert not any("batch_norm" in op for op in ops), ops
+    del kept

@@ -231,7 +231,7 @@ class ReadState:
     sticky: bool = False
     #: where the last chunk's backward seed (a free-standing ones_like) is in the reports
     seed: int = -1
-    #: the light recorder's name ids -> op ids
+    #: the light recorder's name ids -> op ids (-1: none of this recording's reports used it)
     native_ops: list[int] = field(default_factory=list)
 
 
@@ -366,9 +366,11 @@ def read_native(
     """What :func:`read_events` gives for the profiler's tree, from a chunk of the light
     recorder (``native``), which noted each report's op, backward node and outermost span,
     and the ranges' time points, as it ran."""
-    ops = state.native_ops
-    for name in chunk.names[len(ops) :]:  # the library's name ids, as op ids (0 stays 0)
-        ops.append(state.ops(name) if ops else 0)
+    ops = state.native_ops  # the library's name ids -> op ids (-1: not needed yet)
+    ops.extend([-1] * (len(chunk.names) - len(ops)))
+    for i in np.unique(chunk.reports[:, 3]).tolist():  # only the ops of this recording's
+        if ops[i] < 0:  # reports: the library names every op the process ever ran
+            ops[i] = state.ops(chunk.names[i]) if i else 0
     reports = chunk.reports
     if len(reports):
         reports = reports[np.argsort(reports[:, 0], kind="stable")]  # threads interleave
