@@ -4,6 +4,16 @@
 # apt-get when /usr/bin/chromium is missing (as root; otherwise those tests skip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The light CPU recorder compiles a small C++ library on first use (it falls back to the slower
+# torch.profiler without a compiler, and a test checks it builds): install g++ where missing.
+if ! command -v c++ >/dev/null && ! command -v g++ >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "test.sh: installing g++ for the light recorder"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null
+    else
+        echo "test.sh: no C++ compiler: the light recorder's build test will fail" >&2
+    fi
+fi
 chromium_pid=""
 if [ ! -x /usr/bin/chromium ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
