@@ -9,6 +9,8 @@ and is measured by the CPU allocator's own events under torch.profiler
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -257,22 +259,30 @@ def test_gpu_table_has_the_longest_context() -> None:
     assert "longest context</th>" in html and ">128 tokens</td>" in html, html
 
 
-def test_longest_context_in_the_magic(capsys: pytest.CaptureFixture[str]) -> None:
-    """``%vram_estimate model --generate N --gpu T4``: the answer names the longest context
-    too (a tiny model on a T4: the model's 128 positions)."""
+@contextlib.contextmanager
+def _shell_holding_tiny_llama() -> Iterator[Any]:
+    """The test IPython shell with jupyter_vram loaded and ``tiny_llama`` in its namespace
+    (removed after)."""
     from .conftest import ipython_shell
 
     shell = ipython_shell()
     assert shell is not None
     shell.run_line_magic("load_ext", "jupyter_vram")
     shell.user_ns["tiny_llama"] = _tiny_llama()
-    capsys.readouterr()
     try:
+        yield shell
+    finally:
+        shell.user_ns.pop("tiny_llama", None)
+
+
+def test_longest_context_in_the_magic(capsys: pytest.CaptureFixture[str]) -> None:
+    """``%vram_estimate model --generate N --gpu T4``: the answer names the longest context
+    too (a tiny model on a T4: the model's 128 positions)."""
+    with _shell_holding_tiny_llama() as shell:
+        capsys.readouterr()
         line = "%vram_estimate tiny_llama --generate 4 --input 16 --gpu T4 --text"
         assert shell.run_cell(line).success
         estimate = shell.user_ns["_vram_estimate"]
-    finally:
-        shell.user_ns.pop("tiny_llama", None)
     out = capsys.readouterr().out
     said = "128 tokens (124 prompt + 4 new) = the model's position limit"
     assert f"T4: longest context that fits at batch 1: {said}" in out, out
@@ -459,14 +469,8 @@ def test_quantized_generate_bench_row() -> None:
 def test_magic_generate_with_a_quantized_cache(capsys: pytest.CaptureFixture[str]) -> None:
     """``%vram_estimate model --generate N --cache quantized --cache-config ...``."""
     _quanto()
-    from .conftest import ipython_shell
-
-    shell = ipython_shell()
-    assert shell is not None
-    shell.run_line_magic("load_ext", "jupyter_vram")
-    shell.user_ns["tiny_llama"] = _tiny_llama()
-    capsys.readouterr()
-    try:
+    with _shell_holding_tiny_llama() as shell:
+        capsys.readouterr()
         line = (
             "%vram_estimate tiny_llama --generate 24 --input 40 --batch-size 2 --device cpu"
             " --cache quantized --cache-config q_group_size=16,residual_length=8 --text"
@@ -474,8 +478,6 @@ def test_magic_generate_with_a_quantized_cache(capsys: pytest.CaptureFixture[str
         assert shell.run_cell(line).success
         estimate = shell.user_ns["_vram_estimate"]
         assert shell.run_cell(line.replace("residual_length=8", "residual")).success
-    finally:
-        shell.user_ns.pop("tiny_llama", None)
     out = capsys.readouterr().out
     assert "quantized KV cache (quanto 4-bit, groups of 16, the newest 8 tokens" in out, out
     assert _most(estimate.profile, "kv_cache") == 23_552  # as test_quantized_cache_bytes_by_hand
