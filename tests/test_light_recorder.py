@@ -209,3 +209,23 @@ def test_a_profile_names_only_the_ops_its_own_reports_made() -> None:
     assert "mul" in ops
     assert not any("batch_norm" in op for op in ops), ops
     del kept
+
+
+def test_a_broken_cached_library_is_built_again(tmp_path: Path) -> None:
+    """A cached library that does not load (a truncated file) is rebuilt, not a fallback for
+    ever after."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    env.pop("JUPYTER_VRAM_NATIVE", None)
+    spoil = "from jupyter_vram._capture import native\nnative._built().write_bytes(b'broken')\n"
+    record = (
+        "import torch, jupyter_vram as jv\n"
+        "with jv.record('cpu') as rec:\n"
+        "    x = torch.ones(64)\n"
+        "print(rec.profile.meta['reports_from'], rec.profile.peak_bytes)\n"
+    )
+    for code in (spoil, record):
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["light", "recorder", "256"]

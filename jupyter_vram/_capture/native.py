@@ -62,7 +62,7 @@ def library() -> ctypes.CDLL | None:
     with _lock:
         if _library is None and not _why_not:
             try:
-                _library = _load(_built())
+                _library = _load_or_rebuild(_built())
             except Exception as error:  # noqa: BLE001 - any failure means "use the profiler"
                 _why_not = f"the light recorder could not be built ({error})"
     return _library
@@ -137,6 +137,16 @@ def _built() -> Path:
         if os.path.exists(partial):
             os.unlink(partial)
     return target
+
+
+def _load_or_rebuild(path: Path) -> ctypes.CDLL:
+    """Load the cached library; one that does not load (a truncated file, an interrupted copy)
+    is built again once."""
+    try:
+        return _load(path)
+    except OSError:
+        path.unlink(missing_ok=True)
+        return _load(_built())
 
 
 def _load(path: Path) -> ctypes.CDLL:
