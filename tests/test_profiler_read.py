@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 import torch.utils.checkpoint as cp
 from torch import nn
@@ -91,10 +92,11 @@ def test_address_search_finds_exactly_the_overlapping_blocks() -> None:
         start = rng.randrange(0, 1 << 24) * 64
         length = rng.choice([8, 64, 512, 4096, 1 << 16, 1 << 20, 150 << 20])
         blocks.append((start, start + length * rng.randint(1, 3), row))
-    search = _Intervals(blocks)
+    search = _Intervals(*(np.array(column, np.int64) for column in zip(*blocks, strict=True)))
     for _ in range(2000):
         ptr = rng.randrange(0, 1 << 30)
         size = rng.choice([1, 64, 4096, 1 << 20])
         expected = sorted(b for b in blocks if b[0] < ptr + size and b[1] > ptr)
         assert search.over(ptr, size) == expected
-    assert _Intervals([]).over(0, 10) == []
+    none = np.zeros(0, np.int64)
+    assert _Intervals(none, none, none).over(0, 10) == []

@@ -382,7 +382,7 @@ class ProfilerRecorder:
         self._chunks.enter(module_id, sys._getframe(2))  # the frame above our hooks
 
     def _exit_module(self) -> None:
-        self._chunks.exit(sys._getframe(2))
+        self._chunks.exit()
 
     def _on_role(self, tensor: torch.Tensor, category: int, module: int) -> None:
         if not self._active:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import native
 from .builder import BASELINE_OP, OTHER, TEMPORARY, ProfileBuilder
 from .cpu_threads import MemoryMap
 from .profiler_read import EventRead, Reports
@@ -99,6 +100,9 @@ def build_rows(
     return sum(1 for row in r.inferred if row not in r.reported)
 
 
+_NONE = np.zeros(0, np.int64)
+
+
 @dataclass
 class _Replay:
     """What replaying the allocator's reports left: the blocks still live (by address), and
@@ -111,7 +115,8 @@ class _Replay:
     reported: dict[int, int] = field(default_factory=dict)  # row -> time of its reported free
     inferred: dict[int, int] = field(default_factory=dict)  # row -> time of an unreported free
     evicted: dict[int, int] = field(default_factory=dict)  # row -> address (a later block over it)
-    blocks: list[tuple[int, int, int]] = field(default_factory=list)  # (address, end, row)
+    #: the allocations' address, end and row, as columns
+    blocks: tuple[np.ndarray, np.ndarray, np.ndarray] = (_NONE, _NONE, _NONE)
     orphans: list[tuple[int, int, int]] = field(default_factory=list)  # frees of no row here
     recompute_end: dict[int, int] = field(default_factory=dict)
     free_phase: dict[int, int] = field(default_factory=dict)
@@ -122,50 +127,93 @@ def _replay_reports(
     builder: ProfileBuilder, events: Reports, cpu: int, t0: int, noted: set[int]
 ) -> _Replay:
     """1. Allocations made while recording, each report paired with the live block at its
-    address; ``starts`` orders the live blocks by address. The hot loop: locals only (the
-    rows are added in bulk after it, in report order); ``by_ptr`` only for the addresses a
-    role note names (``noted``)."""
+    address (:func:`_links`); rows are added in bulk, in report order; ``by_ptr`` only for
+    the addresses a role note names (``noted``)."""
     r = _Replay()
-    by_ptr, live, alloc_time, blocks = r.by_ptr, r.live, r.alloc_time, r.blocks
-    inferred, evicted, reported, free_phase = r.inferred, r.evicted, r.reported, r.free_phase
-    starts = SortedInts()
-    row = len(builder) - 1  # the row the last allocation will have
-    columns = zip(
-        events.time_ns, events.ptr, events.size, events.phase, events.recompute_end, strict=True
+
+    def column(name: str, dtype: type) -> np.ndarray:
+        return np.frombuffer(getattr(events, name), dtype)
+
+    t, ptr, size = column("time_ns", np.int64), column("ptr", np.int64), column("size", np.int64)
+    link = _links(ptr, size)
+    made = np.flatnonzero(size > 0)
+    rows = np.arange(len(builder), len(builder) + len(made))
+    ended_by = link[made]
+    freed = ended_by >= 0
+    reported = freed & (size[np.maximum(ended_by, 0)] < 0)
+    unseen = freed & ~reported  # a later allocation over its bytes: freed where none reported
+    starts, ends, times = ptr[made], ptr[made] + size[made], t[made]
+    r.alloc_time = dict(zip(rows.tolist(), times.tolist(), strict=True))
+    by = ended_by[reported]
+    r.reported = dict(zip(rows[reported].tolist(), t[by].tolist(), strict=True))
+    r.free_phase = dict(
+        zip(rows[reported].tolist(), column("phase", np.int8)[by].tolist(), strict=True)
     )
-    for t, ptr, size, phase, recompute in columns:
-        if size > 0:
-            stop_at = ptr + size
-            other = starts.before(stop_at)
+    r.inferred = dict(zip(rows[unseen].tolist(), (t[ended_by[unseen]] - 1).tolist(), strict=True))
+    r.evicted = dict(zip(rows[unseen].tolist(), starts[unseen].tolist(), strict=True))
+    alive = ~freed
+    r.live = {
+        p: (row, end)
+        for p, row, end in zip(
+            starts[alive].tolist(), rows[alive].tolist(), ends[alive].tolist(), strict=True
+        )
+    }
+    r.blocks = (starts, ends, rows)
+    lost = np.flatnonzero((size < 0) & (link < 0))  # frees of no block allocated here
+    ends_lost = ptr[lost] - size[lost]
+    r.orphans = list(zip(ptr[lost].tolist(), ends_lost.tolist(), t[lost].tolist(), strict=True))
+    if noted:
+        named = np.flatnonzero(np.isin(starts, np.fromiter(noted, np.int64, len(noted))))
+        named = named[np.argsort(starts[named], kind="stable")]  # by address, then in order
+        for group in np.split(named, np.flatnonzero(np.diff(starts[named])) + 1):
+            if len(group):
+                pairs = zip(times[group].tolist(), rows[group].tolist(), strict=True)
+                r.by_ptr[int(starts[group[0]])] = list(pairs)
+    recompute = column("recompute_end", np.int64)[made]
+    kept = np.flatnonzero(recompute)
+    r.recompute_end = dict(zip(rows[kept].tolist(), recompute[kept].tolist(), strict=True))
+    _add_rows(builder, events, cpu, t0)
+    r.free_time = {**r.inferred, **r.reported}
+    return r
+
+
+def _links(ptr: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Each report paired (time order; size > 0 an allocation, < 0 a free): for an
+    allocation, the report that ended it (-1: live at the end); for a free, the allocation it
+    ended (-1: none recorded). A free ends the live block at its address; an allocation over
+    bytes of live blocks ends them (they were freed where no report was made: another
+    thread). The light recorder's library does this in C++ (``jv_links``); this is the same
+    rule where it is not loaded."""
+    found = native.links(ptr, size)
+    return found if found is not None else links_in_python(ptr, size)
+
+
+def links_in_python(ptr: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """:func:`_links` without the library."""
+    link = np.full(len(ptr), -1, np.int64)
+    live: dict[int, tuple[int, int]] = {}  # start -> (allocation, end)
+    starts = SortedInts()
+    for i, (start, n) in enumerate(zip(ptr.tolist(), size.tolist(), strict=True)):
+        if n > 0:
+            end = start + n
+            other = starts.before(end)
             while other is not None:  # live blocks never overlap: the ones further left end before
                 held, other_end = live[other]
-                if other_end <= ptr:
+                if other_end <= start:
                     break
                 starts.remove(other)
                 del live[other]
-                inferred[held] = t - 1  # freed unseen before its bytes were handed out again
-                evicted[held] = other
-                other = starts.before(stop_at)
-            row += 1
-            live[ptr] = (row, stop_at)
-            starts.add(ptr)
-            alloc_time[row] = t
-            if ptr in noted:
-                by_ptr.setdefault(ptr, []).append((t, row))
-            blocks.append((ptr, stop_at, row))
-            if recompute:
-                r.recompute_end[row] = recompute
-        elif size < 0:
-            held_or_none = live.pop(ptr, None)
-            if held_or_none is None:
-                r.orphans.append((ptr, ptr - size, t))
-                continue
-            starts.remove(ptr)
-            reported[held_or_none[0]] = t
-            free_phase[held_or_none[0]] = phase
-    _add_rows(builder, events, cpu, t0)
-    r.free_time = {**inferred, **reported}
-    return r
+                link[held] = i
+                other = starts.before(end)
+            live[start] = (i, end)
+            starts.add(start)
+        elif n < 0:
+            block = live.pop(start, None)
+            if block is not None:
+                starts.remove(start)
+                link[block[0]] = i
+                link[i] = block[0]
+    return link
 
 
 def _add_rows(builder: ProfileBuilder, events: Reports, cpu: int, t0: int) -> None:
@@ -383,15 +431,16 @@ class _Intervals:
     most of the recording's blocks.
     """
 
-    def __init__(self, items: list[tuple[int, int, int]]) -> None:
-        groups: dict[int, list[tuple[int, int, int]]] = {}
-        for item in items:
-            groups.setdefault((item[1] - item[0]).bit_length() // 4, []).append(item)
+    def __init__(self, start: np.ndarray, stop: np.ndarray, value: np.ndarray) -> None:
+        lengths = np.maximum(stop - start, 1)
+        group_of = (np.floor(np.log2(lengths)).astype(np.int64) + 1) // 4  # bit length // 4
+        order = np.lexsort((value, stop, start, group_of))
         self._groups: list[tuple[list[tuple[int, int, int]], list[int], int]] = []
-        for group in groups.values():
-            group.sort()
-            span = max(stop - start for start, stop, _ in group)
-            self._groups.append((group, [start for start, _, _ in group], span))
+        bounds = np.flatnonzero(np.diff(group_of[order])) + 1
+        for part in np.split(order, bounds) if len(order) else ():
+            starts = start[part].tolist()
+            items = list(zip(starts, stop[part].tolist(), value[part].tolist(), strict=True))
+            self._groups.append((items, starts, int(lengths[part].max())))
 
     def over(self, ptr: int, size: int) -> list[tuple[int, int, int]]:
         """The ranges with bytes in ``[ptr, ptr + size)``, in (start, stop, value) order."""
@@ -413,13 +462,14 @@ class _Space:
 
     def __init__(
         self,
-        blocks: list[tuple[int, int, int]],
+        blocks: tuple[np.ndarray, np.ndarray, np.ndarray],
         orphans: list[tuple[int, int, int]],
         alloc_time: dict[int, int],
         free_time: dict[int, int],
     ) -> None:
-        self._blocks = _Intervals(blocks)
-        self._orphan_ranges = _Intervals(orphans)
+        self._blocks = _Intervals(*blocks)
+        columns = np.array(orphans, np.int64).reshape(-1, 3)
+        self._orphan_ranges = _Intervals(columns[:, 0], columns[:, 1], columns[:, 2])
         self._orphans = sorted(orphans)
         self._orphan_starts = [o[0] for o in self._orphans]
         self._alloc_time = alloc_time

@@ -369,7 +369,7 @@ class CudaSnapshotRecorder:
         self._chunks.enter(module_id, sys._getframe(2))  # the frame above our hooks
 
     def _exit_module(self) -> None:
-        self._chunks.exit(sys._getframe(2))
+        self._chunks.exit()
 
     def _convert(self, snapshot: dict[str, Any] | None, wall_ns: int, error: str | None) -> Profile:
         meta = {

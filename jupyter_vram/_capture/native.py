@@ -73,6 +73,19 @@ def recording() -> bool:
     return _library is not None and bool(_library.jv_recording())
 
 
+def links(ptr: np.ndarray, size: np.ndarray) -> np.ndarray | None:
+    """The library's pairing of reports (see ``jv_links`` in native_reports.cpp), or None
+    when it is not loaded (never built here: this does not wait for a build)."""
+    lib = _library
+    if lib is None:
+        return None
+    ptr = np.ascontiguousarray(ptr, np.int64)
+    size = np.ascontiguousarray(size, np.int64)
+    link = np.empty(len(ptr), np.int64)
+    lib.jv_links(len(ptr), ptr.ctypes.data, size.ctypes.data, link.ctypes.data)
+    return link
+
+
 def why_not() -> str:
     """Why :func:`library` gave None ("" before it was asked, or when it loaded)."""
     return _why_not
@@ -162,6 +175,12 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.jv_counts.restype = None
     lib.jv_take.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 3
     lib.jv_take.restype = None
+    lib.jv_module_enter.argtypes = [ctypes.c_int64]
+    lib.jv_module_enter.restype = None
+    lib.jv_module_exit.argtypes = []
+    lib.jv_module_exit.restype = None
+    lib.jv_links.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 3
+    lib.jv_links.restype = None
     lib.jv_name_count.restype = ctypes.c_int32
     lib.jv_name.argtypes = [ctypes.c_int32]
     lib.jv_name.restype = ctypes.c_char_p
@@ -251,6 +270,26 @@ class NativeSession(ProfilerSession):
 
     def taken_over(self) -> bool:
         return self.shadowed
+
+    # Module calls go to the library directly: no record function, and no sequence-number
+    # windows (the library notes the module of every forward op, in every chunk).
+
+    def enter(self, module_id: int) -> None:
+        self._open_range(module_id)
+
+    def _open_range(self, module_id: int) -> None:
+        self.ranges.append((module_id, None))
+        self._lib.jv_module_enter(module_id)
+
+    def exit(self) -> None:
+        if self.ranges:
+            self.ranges.pop()
+            self._lib.jv_module_exit()
+
+    def close_ranges(self) -> None:
+        while self.ranges:
+            self.ranges.pop()
+            self._lib.jv_module_exit()
 
     def stop(self) -> Any:
         self.close_ranges()

@@ -21,6 +21,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <iterator>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <pthread.h>
@@ -72,6 +74,7 @@ thread_local bool t_gone = false;
 struct ThreadState {
   int64_t generation = -1;
   std::vector<Frame> stack;
+  std::vector<std::pair<int64_t, int64_t>> modules;  // open module calls: (open point, id)
   std::unordered_map<const char*, std::pair<int32_t, const std::string*>> ids;
   ~ThreadState() { t_gone = true; }
 };
@@ -82,6 +85,7 @@ ThreadState& state() {
   if (t_state.generation != generation) {  // a new recording: forget the last one's frames
     t_state.generation = generation;
     t_state.stack.clear();
+    t_state.modules.clear();
   }
   return t_state;
 }
@@ -314,6 +318,30 @@ int jv_resume() {
   return 1;
 }
 
+// A module call begins / returns on the calling thread (jupyter_vram's module hooks): its
+// points, without a record function (one made from Python costs several times this call).
+// Calls still open when a chunk is taken are closed before and opened again after.
+void jv_module_enter(int64_t id) {
+  if (t_gone || !g_active.load(std::memory_order_relaxed)) return;
+  ThreadState& ts = state();
+  ts.modules.emplace_back(add_point(now_ns(), OPEN_MODULE, id, 0), id);
+}
+
+void jv_module_exit() {
+  if (t_gone) return;
+  ThreadState& ts = state();
+  if (ts.modules.empty()) return;
+  auto [point, id] = ts.modules.back();
+  ts.modules.pop_back();
+  if (!g_active.load(std::memory_order_relaxed)) return;
+  int64_t t = now_ns();
+  std::lock_guard<std::mutex> guard(g_mutex);
+  if (point * POINT_COLUMNS + 3 < static_cast<int64_t>(g_points.size())) {
+    g_points[point * POINT_COLUMNS + 3] = t;
+  }
+  g_points.insert(g_points.end(), {t, CLOSE_MODULE, id, 0});
+}
+
 // Whether a recording is on (in this process).
 int jv_recording() { return g_active.load() ? 1 : 0; }
 
@@ -343,6 +371,37 @@ void jv_take(int64_t reports, int64_t points, int64_t spans, int64_t* report_out
   move(g_reports, reports, REPORT_COLUMNS, report_out);
   move(g_points, points, POINT_COLUMNS, point_out);
   g_span_base += move(g_spans, spans, SPAN_COLUMNS, span_out);
+}
+
+// Pair a recording's reports (in time order; size > 0 an allocation, < 0 a free, 0 nothing):
+// a free ends the live block at its address; an allocation over bytes of live blocks ends
+// them (freed where no report was made: another thread). link[i]: for an allocation, the
+// report that ended it (-1: live at the end); for a free, the allocation it ended (-1: none).
+// cpu_rows.py's _links is the same rule in Python, for where this library cannot be built.
+void jv_links(int64_t n, const int64_t* ptr, const int64_t* size, int64_t* link) {
+  std::map<int64_t, std::pair<int64_t, int64_t>> live;  // start -> (allocation, end)
+  for (int64_t i = 0; i < n; ++i) {
+    link[i] = -1;
+    const int64_t start = ptr[i];
+    if (size[i] > 0) {
+      const int64_t end = start + size[i];
+      auto next = live.lower_bound(end);  // live blocks never overlap: the ones left of an
+      while (next != live.begin()) {      // overlapping one end before it
+        auto block = std::prev(next);
+        if (block->second.second <= start) break;
+        link[block->second.first] = i;
+        next = live.erase(block);
+      }
+      live.emplace_hint(next, start, std::make_pair(i, end));
+    } else if (size[i] < 0) {
+      auto block = live.find(start);
+      if (block != live.end()) {
+        link[block->second.first] = i;
+        link[i] = block->second.first;
+        live.erase(block);
+      }
+    }
+  }
 }
 
 int32_t jv_name_count() {

@@ -146,6 +146,7 @@ class ChunkedProfiler:
         self._pause_reason = ""
         self._flushing = False
         self._t0 = 0
+        self._call_samples: list[int] = []  # the sample of each module call open now
 
     def start(
         self,
@@ -192,15 +193,18 @@ class ChunkedProfiler:
             ready = due and time.monotonic_ns() >= due and self._allowed()
             if ready and not _unsafe_to_restart(frame):
                 self.flush()
-            if ticker.sampling and not self.session.stacks:  # the call's place
-                ticker.sample(frame)
+            sampled = ticker.sampling and not self.session.stacks  # the call's place
+            self._call_samples.append(ticker.sample(frame) if sampled else -1)
         self.session.enter(module_id)
 
-    def exit(self, frame: Any) -> None:
-        """A module call returns: a sample closes what it made (a short cell's last call)."""
+    def exit(self) -> None:
+        """A module call returns: a sample closes what it made (a short cell's last call).
+        Its caller is on the line that made the call still: the call's own sample again."""
         ticker = self.ticker
-        if ticker is not None and ticker.sampling and not self.session.stacks:
-            ticker.sample(frame)
+        if ticker is not None and self._call_samples:
+            chain = self._call_samples.pop()
+            if chain >= 0:
+                ticker.samples.again(time.time_ns(), chain)
         self.session.exit()
 
     # -- chunks --------------------------------------------------------------------------------

@@ -645,11 +645,13 @@ def _seeds(
     the one an earlier chunk left in ``state``, if no allocation came between). Report ``i``
     comes before point ``j`` when ``k[i] <= j``."""
     rows = np.flatnonzero(candidate)
+    before = k[rows]
     consumed_to = -1  # the last backward point so far: candidates before it are spent
     base = len(into)
-    for j in ranges.backward_points:
-        last = np.searchsorted(k[rows], j, side="right") - 1  # last candidate before point j
-        if last >= 0 and k[rows[last]] > consumed_to:
+    # the last candidate before each backward point
+    lasts = np.searchsorted(before, ranges.backward_points, side="right") - 1
+    for j, last in zip(ranges.backward_points, lasts.tolist(), strict=True):
+        if last >= 0 and before[last] > consumed_to:
             row = rows[last]
             if free_standing[row]:
                 table[row, _PHASE], table[row, _MODULE] = PHASE_BACKWARD, 0

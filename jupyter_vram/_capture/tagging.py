@@ -448,6 +448,8 @@ class Tagger:
         # id -> (weakref, name id): the per-call lookup without building a weakref each time
         self._fast_names: dict[int, tuple[weakref.ref[nn.Module], int]] = {}
         self._params = _WeakTensorMap()  # parameter -> owning module id
+        #: id -> (the tensor, its address, its role) of model state noted (``_report_state``)
+        self._reported: dict[int, tuple[weakref.ref[torch.Tensor], int, int]] = {}
         self._optimizers: weakref.WeakSet[Optimizer] = weakref.WeakSet()
         self.module_stack: list[int] = []
         self._first_node_seq: list[int] = []
@@ -490,6 +492,7 @@ class Tagger:
         self._handles = []
         self.module_stack.clear()
         self._first_node_seq.clear()
+        self._reported.clear()
 
     def _hold_call_hooks(self) -> None:
         """Push our saved-tensor hooks for a top-level module call, unless another context's
@@ -560,9 +563,9 @@ class Tagger:
             self._params.add(p, owner)
             self._report_parameter(p, owner)
             if p.grad is not None:
-                self._on_role(p.grad, GRADIENT, owner)
+                self._report_state(p.grad, GRADIENT, owner)
         for b in module.buffers(recurse=False):
-            self._on_role(b, BUFFER, owner)
+            self._report_state(b, BUFFER, owner)
         attrs = _instance_dict(module) if _CACHE_TYPES else None
         if attrs:
             for t in cache_tensors(list(attrs.values())):
@@ -571,7 +574,8 @@ class Tagger:
     def _report_parameter(self, param: torch.Tensor, owner: int) -> None:
         """A weight, trainable or frozen, and what a quantised one carries beside it."""
         role = parameter_role(param)
-        self._on_role(param, role, owner)
+        if not self._report_state(param, role, owner):
+            return  # noted as it is already: so are the parts it carries
         data, state = quantisation_parts(param)
         for tensor in data:
             self._on_role(tensor, role, owner)
@@ -586,17 +590,36 @@ class Tagger:
                     self._params.add(p, owner)
                     self._report_parameter(p, owner)
                     if p.grad is not None:
-                        self._on_role(p.grad, GRADIENT, owner)
+                        self._report_state(p.grad, GRADIENT, owner)
         for p, state in opt.state.items():
             owner = self._params.get(p) if isinstance(p, torch.Tensor) else 0
             for value in iter_tensors(state):
-                self._on_role(value, OPTIMIZER_STATE, owner)
+                self._report_state(value, OPTIMIZER_STATE, owner)
+
+    def _report_state(self, tensor: torch.Tensor, category: int, owner: int) -> bool:
+        """Note a model's tensor in a role, unless this very tensor was noted in it already
+        at the same address (False): each optimizer step reports the parameters, gradients
+        and state it updates in place, and noting them all again cost a small training
+        step more than the step itself. Only plain tensors are remembered (a subclass may
+        hold other tensors that change)."""
+        plain = (type(tensor) is torch.Tensor or type(tensor) is nn.Parameter) and (
+            tensor.layout is torch.strided
+        )
+        if plain:
+            ptr = tensor.data_ptr()
+            seen = self._reported.get(id(tensor))
+            if seen is not None and seen[0]() is tensor and seen[1] == ptr and seen[2] == category:
+                return False
+        self._on_role(tensor, category, owner)
+        if plain:
+            self._reported[id(tensor)] = (weakref.ref(tensor), ptr, category)
+        return True
 
     def scan_gradients(self) -> None:
         """Report the ``.grad`` of every parameter seen so far (after backward, before step)."""
         for p, owner in self._params.items():
             if p.grad is not None:
-                self._on_role(p.grad, GRADIENT, owner)
+                self._report_state(p.grad, GRADIENT, owner)
 
     def final_scan(self) -> None:
         self.scan_gradients()

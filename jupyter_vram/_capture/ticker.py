@@ -78,11 +78,18 @@ class StackSamples:
     def __len__(self) -> int:
         return len(self.times) + len(self.raw_times)
 
-    def add(self, t: int, chain: Chain) -> None:
+    def add(self, t: int, chain: Chain) -> int:
+        """Add a sample; its chain's id (for :meth:`again`)."""
         cid = self._index.get(chain)
         if cid is None:
             cid = self._index[chain] = len(self._chains)
             self._chains.append(chain)
+        self.times.append(t)
+        self.chains.append(cid)
+        return cid
+
+    def again(self, t: int, cid: int) -> None:
+        """A sample at ``t`` of a stack already added (id ``cid``)."""
         self.times.append(t)
         self.chains.append(cid)
 
@@ -281,18 +288,21 @@ class Ticker:
             end = text.find(b"\n\n", start)
             self.samples.add_raw(t, text[start : end if end >= 0 else len(text)])
 
-    def sample(self, frame: FrameType | None) -> None:
+    def sample(self, frame: FrameType | None) -> int:
         """Add the stack from ``frame`` (on the recording thread itself: module calls take one
-        too, so a short cell gets stacks where the thread had no time to sample)."""
+        too, so a short cell gets stacks where the thread had no time to sample); its chain's
+        id, -1 for none."""
         t = time.time_ns()
         sites = []
-        while frame is not None:
+        boundary = self._boundary
+        while frame is not None:  # inward-out, up to the frame that asked for recording
             code = frame.f_code
             sites.append((code.co_filename, frame.f_lineno or 0, code.co_name))
+            if boundary is not None and (code.co_filename, code.co_name) == boundary:
+                break  # the kernel's own frames above it are not walked
             frame = frame.f_back
-        chain = recorded_part(sites, self._boundary)
-        if chain is not None:
-            self.samples.add(t, chain)
+        chain = recorded_part(sites, boundary)
+        return self.samples.add(t, chain) if chain is not None else -1
 
     def settle(self) -> None:
         """Parse the thread's samples (after ``stop``, on the recording thread)."""
