@@ -43,6 +43,10 @@ CHUNK_SIGNAL: int | None = getattr(signal, "SIGURG", None)
 #: how often the thread samples and checks for a due chunk (each sample holds the GIL ~0.1 ms
 #: in a kernel's deep stack; every 2 ms cost a GPT-2 step 16 % in a kernel, every 5 ms ~5 %)
 INTERVAL_S = 0.005
+#: the share of the recording thread's time samples may take: a sample holds the GIL for as
+#: long as faulthandler takes to print every thread (in a kernel ~0.1-0.2 ms: its threads'
+#: stacks are deep), and the interval grows to keep the share
+SAMPLE_SHARE = 0.02
 #: samples kept; past it the interval doubles and every other sample is dropped
 MAX_SAMPLES = 200_000
 
@@ -207,6 +211,10 @@ class Ticker:
         self._asked = False
         self._pipe: tuple[int, int] | None = None
         self._from_thread = from_thread
+        #: held while the thread runs: it waits on it between ticks, and stopping releases it
+        self._wake = _thread.allocate_lock()
+        self._seen: dict[tuple[int, ...], int] = {}  # a stack's frames -> its chain id
+        self._codes: list[Any] = []
 
     def start(self) -> None:
         self.signals = self._take_signal()
@@ -214,6 +222,7 @@ class Ticker:
             self._pipe = _sample_pipe()
         if not (self.signals or self._pipe):
             return
+        self._wake.acquire()
         self._thread = threading.Thread(target=self._run, name="jupyter_vram-ticker", daemon=True)
         self._thread.start()
 
@@ -222,6 +231,7 @@ class Ticker:
         thread, self._thread = self._thread, None
         if thread is not None:
             self._running = False
+            self._wake.release()  # ends its wait now, not when its interval is up
             thread.join()
         pipe, self._pipe = self._pipe, None
         for fd in pipe or ():
@@ -254,18 +264,22 @@ class Ticker:
         object the garbage collector tracks (no ``Event.wait``, no exception caught), so no
         collection ever starts on this thread: one would walk the recording thread's frames
         while it is inside an op with the GIL released, which crashed the process."""
-        interval = self._interval
+        base = interval = self._interval
         header = f"Thread 0x{self._target:016x} ".encode()
         samples = self._pipe is not None
         while self._running:
-            time.sleep(interval)
+            if self._wake.acquire(timeout=interval):  # released: recording stops
+                break
             if samples and compiled_anything():
                 samples = False
             if samples:
+                began = time.perf_counter()
                 self._take_sample(header)
+                # the recording thread waits while a sample is taken: at most SAMPLE_SHARE
+                interval = max(base, (time.perf_counter() - began) / SAMPLE_SHARE)
                 if len(self.samples) >= MAX_SAMPLES:
                     self.samples.thin()
-                    interval *= 2
+                    base *= 2
             due = self.due_ns
             if self.signals and due and not self._asked and time.monotonic_ns() >= due:
                 self._asked = True
@@ -293,16 +307,28 @@ class Ticker:
         too, so a short cell gets stacks where the thread had no time to sample); its chain's
         id, -1 for none."""
         t = time.time_ns()
-        sites = []
-        boundary = self._boundary
+        key: list[int] = []  # (code id, line) of each frame: a stack seen before is looked up
+        codes = []
+        file, function = self._boundary or ("", "")
         while frame is not None:  # inward-out, up to the frame that asked for recording
             code = frame.f_code
-            sites.append((code.co_filename, frame.f_lineno or 0, code.co_name))
-            if boundary is not None and (code.co_filename, code.co_name) == boundary:
+            codes.append(code)
+            key.append(id(code))
+            key.append(frame.f_lineno or 0)
+            if code.co_name == function and code.co_filename == file:
                 break  # the kernel's own frames above it are not walked
             frame = frame.f_back
-        chain = recorded_part(sites, boundary)
-        return self.samples.add(t, chain) if chain is not None else -1
+        seen = tuple(key)
+        cid = self._seen.get(seen)
+        if cid is None:
+            lines = key[1::2]
+            sites = [(c.co_filename, n, c.co_name) for c, n in zip(codes, lines, strict=True)]
+            chain = recorded_part(sites, self._boundary)
+            cid = self._seen[seen] = self.samples.add(t, chain) if chain is not None else -1
+            self._codes.extend(codes)  # held, so no other code object takes one of their ids
+        elif cid >= 0:
+            self.samples.again(t, cid)
+        return cid
 
     def settle(self) -> None:
         """Parse the thread's samples (after ``stop``, on the recording thread)."""
