@@ -100,3 +100,64 @@ def test_address_search_finds_exactly_the_overlapping_blocks() -> None:
         assert search.over(ptr, size) == expected
     none = np.zeros(0, np.int64)
     assert _Intervals(none, none, none).over(0, 10) == []
+
+
+def test_ranges_after_points_follow_a_stack_walked_point_by_point() -> None:
+    """The ranges open after each point (computed with numpy) are those of two stacks walked
+    point by point, on random points with closes of nothing open, recomputes and steps."""
+    from jupyter_vram._capture.profiler_read import ReadState, _ranges_after_points
+
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        n = int(rng.integers(0, 50))
+        times = np.sort(rng.integers(0, 1000, n)).tolist()
+        kinds = rng.choice(6, n, p=rng.dirichlet(np.ones(6))).tolist()
+        points = [
+            (t, k, int(rng.integers(1, 8)), t + int(rng.integers(0, 300)))
+            for t, k in zip(times, kinds, strict=True)
+        ]
+        state = ReadState()
+        state.sticky = bool(trial % 2)
+        state.seq_module = {3: 99}
+        got = _ranges_after_points(list(points), state)
+        expected, seq_module = _walked(points, bool(trial % 2), {3: 99})
+        columns = ("module_depth", "module_top", "step_depth", "step_top", "backward_until")
+        columns += ("recompute_until", "sticky", "node_seq")
+        for name, column in zip(columns, expected, strict=True):
+            assert getattr(got, name).tolist() == column, (trial, name)
+        assert got.backward_points == [i for i, p in enumerate(points) if p[1] == 4]
+        assert state.seq_module == seq_module
+
+
+def _walked(
+    points: list[tuple[int, int, int, int]], sticky: bool, seq_module: dict[int, int]
+) -> tuple[list[list[int]], dict[int, int]]:
+    """Kinds: 0 open module, 1 close it, 2 open step, 3 close it, 4 backward, 5 forward op."""
+    modules: list[int] = []
+    steps: list[int] = []
+    until = recompute = 0
+    node = -1
+    rows = [[0, 0, 0, 0, 0, 0, int(sticky), -1]]
+    for t, kind, value, end in points:
+        if kind == 0:
+            if not modules and t < until:
+                recompute = end
+            elif not modules:
+                sticky = True
+            modules.append(value)
+        elif kind == 1:
+            modules = modules[:-1]
+            recompute = 0 if not modules else recompute
+        elif kind == 2:
+            steps.append(value)
+            sticky = False
+        elif kind == 3:
+            steps = steps[:-1]
+        elif kind == 4:
+            until, sticky, node = max(until, end), False, value
+        elif value not in seq_module:
+            seq_module[value] = modules[-1] if modules else 0
+        top = modules[-1] if modules else 0
+        step = steps[-1] if steps else 0
+        rows.append([len(modules), top, len(steps), step, until, recompute, int(sticky), node])
+    return [list(column) for column in zip(*rows, strict=True)], seq_module

@@ -585,50 +585,70 @@ class _Ranges:
 
 
 def _ranges_after_points(points: list[tuple[int, int, int, int]], state: ReadState) -> _Ranges:
-    """Walk a chunk's points (in time order): the ranges open after each, and the module of
-    each forward op's sequence number (into ``state``)."""
-    n = len(points) + 1
-    cols = [[0] * n for _ in range(8)]
-    module_depth, module_top, step_depth, step_top, until, recompute, sticky_col, node = cols
-    module_stack: list[int] = []
-    step_stack: list[int] = []
-    backward_until = recompute_until = 0
-    sticky = int(state.sticky)
-    node_seq = -1
-    backward_points = []
-    sticky_col[0], node[0] = sticky, node_seq
-    for i, (t, kind, value, end) in enumerate(points, start=1):
-        if kind == _OPEN_MODULE:
-            if t < backward_until and not module_stack:
-                recompute_until = end
-            elif not module_stack:
-                sticky = 1
-            module_stack.append(value)
-        elif kind == _CLOSE_MODULE:
-            if module_stack:
-                module_stack.pop()
-            if not module_stack:
-                recompute_until = 0
-        elif kind == _OPEN_STEP:
-            step_stack.append(value)
-            sticky = 0
-        elif kind == _CLOSE_STEP:
-            if step_stack:
-                step_stack.pop()
-        elif kind == _FORWARD_OP:
-            state.seq_module.setdefault(value, module_stack[-1] if module_stack else 0)
-        elif kind == _BACKWARD:
-            backward_until = max(backward_until, end)
-            sticky = 0
-            node_seq = value
-            backward_points.append(i - 1)
-        module_depth[i], module_top[i] = len(module_stack), module_stack[-1] if module_stack else 0
-        step_depth[i], step_top[i] = len(step_stack), step_stack[-1] if step_stack else 0
-        until[i], recompute[i], sticky_col[i], node[i] = (
-            backward_until, recompute_until, sticky, node_seq
-        )  # fmt: skip
-    a = [np.asarray(col, np.int64) for col in cols]
-    return _Ranges(a[0], a[1], a[2], a[3], a[4], a[5], a[6].astype(bool), a[7], backward_points)
+    """The ranges open after each of a chunk's points (in time order), as columns, and the
+    module of each forward op's sequence number (into ``state``). A close with nothing open
+    is ignored; a module call that opens inside backward with none open is a recompute
+    (activation checkpointing) until the call ends; one outside makes the phase forward
+    (``sticky``) until backward or an optimizer step."""
+    p = np.array(points, np.int64).reshape(-1, 4)
+    t, kind, value, end = p[:, 0], p[:, 1], p[:, 2], p[:, 3]
+    module_depth, module_top = _stack(kind, value, _OPEN_MODULE, _CLOSE_MODULE)
+    step_depth, step_top = _stack(kind, value, _OPEN_STEP, _CLOSE_STEP)
+    backward = kind == _BACKWARD
+    until = np.maximum.accumulate(np.concatenate([[0], np.where(backward, end, 0)]))
+    opens_top = (kind == _OPEN_MODULE) & (module_depth[:-1] == 0)  # nothing open before
+    recomputes = opens_top & (t < until[:-1])
+    recompute = _last_set(
+        recomputes | ((kind == _CLOSE_MODULE) & (module_depth[1:] == 0)),
+        np.where(recomputes, end, 0),
+        0,
+    )
+    sticky = _last_set(
+        (opens_top & ~recomputes) | (kind == _OPEN_STEP) | backward,
+        opens_top & ~recomputes,
+        state.sticky,
+    )
+    node = _last_set(backward, value, -1)
+    forward = np.flatnonzero(kind == _FORWARD_OP)
+    seqs, first = np.unique(value[forward], return_index=True)
+    tops = np.where(module_depth > 0, module_top, 0)[forward[first] + 1]
+    for seq, module in zip(seqs.tolist(), tops.tolist(), strict=True):
+        state.seq_module.setdefault(seq, module)
+    return _Ranges(
+        module_depth, module_top, step_depth, step_top, until, recompute, sticky.astype(bool),
+        node, np.flatnonzero(backward).tolist(),
+    )  # fmt: skip
+
+
+def _stack(
+    kind: np.ndarray, value: np.ndarray, push: int, pop: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Depth and top value of a stack after each point (index 0: before the first), where
+    ``push`` points push their value and ``pop`` points pop (a pop of an empty stack does
+    nothing): a floored running sum, and the value of the last push that reached that depth."""
+    step = np.where(kind == push, 1, np.where(kind == pop, -1, 0))
+    total = np.concatenate([[0], np.cumsum(step)])
+    depth = total - np.minimum.accumulate(np.minimum(total, 0))
+    after = np.flatnonzero(kind == push) + 1  # the index after each push
+    width = len(total) + 1
+    keys = depth[after] * width + after  # by depth reached, then by time
+    order = np.argsort(keys, kind="stable")
+    keys, after = keys[order], after[order]
+    found = np.searchsorted(keys, depth * width + np.arange(len(total)), side="right") - 1
+    top = np.zeros(len(total), np.int64)
+    held = (depth > 0) & (found >= 0)
+    held[held] = depth[after[found[held]]] == depth[held]
+    top[held] = value[after[found[held]] - 1]
+    return depth, top
+
+
+def _last_set(where: np.ndarray, values: np.ndarray, initial: int) -> np.ndarray:
+    """After each point (index 0: before the first), the value set by the last point that
+    sets one (``where``), or ``initial``."""
+    at = np.concatenate([[0], np.where(where, np.arange(1, len(where) + 1), 0)])
+    at = np.maximum.accumulate(at)
+    chosen: np.ndarray = np.concatenate([[initial], np.asarray(values, np.int64)])
+    return np.asarray(chosen[at])
 
 
 def _seeds(
