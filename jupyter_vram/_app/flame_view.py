@@ -5,12 +5,12 @@ from __future__ import annotations
 import html
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import ipywidgets as w
 import numpy as np
 from bokeh.events import DoubleTap, Tap
-from bokeh.models import ColumnDataSource
+from bokeh.models import ColumnDataSource, Range1d
 from jupyter_bokeh import BokehModel
 
 from .._analysis.flame import FlameNode, Hierarchy, Mode, flame_tree
@@ -148,7 +148,7 @@ class FlameView(w.VBox):  # type: ignore[misc]
         )
         self.focus = layout.focus
         self.source.data = layout.data
-        self.figure.y_range.start = -max(layout.depth, 1)
+        cast(Range1d, self.figure.y_range).start = -max(layout.depth, 1)
         self.figure.height = flame_height(layout.depth)
         self._show_crumbs(layout.data)
 
