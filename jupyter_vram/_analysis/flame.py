@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -114,6 +115,25 @@ def flame_tree(
     # Tree shape in plain dicts first (one entry per node), then sums with numpy.
     names, parents, leaves = _shape(profile, hierarchy, uniq)
     return _rolled_up(names, parents, leaves, sums)
+
+
+# Trees of whole profiles, freed with the profile (see shared_flame_tree).
+_SHARED: weakref.WeakKeyDictionary[Profile, dict[tuple[Hierarchy, Mode], FlameNode]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def shared_flame_tree(
+    profile: Profile, hierarchy: Hierarchy = "module", mode: Mode = "peak"
+) -> FlameNode:
+    """:func:`flame_tree` of the whole profile, computed once per (hierarchy, mode) and kept
+    while the profile lives: displaying a profile needs the same tree for the app's flame
+    graph and for the saved profile. Callers only read it (a tree is never changed)."""
+    trees = _SHARED.setdefault(profile, {})
+    tree = trees.get((hierarchy, mode))
+    if tree is None:
+        tree = trees[(hierarchy, mode)] = flame_tree(profile, hierarchy, mode)
+    return tree
 
 
 @dataclass(frozen=True)

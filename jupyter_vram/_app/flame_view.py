@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import html
-import weakref
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -13,7 +12,7 @@ from bokeh.events import DoubleTap, Tap
 from bokeh.models import ColumnDataSource, Range1d
 from jupyter_bokeh import BokehModel
 
-from .._analysis.flame import FlameNode, Hierarchy, Mode, flame_tree
+from .._analysis.flame import FlameNode, Hierarchy, Mode, shared_flame_tree
 from .._model import Profile
 from .._render.figures import (
     CRUMB_SEP,
@@ -31,11 +30,6 @@ from .holder import GONE, ProfileHandle, handle_of
 
 HIERARCHIES: dict[str, Hierarchy] = {"module → op": "module", "Python stack": "stack"}
 MODES: dict[str, Mode] = {"live at peak": "peak", "cumulative allocated": "cumulative"}
-
-# Flame trees per profile, freed with it (an app holds its profile only weakly).
-_TREES: weakref.WeakKeyDictionary[Profile, dict[tuple[Hierarchy, Mode], FlameNode]] = (
-    weakref.WeakKeyDictionary()
-)
 
 
 def on_click(fig: Any, handler: Callable[[float, float], None]) -> None:
@@ -120,12 +114,9 @@ class FlameView(w.VBox):  # type: ignore[misc]
         return display_name(name, self._types.get(".".join(modules), ""))
 
     def _tree(self, profile: Profile) -> FlameNode:
-        key = (HIERARCHIES[self.hierarchy.value], MODES[self.mode.value])
-        trees = _TREES.setdefault(profile, {})
-        tree = trees.get(key)
-        if tree is None:
-            tree = trees[key] = flame_tree(profile, *key)
-        return tree
+        """Trees are computed once per profile and kept with it (an app holds its profile
+        only weakly)."""
+        return shared_flame_tree(profile, HIERARCHIES[self.hierarchy.value], MODES[self.mode.value])
 
     @property
     def tree(self) -> FlameNode | None:

@@ -175,7 +175,8 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
             titles.append(TITLE)
         self._add_fit(profile, titles, estimate, gpu)
         oom_tab = self._add_oom_and_leaks(profile, titles, estimate is None)
-        self.tabs = w.Tab(children=[_placeholder() for _ in titles])
+        # one placeholder shown in every unopened tab: each widget is a comm the page opens
+        self.tabs = w.Tab(children=[_placeholder()] * len(titles))
         for i, title in enumerate(titles):
             self.tabs.set_title(i, title)
         self.tabs.add_class("jv-tabs")
@@ -250,7 +251,8 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
             else:
                 children[index] = w.HTML(f"<p class='jv-gone'>{GONE}</p>")
             self.tabs.children = children
-            close_tree(placeholder)  # ipywidgets would keep it for the kernel's life
+            if placeholder not in children:  # the last unopened tab: ipywidgets would keep it
+                close_tree(placeholder)
         if self.tabs.selected_index != index:
             self.tabs.selected_index = index
         return self.tabs.children[index]
