@@ -1,6 +1,7 @@
-"""What the app's first display builds: one placeholder for every unopened tab (closed once
-the last one opens), the module tree computed once for the flame graph and the saved
-profile, and the static report's click-to-zoom aimed at the blocks."""
+"""What the app's first display builds: each widget sent once, in its final state; one
+placeholder for every unopened tab (closed once the last one opens); the module tree computed
+once for the flame graph and the saved profile; and the static report's click-to-zoom aimed
+at the blocks."""
 
 from __future__ import annotations
 
@@ -75,3 +76,42 @@ def test_report_click_selects_the_blocks(profile: jv.Profile) -> None:
     (renderer,) = taps[0].renderers
     assert isinstance(renderer.glyph, Quad)  # not the labels, not a legend swatch
     assert renderer.data_source is source
+
+
+def test_first_display_sends_each_widget_once(
+    profile: jv.Profile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every widget opens with its final state (classes, titles, text, the first tab):
+    no update message follows while the app is made, and no widget is made twice."""
+    import comm
+
+    sent: list[tuple[str, Any]] = []
+    publish = comm.DummyComm.publish_msg
+
+    def record(self: Any, msg_type: str, data: Any = None, *args: Any, **kwargs: Any) -> None:
+        sent.append((msg_type, data))
+        publish(self, msg_type, data, *args, **kwargs)
+
+    monkeypatch.setattr(comm.DummyComm, "publish_msg", record)
+    app = ProfileApp(profile)
+    updates = [data for kind, data in sent if kind != "comm_open"]
+    assert updates == []
+    opened = sum(kind == "comm_open" for kind, _ in sent)
+    assert opened == len(reachable_widgets(app))  # none made and thrown away
+
+
+def reachable_widgets(root: Any) -> set[int]:
+    """Ids of the widgets ``root`` shows: itself, children, layouts, styles, recursively."""
+    import ipywidgets as w
+
+    seen: set[int] = set()
+    todo = [root]
+    while todo:
+        widget = todo.pop()
+        if not isinstance(widget, w.Widget) or id(widget) in seen:
+            continue
+        seen.add(id(widget))
+        for name in widget.keys:
+            value = getattr(widget, name)
+            todo.extend(value if isinstance(value, (list, tuple)) else [value])
+    return seen

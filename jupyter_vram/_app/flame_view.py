@@ -10,6 +10,7 @@ import ipywidgets as w
 import numpy as np
 from bokeh.events import DoubleTap, Tap
 from bokeh.models import ColumnDataSource, Range1d
+from ipywidgets.widgets.widget_string import HTMLStyle
 from jupyter_bokeh import BokehModel
 
 from .._analysis.flame import FlameNode, Hierarchy, Mode, shared_flame_tree
@@ -61,38 +62,52 @@ class FlameView(w.VBox):  # type: ignore[misc]
         self.peak_bytes = prof.peak_bytes
         self._types = module_types(prof)
         self.focus: tuple[str, ...] = ()
-        fit = {"button_width": "auto"}
-        self.hierarchy = w.ToggleButtons(options=list(HIERARCHIES), style=fit)
-        self.mode = w.ToggleButtons(options=list(MODES), style=fit)
+        # Each widget is a comm the page opens, each change after it is made one more
+        # message: widgets are made with their classes and text, and the ones that look
+        # alike share their style (none of these styles or layouts is ever changed).
+        fit = w.ToggleButtonsStyle(button_width="auto")
+        plain = w.Layout()
+        self.hierarchy = w.ToggleButtons(
+            options=list(HIERARCHIES), style=fit, layout=plain,
+            _dom_classes=("jv-flame-hierarchy",),
+        )  # fmt: skip
+        self.mode = w.ToggleButtons(
+            options=list(MODES), style=fit, layout=plain, _dom_classes=("jv-flame-mode",)
+        )
+        button = w.ButtonStyle()
         self.up = w.Button(
             description="up",
             icon="arrow-up",
             tooltip="zoom out one level",
+            style=button,
             layout=w.Layout(width="64px", min_width="64px", flex="0 0 auto"),
+            _dom_classes=("jv-flame-up",),
         )
         self.reset = w.Button(
             description="reset",
             icon="home",
             tooltip="the whole tree",
+            style=button,
             layout=w.Layout(width="76px", min_width="76px", flex="0 0 auto"),
+            _dom_classes=("jv-flame-reset",),
         )
-        self.crumbs = w.HTML()
-        self.legend = w.HTML(legend_html())
-        for widget, css in (
-            (self.hierarchy, "jv-flame-hierarchy"), (self.mode, "jv-flame-mode"),
-            (self.up, "jv-flame-up"), (self.reset, "jv-flame-reset"), (self.crumbs, "jv-crumbs"),
-            (self.legend, "jv-legend-box"),
-        ):  # fmt: skip
-            widget.add_class(css)
         layout = flame_layout(
             self._tree(prof), self.peak_bytes, display=self._display, cumulative=False
+        )
+        text = HTMLStyle()
+        self.crumbs = w.HTML(
+            self._crumbs_html(layout.data), style=text, layout=plain, _dom_classes=("jv-crumbs",)
+        )
+        self.legend = w.HTML(
+            legend_html(), style=text, layout=plain, _dom_classes=("jv-legend-box",)
         )
         self.source = ColumnDataSource(layout.data)
         self.figure = flame_figure(self.source, layout.depth)
         apply_theme(self.figure)
         on_click(self.figure, self._on_click)  # before the figure joins a document
-        self.plot = BokehModel(self.figure, combine_events=True)
-        self.plot.add_class("jv-flame")
+        self.plot = BokehModel(
+            self.figure, combine_events=True, layout=plain, _dom_classes=("jv-flame",)
+        )
         self.hierarchy.observe(self._on_switch, "value")
         self.mode.observe(self._on_switch, "value")
         self.up.on_click(lambda _: self.zoom(self.focus[:-1]))
@@ -101,9 +116,11 @@ class FlameView(w.VBox):  # type: ignore[misc]
             [self.hierarchy, self.mode, self.up, self.reset],
             layout=w.Layout(flex_flow="row wrap"),
         )
-        super().__init__([controls, self.crumbs, self.plot, self.legend])
-        self.add_class("jv-flame-view")
-        self._show_crumbs(layout.data)
+        super().__init__(
+            [controls, self.crumbs, self.plot, self.legend],
+            layout=plain,
+            _dom_classes=("jv-flame-view",),
+        )
 
     def _display(self, path: tuple[str, ...]) -> str:
         """A node's name as shown: a numbered child (Sequential, ModuleList) with its class."""
@@ -161,6 +178,10 @@ class FlameView(w.VBox):  # type: ignore[misc]
         self.zoom(())
 
     def _show_crumbs(self, data: dict[str, Any]) -> None:
+        self.crumbs.value = self._crumbs_html(data)
+
+    def _crumbs_html(self, data: dict[str, Any]) -> str:
+        """The focused node's path and bytes, and how to read the graph."""
         row = len(self.focus)  # the focused node: the row after its ancestors
         names = [html.escape(n) for n in data["full"][row].split(CRUMB_SEP)]
         node_bytes = int(data["bytes"][row])
@@ -180,7 +201,7 @@ class FlameView(w.VBox):  # type: ignore[misc]
             else " · cumulative: every allocation made during the cell, freed or not, so blocks "
             "can add up to more than the peak"
         )
-        self.crumbs.value = (
+        return (
             f"<span class='jv-crumb-path'>{CRUMB_SEP.join(names)}</span>: "
             f"{format_bytes(node_bytes)}{share} · click a block to zoom in"
             f"<span class='jv-label'>{note}</span>"
