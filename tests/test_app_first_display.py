@@ -82,22 +82,29 @@ def test_first_display_sends_each_widget_once(
     profile: jv.Profile, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every widget opens with its final state (classes, titles, text, the first tab):
-    no update message follows while the app is made, and no widget is made twice."""
-    import comm
+    no update message follows while the app is made, and no widget is made to be thrown
+    away."""
+    import ipywidgets as w
 
-    sent: list[tuple[str, Any]] = []
-    publish = comm.DummyComm.publish_msg
+    opened: list[int] = []
+    updates: list[Any] = []
+    open_comm, send = w.Widget.open, w.Widget._send
 
-    def record(self: Any, msg_type: str, data: Any = None, *args: Any, **kwargs: Any) -> None:
-        sent.append((msg_type, data))
-        publish(self, msg_type, data, *args, **kwargs)
+    def record_open(self: Any) -> None:
+        if self.comm is None:
+            opened.append(id(self))
+        open_comm(self)
 
-    monkeypatch.setattr(comm.DummyComm, "publish_msg", record)
+    def record_send(self: Any, msg: Any, buffers: Any = None) -> None:
+        updates.append(msg)
+        send(self, msg, buffers)
+
+    monkeypatch.setattr(w.Widget, "open", record_open)
+    monkeypatch.setattr(w.Widget, "_send", record_send)
     app = ProfileApp(profile)
-    updates = [data for kind, data in sent if kind != "comm_open"]
     assert updates == []
-    opened = sum(kind == "comm_open" for kind, _ in sent)
-    assert opened == len(reachable_widgets(app))  # none made and thrown away
+    assert set(opened) == reachable_widgets(app)
+    assert len(opened) == len(set(opened))
 
 
 def reachable_widgets(root: Any) -> set[int]:

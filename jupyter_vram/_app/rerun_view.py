@@ -135,7 +135,8 @@ class _Toggles:
     def make(self, label: str, name: str, icon: str, options: dict[str, Any], tip: str) -> Any:
         from .._rerun import rerun_unavailable
 
-        reason = rerun_unavailable(self.profile, **options)
+        # host memory was checked for the whole bar (rerun_bar): no option changes it
+        reason = rerun_unavailable(self.profile, check_host=False, **options)
         classes = [f"jv-rerun-{name}"] + (["jv-unavailable"] if reason else [])
         return w.ToggleButton(
             description=label, icon=icon, disabled=reason is not None, tooltip=reason or tip,
@@ -145,7 +146,8 @@ class _Toggles:
 
 class RerunBar(w.VBox):  # type: ignore[misc]
     """Toggles, Rerun, progress and cancel. ``on_variant(baseline, variant)`` receives each
-    finished rerun (the app adds it to its Compare tab)."""
+    finished rerun (the app adds it to its Compare tab). Made by :func:`rerun_bar`, once a
+    rerun of the profile can apply (host memory included)."""
 
     def __init__(
         self, handle: ProfileHandle, on_variant: Callable[[Profile, Profile], None]
