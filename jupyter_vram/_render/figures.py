@@ -152,7 +152,8 @@ def flame_layout(
 
     def add(node: FlameNode, path: tuple[str, ...], left: float, width: float, depth: int) -> None:
         by_cat = node.by_category
-        dominant = CATEGORIES[int(np.argmax(by_cat))] if any(by_cat) else "other"
+        # the first largest category, as numpy's argmax picks it
+        dominant = CATEGORIES[by_cat.index(max(by_cat))] if any(by_cat) else "other"
         shown = show(path)
         cols["left"].append(left)
         cols["right"].append(left + width)
