@@ -433,6 +433,12 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
                     bundle["text/plain"] += f"\n(the static report failed: {exc!r})"
         return bundle
 
+    def __repr__(self) -> str:
+        """The summary's first line. ipywidgets' repr lists every trait of every widget the
+        app holds, recursively, and is cut to 110 characters where a display uses it."""
+        first = getattr(self, "_text", "").partition("\n")[0]  # (also while being made)
+        return f"<{type(self).__name__}: {first}>"
+
     def text(self) -> str:
         """What a frontend without widgets shows: the text summary (and comparison); an
         estimate's answer for the GPU asked about first."""
