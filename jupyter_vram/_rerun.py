@@ -135,9 +135,12 @@ def _plan(
     checkpoint: Checkpoint,
     offload: bool,
     micro_batch: int | None = None,
+    *,
+    check_host: bool = True,
 ) -> _Plan:
     """What a rerun of ``profile`` with these options would apply, or a RerunError saying why
-    it cannot (checked in this order: the profile, the options, host memory)."""
+    it cannot (checked in this order: the profile, the options, host memory unless
+    ``check_host`` is False)."""
     from ._analysis.compare import activation_bytes_by_module
 
     cell = _recorded_cell(profile)
@@ -150,7 +153,8 @@ def _plan(
     if offload:
         _check_offload(profile, saved_any)
     batch = batch_split(cell.namespace, facts, micro_batch) if micro_batch else None
-    _check_host_memory(profile, cell, facts)
+    if check_host:
+        _check_host_memory(profile, cell, facts)
     return _Plan(cell, amp_name, tuple(blocks), bool(offload), facts, batch)
 
 
@@ -247,11 +251,14 @@ def rerun_unavailable(
     checkpoint: Checkpoint = None,
     offload: bool = False,
     micro_batch: int | None = None,
+    check_host: bool = True,
 ) -> str | None:
     """Why :func:`rerun` with these options cannot apply to ``profile`` (None: it can).
-    Nothing runs; the app greys out a toggle with this line as its tooltip."""
+    Nothing runs; the app greys out a toggle with this line as its tooltip.
+    ``check_host=False`` leaves out the host-memory check, which no option changes: the app
+    makes it once for the whole rerun bar, not again for each toggle."""
     try:
-        _plan(profile, amp, checkpoint, offload, micro_batch)
+        _plan(profile, amp, checkpoint, offload, micro_batch, check_host=check_host)
     except RerunError as error:
         return str(error)
     return None

@@ -56,13 +56,14 @@ def activation_bytes_by_module(profile: Profile) -> dict[str, int]:
     mask = (a.category == CATEGORY_INDEX["activation"]) & profile.timeline.device_mask
     own = np.bincount(a.module[mask], weights=a.size[mask], minlength=len(profile.modules))
     totals: dict[str, int] = {}
-    for name, value in zip(profile.modules, own, strict=True):
+    for name, value in zip(profile.modules, own.tolist(), strict=True):
         if not name or value <= 0:
             continue
+        nbytes = int(round(value))
         parts = name.split(".")
         for i in range(1, len(parts) + 1):
             prefix = ".".join(parts[:i])
-            totals[prefix] = totals.get(prefix, 0) + int(round(value))
+            totals[prefix] = totals.get(prefix, 0) + nbytes
     return totals
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -116,6 +117,25 @@ def flame_tree(
     return _rolled_up(names, parents, leaves, sums)
 
 
+# Trees of whole profiles, freed with the profile (see shared_flame_tree).
+_SHARED: weakref.WeakKeyDictionary[Profile, dict[tuple[Hierarchy, Mode], FlameNode]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def shared_flame_tree(
+    profile: Profile, hierarchy: Hierarchy = "module", mode: Mode = "peak"
+) -> FlameNode:
+    """:func:`flame_tree` of the whole profile, computed once per (hierarchy, mode) and kept
+    while the profile lives: displaying a profile needs the same tree for the app's flame
+    graph and for the saved profile. Callers only read it (a tree is never changed)."""
+    trees = _SHARED.setdefault(profile, {})
+    tree = trees.get((hierarchy, mode))
+    if tree is None:
+        tree = trees[(hierarchy, mode)] = flame_tree(profile, hierarchy, mode)
+    return tree
+
+
 @dataclass(frozen=True)
 class _LeafSums:
     """Per leaf: bytes, allocations, bytes per category (a row each)."""
@@ -184,24 +204,21 @@ def _rolled_up(
     np.add.at(node_cats, leaves, sums.per_cat)
     # roll sums up the tree, deepest level first (a parent is always created before its child)
     parent_of = np.asarray(parents, np.int64)
-    depth = np.zeros(n_nodes, np.int64)
+    depths = [0] * n_nodes
     for i in range(1, n_nodes):
-        depth[i] = depth[parent_of[i]] + 1
+        depths[i] = depths[parents[i]] + 1
+    depth = np.asarray(depths, np.int64)
     for d in range(int(depth.max(initial=0)), 0, -1):
         level = np.flatnonzero(depth == d)
         up = parent_of[level]
         np.add.at(node_bytes, up, node_bytes[level])
         np.add.at(node_counts, up, node_counts[level])
         np.add.at(node_cats, up, node_cats[level])
-    built = [
-        FlameNode(
-            names[i],
-            int(round(node_bytes[i])),
-            int(round(node_counts[i])),
-            tuple(int(round(v)) for v in node_cats[i]),
-        )
-        for i in range(n_nodes)
-    ]
+    # whole numbers as Python ints, rounded half to even as round() does, all at once
+    sizes = np.rint(node_bytes).astype(np.int64).tolist()
+    counts = np.rint(node_counts).astype(np.int64).tolist()
+    cats = np.rint(node_cats).astype(np.int64).tolist()
+    built = [FlameNode(names[i], sizes[i], counts[i], tuple(cats[i])) for i in range(n_nodes)]
     for i in range(1, n_nodes):
         built[parents[i]].children[names[i]] = built[i]
     return built[0]

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import html
-import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import ipywidgets as w
 import numpy as np
 from bokeh.events import DoubleTap, Tap
-from bokeh.models import ColumnDataSource
+from bokeh.models import ColumnDataSource, Range1d
+from ipywidgets.widgets.widget_string import HTMLStyle
 from jupyter_bokeh import BokehModel
 
-from .._analysis.flame import FlameNode, Hierarchy, Mode, flame_tree
+from .._analysis.flame import FlameNode, Hierarchy, Mode, shared_flame_tree
 from .._model import Profile
 from .._render.figures import (
     CRUMB_SEP,
@@ -31,11 +31,6 @@ from .holder import GONE, ProfileHandle, handle_of
 
 HIERARCHIES: dict[str, Hierarchy] = {"module → op": "module", "Python stack": "stack"}
 MODES: dict[str, Mode] = {"live at peak": "peak", "cumulative allocated": "cumulative"}
-
-# Flame trees per profile, freed with it (an app holds its profile only weakly).
-_TREES: weakref.WeakKeyDictionary[Profile, dict[tuple[Hierarchy, Mode], FlameNode]] = (
-    weakref.WeakKeyDictionary()
-)
 
 
 def on_click(fig: Any, handler: Callable[[float, float], None]) -> None:
@@ -67,38 +62,52 @@ class FlameView(w.VBox):  # type: ignore[misc]
         self.peak_bytes = prof.peak_bytes
         self._types = module_types(prof)
         self.focus: tuple[str, ...] = ()
-        fit = {"button_width": "auto"}
-        self.hierarchy = w.ToggleButtons(options=list(HIERARCHIES), style=fit)
-        self.mode = w.ToggleButtons(options=list(MODES), style=fit)
+        # Each widget is a comm the page opens, each change after it is made one more
+        # message: widgets are made with their classes and text, and the ones that look
+        # alike share their style (none of these styles or layouts is ever changed).
+        fit = w.ToggleButtonsStyle(button_width="auto")
+        plain = w.Layout()
+        self.hierarchy = w.ToggleButtons(
+            options=list(HIERARCHIES), style=fit, layout=plain,
+            _dom_classes=("jv-flame-hierarchy",),
+        )  # fmt: skip
+        self.mode = w.ToggleButtons(
+            options=list(MODES), style=fit, layout=plain, _dom_classes=("jv-flame-mode",)
+        )
+        button = w.ButtonStyle()
         self.up = w.Button(
             description="up",
             icon="arrow-up",
             tooltip="zoom out one level",
+            style=button,
             layout=w.Layout(width="64px", min_width="64px", flex="0 0 auto"),
+            _dom_classes=("jv-flame-up",),
         )
         self.reset = w.Button(
             description="reset",
             icon="home",
             tooltip="the whole tree",
+            style=button,
             layout=w.Layout(width="76px", min_width="76px", flex="0 0 auto"),
+            _dom_classes=("jv-flame-reset",),
         )
-        self.crumbs = w.HTML()
-        self.legend = w.HTML(legend_html())
-        for widget, css in (
-            (self.hierarchy, "jv-flame-hierarchy"), (self.mode, "jv-flame-mode"),
-            (self.up, "jv-flame-up"), (self.reset, "jv-flame-reset"), (self.crumbs, "jv-crumbs"),
-            (self.legend, "jv-legend-box"),
-        ):  # fmt: skip
-            widget.add_class(css)
         layout = flame_layout(
             self._tree(prof), self.peak_bytes, display=self._display, cumulative=False
+        )
+        text = HTMLStyle()
+        self.crumbs = w.HTML(
+            self._crumbs_html(layout.data), style=text, layout=plain, _dom_classes=("jv-crumbs",)
+        )
+        self.legend = w.HTML(
+            legend_html(), style=text, layout=plain, _dom_classes=("jv-legend-box",)
         )
         self.source = ColumnDataSource(layout.data)
         self.figure = flame_figure(self.source, layout.depth)
         apply_theme(self.figure)
         on_click(self.figure, self._on_click)  # before the figure joins a document
-        self.plot = BokehModel(self.figure, combine_events=True)
-        self.plot.add_class("jv-flame")
+        self.plot = BokehModel(
+            self.figure, combine_events=True, layout=plain, _dom_classes=("jv-flame",)
+        )
         self.hierarchy.observe(self._on_switch, "value")
         self.mode.observe(self._on_switch, "value")
         self.up.on_click(lambda _: self.zoom(self.focus[:-1]))
@@ -107,9 +116,11 @@ class FlameView(w.VBox):  # type: ignore[misc]
             [self.hierarchy, self.mode, self.up, self.reset],
             layout=w.Layout(flex_flow="row wrap"),
         )
-        super().__init__([controls, self.crumbs, self.plot, self.legend])
-        self.add_class("jv-flame-view")
-        self._show_crumbs(layout.data)
+        super().__init__(
+            [controls, self.crumbs, self.plot, self.legend],
+            layout=plain,
+            _dom_classes=("jv-flame-view",),
+        )
 
     def _display(self, path: tuple[str, ...]) -> str:
         """A node's name as shown: a numbered child (Sequential, ModuleList) with its class."""
@@ -120,12 +131,9 @@ class FlameView(w.VBox):  # type: ignore[misc]
         return display_name(name, self._types.get(".".join(modules), ""))
 
     def _tree(self, profile: Profile) -> FlameNode:
-        key = (HIERARCHIES[self.hierarchy.value], MODES[self.mode.value])
-        trees = _TREES.setdefault(profile, {})
-        tree = trees.get(key)
-        if tree is None:
-            tree = trees[key] = flame_tree(profile, *key)
-        return tree
+        """Trees are computed once per profile and kept with it (an app holds its profile
+        only weakly)."""
+        return shared_flame_tree(profile, HIERARCHIES[self.hierarchy.value], MODES[self.mode.value])
 
     @property
     def tree(self) -> FlameNode | None:
@@ -148,7 +156,7 @@ class FlameView(w.VBox):  # type: ignore[misc]
         )
         self.focus = layout.focus
         self.source.data = layout.data
-        self.figure.y_range.start = -max(layout.depth, 1)
+        cast(Range1d, self.figure.y_range).start = -max(layout.depth, 1)
         self.figure.height = flame_height(layout.depth)
         self._show_crumbs(layout.data)
 
@@ -170,6 +178,10 @@ class FlameView(w.VBox):  # type: ignore[misc]
         self.zoom(())
 
     def _show_crumbs(self, data: dict[str, Any]) -> None:
+        self.crumbs.value = self._crumbs_html(data)
+
+    def _crumbs_html(self, data: dict[str, Any]) -> str:
+        """The focused node's path and bytes, and how to read the graph."""
         row = len(self.focus)  # the focused node: the row after its ancestors
         names = [html.escape(n) for n in data["full"][row].split(CRUMB_SEP)]
         node_bytes = int(data["bytes"][row])
@@ -189,7 +201,7 @@ class FlameView(w.VBox):  # type: ignore[misc]
             else " · cumulative: every allocation made during the cell, freed or not, so blocks "
             "can add up to more than the peak"
         )
-        self.crumbs.value = (
+        return (
             f"<span class='jv-crumb-path'>{CRUMB_SEP.join(names)}</span>: "
             f"{format_bytes(node_bytes)}{share} · click a block to zoom in"
             f"<span class='jv-label'>{note}</span>"

@@ -151,8 +151,6 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
             self.gpu_answer = gpu_answer(estimate, gpu, largest_batch, longest_context)
             answer = gpu_answer_html(self.gpu_answer, estimate.fits(gpu))
         self._text = self._summary_text(profile, estimate)
-        self.header = w.HTML(STYLE + answer + self._header_html(profile))
-        self.header.add_class("jv-header-box")
         handle = self._handle
         self._builders: dict[int, Callable[[Profile], w.Widget]] = {
             0: self._flame_with_picks,
@@ -174,20 +172,36 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
             self._builders[len(titles)] = estimate_tab
             titles.append(TITLE)
         self._add_fit(profile, titles, estimate, gpu)
-        oom_tab = self._add_oom_and_leaks(profile, titles, estimate is None)
-        self.tabs = w.Tab(children=[_placeholder() for _ in titles])
-        for i, title in enumerate(titles):
-            self.tabs.set_title(i, title)
-        self.tabs.add_class("jv-tabs")
-        self.tabs.observe(self._on_tab, "selected_index")
+        oom_tab, oom_line = self._add_oom_and_leaks(profile, titles, estimate is None)
+        # Each widget is a comm the page opens, and each change after it is made one more
+        # message: widgets are made with their final state (classes, titles, first tab).
+        plain = w.Layout()  # the app's, its header's and its tabs': none of them changes
+        self.header = w.HTML(
+            STYLE + answer + self._header_html(profile) + oom_line,
+            layout=plain,
+            _dom_classes=("jv-header-box",),
+        )
         # reruns: a toggle row above the tabs; each rerun adds a column to a Compare tab
         self.compare_view: CompareView | None = None
         self.reruns = None if estimate is not None else rerun_bar(handle, self._on_rerun)
+        self.tabs = self._tabs(profile, titles, 0 if oom_tab is None else oom_tab, plain)
+        self.tabs.observe(self._on_tab, "selected_index")
         bar = [self.reruns] if self.reruns is not None else []
-        super().__init__([self.header, *bar, self.tabs])
-        self.add_class("jv-app")
+        super().__init__([self.header, *bar, self.tabs], layout=plain, _dom_classes=("jv-app",))
         displayed_in_this_cell(self)
-        self.open_tab(0 if oom_tab is None else oom_tab)
+
+    def _tabs(self, profile: Profile, titles: list[str], first: int, layout: w.Layout) -> w.Tab:
+        """The tabs, ``first`` built and selected; the others show one shared placeholder
+        until they are opened."""
+        children = [_placeholder()] * (len(titles) - 1) if len(titles) > 1 else []
+        children.insert(first, self._builders.pop(first)(profile))
+        return w.Tab(
+            children=children,
+            titles=titles,
+            selected_index=first,
+            layout=layout,
+            _dom_classes=("jv-tabs",),
+        )
 
     def _add_fit(
         self, profile: Profile, titles: list[str], estimate: Estimate | None, gpu: Any
@@ -205,9 +219,11 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         self._builders[len(titles)] = lambda p: fit_tab(handle, self.estimate, budget)
         titles.append(TITLE)
 
-    def _add_oom_and_leaks(self, profile: Profile, titles: list[str], leaks: bool) -> int | None:
-        """An OOM post-mortem's header line and tab, and the Leaks tab (built when opened);
-        returns the OOM tab's index."""
+    def _add_oom_and_leaks(
+        self, profile: Profile, titles: list[str], leaks: bool
+    ) -> tuple[int | None, str]:
+        """An OOM post-mortem's tab, and the Leaks tab (built when opened); returns the OOM
+        tab's index and its header line."""
         from .._analysis.oom import oom_report
         from .leaks_view import LeaksView
         from .oom_view import TITLE as OOM_TITLE
@@ -216,8 +232,9 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         measured = profile.source != "estimate"  # an estimate allocated nothing to leak
         oom = oom_report(profile) if measured else None
         index = None
+        line = ""
         if oom is not None:
-            self.header.value += oom_header_html(oom)
+            line = oom_header_html(oom)
             index = len(titles)
             self._builders[index] = lambda p: OomView(oom)
             titles.append(OOM_TITLE)
@@ -225,7 +242,7 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
             handle = self._handle
             self._builders[len(titles)] = lambda p: LeaksView(handle)
             titles.append("Leaks")
-        return index
+        return index, line
 
     @property
     def estimate(self) -> Estimate | None:
@@ -250,7 +267,8 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
             else:
                 children[index] = w.HTML(f"<p class='jv-gone'>{GONE}</p>")
             self.tabs.children = children
-            close_tree(placeholder)  # ipywidgets would keep it for the kernel's life
+            if placeholder not in children:  # the last unopened tab: ipywidgets would keep it
+                close_tree(placeholder)
         if self.tabs.selected_index != index:
             self.tabs.selected_index = index
         return self.tabs.children[index]
@@ -414,6 +432,12 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
                 except Exception as exc:  # noqa: BLE001 (the widget and the text still show)
                     bundle["text/plain"] += f"\n(the static report failed: {exc!r})"
         return bundle
+
+    def __repr__(self) -> str:
+        """The summary's first line. ipywidgets' repr lists every trait of every widget the
+        app holds, recursively, and is cut to 110 characters where a display uses it."""
+        first = getattr(self, "_text", "").partition("\n")[0]  # (also while being made)
+        return f"<{type(self).__name__}: {first}>"
 
     def text(self) -> str:
         """What a frontend without widgets shows: the text summary (and comparison); an

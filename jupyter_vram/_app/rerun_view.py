@@ -31,6 +31,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
+from ipywidgets.widgets.widget_bool import ToggleButtonStyle
+from ipywidgets.widgets.widget_description import DescriptionStyle
+from ipywidgets.widgets.widget_string import HTMLStyle
 
 from .._render.templating import render
 from .holder import GONE, ProfileHandle
@@ -120,14 +123,36 @@ def repeated_blocks(profile: Profile) -> list[tuple[str, str]]:
     return out
 
 
+class _Toggles:
+    """The bar's option toggles: one style and width for all; one that cannot apply to the
+    profile is greyed out, its tooltip saying why."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        self.style = ToggleButtonStyle()
+        self.layout = w.Layout(width="auto")
+
+    def make(self, label: str, name: str, icon: str, options: dict[str, Any], tip: str) -> Any:
+        from .._rerun import rerun_unavailable
+
+        # host memory was checked for the whole bar (rerun_bar): no option changes it
+        reason = rerun_unavailable(self.profile, check_host=False, **options)
+        classes = [f"jv-rerun-{name}"] + (["jv-unavailable"] if reason else [])
+        return w.ToggleButton(
+            description=label, icon=icon, disabled=reason is not None, tooltip=reason or tip,
+            style=self.style, layout=self.layout, _dom_classes=classes,
+        )  # fmt: skip
+
+
 class RerunBar(w.VBox):  # type: ignore[misc]
     """Toggles, Rerun, progress and cancel. ``on_variant(baseline, variant)`` receives each
-    finished rerun (the app adds it to its Compare tab)."""
+    finished rerun (the app adds it to its Compare tab). Made by :func:`rerun_bar`, once a
+    rerun of the profile can apply (host memory included)."""
 
     def __init__(
         self, handle: ProfileHandle, on_variant: Callable[[Profile, Profile], None]
     ) -> None:
-        from .._rerun import default_amp, rerun_unavailable
+        from .._rerun import default_amp
 
         self._handle = handle
         self._on_variant = on_variant
@@ -135,67 +160,69 @@ class RerunBar(w.VBox):  # type: ignore[misc]
         assert profile is not None
         self.running = False
         self.pending = False  # handed to the main thread, not started yet
-        fit = w.Layout(width="auto")
-        self.amp = w.ToggleButton(description="AMP", icon="compress", layout=fit)
+        # Each widget is a comm the page opens, each change after it is made one more
+        # message: widgets are made in their final state, and those that look alike share
+        # a style or layout (of these, only pick's, blocks' and cancel's layouts change).
+        toggles = _Toggles(profile)
+        described = DescriptionStyle()
         self.amp_dtype = w.Dropdown(
             options=["bf16", "fp16"],
             value=default_amp(profile.device),
+            style=described,
             layout=w.Layout(width="72px"),
+            _dom_classes=("jv-rerun-amp-dtype",),
         )
-        self.checkpoint = w.ToggleButton(description="checkpointing", icon="repeat", layout=fit)
+        self.amp = toggles.make(
+            "AMP", "amp", "compress", {"amp": self.amp_dtype.value},
+            "rerun under autocast in the chosen dtype",
+        )  # fmt: skip
+        self.checkpoint = toggles.make(
+            "checkpointing", "checkpoint", "repeat", {"checkpoint": AUTO},
+            "rerun with activation checkpointing (torch.utils.checkpoint) on the blocks picked",
+        )  # fmt: skip
+        self.offload = toggles.make(
+            "offload", "offload", "upload", {"offload": True},
+            "rerun with activations saved to host memory (save_on_cpu)",
+        )  # fmt: skip
         blocks = repeated_blocks(profile)
         self.blocks = w.SelectMultiple(
             options=[(AUTO_LABEL, AUTO)] + [(f"{p} ({k})" if k else p, p) for p, k in blocks],
             value=(AUTO,),
             rows=min(6, len(blocks) + 1),
+            style=described,
             layout=w.Layout(width="420px", display="none"),
+            _dom_classes=("jv-rerun-blocks",),
         )
-        self.offload = w.ToggleButton(description="offload", icon="upload", layout=fit)
+        button, text, plain = w.ButtonStyle(), HTMLStyle(), w.Layout()
         self.button = w.Button(
             description="Rerun", icon="play", button_style="primary", disabled=True,
             tooltip="run the cell again with the changes switched on, and compare",
+            style=button, layout=plain, _dom_classes=("jv-rerun-button",),
         )  # fmt: skip
-        self.status = w.HTML()
-        self.cancel = w.HTML(layout=w.Layout(display="none"))
-        for widget, css in (
-            (self.amp, "jv-rerun-amp"), (self.amp_dtype, "jv-rerun-amp-dtype"),
-            (self.checkpoint, "jv-rerun-checkpoint"), (self.blocks, "jv-rerun-blocks"),
-            (self.offload, "jv-rerun-offload"), (self.button, "jv-rerun-button"),
-            (self.status, "jv-rerun-status"), (self.cancel, "jv-rerun-cancel"),
-        ):  # fmt: skip
-            widget.add_class(css)
-        # a toggle that cannot apply to this profile is greyed out, its tooltip says why
-        for toggle, options in (
-            (self.amp, {"amp": self.amp_dtype.value}),
-            (self.checkpoint, {"checkpoint": AUTO}),
-            (self.offload, {"offload": True}),
-        ):
-            reason = rerun_unavailable(profile, **options)
-            toggle.disabled = reason is not None
-            toggle.tooltip = reason or ""
-            if reason:
-                toggle.add_class("jv-unavailable")
-        self.amp.tooltip = self.amp.tooltip or "rerun under autocast in the chosen dtype"
-        self.checkpoint.tooltip = self.checkpoint.tooltip or (
-            "rerun with activation checkpointing (torch.utils.checkpoint) on the blocks picked"
-        )
-        self.offload.tooltip = self.offload.tooltip or (
-            "rerun with activations saved to host memory (save_on_cpu)"
+        self.status = w.HTML(style=text, layout=plain, _dom_classes=("jv-rerun-status",))
+        self.cancel = w.HTML(
+            style=text, layout=w.Layout(display="none"), _dom_classes=("jv-rerun-cancel",)
         )
         for widget in (self.amp, self.amp_dtype, self.checkpoint, self.blocks, self.offload):
             widget.observe(self._on_change, "value")
         self.button.on_click(lambda _: self.click())
+        title = w.HTML(  # the bar's style sheet rides along with its title
+            STYLE + "<span class='jv-rerun-title'>Rerun with:</span>", style=text, layout=plain
+        )
         row = w.HBox(
-            [w.HTML("<span class='jv-rerun-title'>Rerun with:</span>"), self.amp,
-             self.amp_dtype, self.checkpoint, self.offload, self.button, self.status],
+            [title, self.amp, self.amp_dtype, self.checkpoint, self.offload, self.button,
+             self.status],
+            layout=plain, _dom_classes=("jv-rerun-row",),
         )  # fmt: skip
-        row.add_class("jv-rerun-row")
         # a block clicked in the flame graph is offered here (see link_flame)
-        self.pick = w.Button(icon="plus", layout=w.Layout(display="none", width="auto"))
-        self.pick.add_class("jv-rerun-pick")
+        self.pick = w.Button(
+            icon="plus", style=button, layout=w.Layout(display="none", width="auto"),
+            _dom_classes=("jv-rerun-pick",),
+        )  # fmt: skip
         self.pick.on_click(lambda _: self.add_block(self.pick.tooltip))
-        super().__init__([w.HTML(STYLE), row, self.pick, self.blocks, self.cancel])
-        self.add_class("jv-rerun")
+        super().__init__(
+            [row, self.pick, self.blocks, self.cancel], layout=plain, _dom_classes=("jv-rerun",)
+        )
 
     def block_of(self, flame_path: tuple[str, ...]) -> str | None:
         """The checkpointable block a flame graph node lies in (``Blocks > blocks > 2 >
@@ -367,7 +394,7 @@ def rerun_bar(
 
     reason = rerun_unavailable(profile)
     if reason is not None:
-        note = w.HTML(render(TEMPLATE, "unavailable", reason=reason))
-        note.add_class("jv-rerun-unavailable")
-        return note
+        return w.HTML(
+            render(TEMPLATE, "unavailable", reason=reason), _dom_classes=("jv-rerun-unavailable",)
+        )
     return RerunBar(handle, on_variant)

@@ -12,8 +12,18 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Range1d, TapTool
-from bokeh.models.annotations import Label, Legend, LegendItem, Span
+from bokeh.models import (
+    ColumnDataSource,
+    FactorRange,
+    HoverTool,
+    Plot,
+    Quad,
+    Range1d,
+    Scatter,
+    TapTool,
+    Text,
+)
+from bokeh.models.annotations import Label, Legend, LegendItem, Span, Title
 from bokeh.models.widgets.tables import DataTable, NumberFormatter, StringFormatter, TableColumn
 from bokeh.plotting import figure
 from bokeh.transform import stack
@@ -59,13 +69,16 @@ def category_mix(by_category: Sequence[int]) -> str:
     return " · ".join(f"{c} {100 * v / total:.0f}%" for v, c in parts[:4])
 
 
-def _category_legend(fig: Any) -> None:
+def _category_legend(fig: Plot) -> None:
     """A legend of every category colour, below the figure (the flame glyph has one renderer
     for all categories, so the swatches are empty renderers of their own)."""
+    nowhere = ColumnDataSource({"x": [np.nan], "y": [np.nan]})
     items = []
     for name, color in CATEGORY_COLORS.items():
-        swatch = fig.scatter([np.nan], [np.nan], marker="square", size=10, color=color)
-        items.append(LegendItem(label=name, renderers=[swatch]))
+        square = Scatter(x="x", y="y", marker="square", size=10, fill_color=color,
+                         line_color=color)  # fmt: skip
+        swatch: list[Any] = [fig.add_glyph(nowhere, square)]
+        items.append(LegendItem(label=name, renderers=swatch))
     fig.add_layout(
         Legend(items=items, orientation="horizontal", label_text_font_size="9pt",
                spacing=4, margin=0, nrows=2),
@@ -139,7 +152,8 @@ def flame_layout(
 
     def add(node: FlameNode, path: tuple[str, ...], left: float, width: float, depth: int) -> None:
         by_cat = node.by_category
-        dominant = CATEGORIES[int(np.argmax(by_cat))] if any(by_cat) else "other"
+        # the first largest category, as numpy's argmax picks it
+        dominant = CATEGORIES[by_cat.index(max(by_cat))] if any(by_cat) else "other"
         shown = show(path)
         cols["left"].append(left)
         cols["right"].append(left + width)
@@ -196,7 +210,7 @@ def flame_height(depth: int) -> int:
 
 def flame_figure(
     source: ColumnDataSource, depth: int, *, title: str = "", legend: bool = False
-) -> Any:
+) -> Plot:
     """The icicle figure over a source filled by :func:`flame_layout`. The app shows the
     category legend as HTML beside it; ``legend=True`` draws one in the figure (the report)."""
     fig = icicle_figure(
@@ -224,33 +238,42 @@ def icicle_figure(
     *,
     title: str = "",
     extra_height: int = 0,
-) -> Any:
+) -> Plot:
     """An icicle of labelled blocks (columns left, right, top, bottom, color, label) with
-    ``tooltips`` on hover: the flame graph and the comparison's diff flame graph."""
-    fig = figure(
+    ``tooltips`` on hover: the flame graph and the comparison's diff flame graph.
+
+    A bare :class:`Plot`, not a ``figure``: no axes, grids or tools are shown, and every
+    model a figure adds anyway (axes, tickers, formatters, grids, a selected and a
+    nonselected copy of each glyph) is serialised to the page when the app first shows,
+    which costs about twice as long. The renderers draw selected and nonselected blocks as
+    the blocks themselves (a click zooms, it does not fade the others)."""
+    fig = Plot(
         height=flame_height(depth) + extra_height,
         sizing_mode="stretch_width",
         x_range=Range1d(start=0, end=1),
         y_range=Range1d(start=-max(depth, 1), end=0),
-        tools="",
         toolbar_location=None,
-        title=title or None,
+        title=Title(text=title) if title else None,
         min_border=2,
+        outline_line_color=None,
     )
-    quads = fig.quad(
-        left="left", right="right", top="top", bottom="bottom", source=source,
-        fill_color="color", line_color=BLOCK_LINE, line_width=1,
-        hover_fill_alpha=0.85, hover_line_color="black",
-        selection_fill_alpha=1.0, nonselection_fill_alpha=1.0,
-    )  # fmt: skip
-    fig.text(
-        x="left", y="top", text="label", source=source, x_offset=4, y_offset=5,
-        text_font_size="9pt", text_baseline="top", text_color="white",
+    block: dict[str, Any] = {"left": "left", "right": "right", "top": "top", "bottom": "bottom",
+             "fill_color": "color", "line_width": 1}  # fmt: skip
+    quads = fig.add_glyph(
+        source,
+        Quad(**block, line_color=BLOCK_LINE),
+        hover_glyph=Quad(**block, line_color="black", fill_alpha=0.85),
+        selection_glyph=None,
+        nonselection_glyph=None,
+    )
+    fig.add_glyph(
+        source,
+        Text(x="left", y="top", text="label", x_offset=4, y_offset=5, text_font_size="9pt",
+             text_baseline="top", text_color="white"),
+        selection_glyph=None,
+        nonselection_glyph=None,
     )  # fmt: skip
     fig.add_tools(HoverTool(renderers=[quads], tooltips=tooltips))
-    fig.axis.visible = False
-    fig.grid.visible = False
-    fig.outline_line_color = None
     return fig
 
 
@@ -434,7 +457,6 @@ def sites_table(source: ColumnDataSource) -> DataTable:
 def flame_tap_zoom(source: ColumnDataSource, fig: Any) -> None:
     """Standalone (no kernel) zoom: clicking a node narrows the x range to it."""
     from bokeh.models import CustomJS, ResetTool
-    from bokeh.models.renderers import GlyphRenderer
 
     source.selected.js_on_change(
         "indices",
@@ -447,7 +469,7 @@ def flame_tap_zoom(source: ColumnDataSource, fig: Any) -> None:
             """,
         ),
     )
-    fig.add_tools(ResetTool(), TapTool(renderers=list(fig.select({"type": GlyphRenderer}))[:1]))
+    fig.add_tools(ResetTool(), TapTool(renderers=fig.renderers[:1]))  # the blocks
     fig.toolbar_location = "right"
 
 

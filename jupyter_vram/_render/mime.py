@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from .._analysis.allocator import has_segments, reserved_at, reserved_peak
-from .._analysis.flame import FlameNode, flame_tree, icicle_layout, saved_layout_columns
+from .._analysis.flame import FlameNode, icicle_layout, saved_layout_columns, shared_flame_tree
 from .._analysis.groups import live_at_peak
 from .._analysis.tables import top_sites
 from .._model import CATEGORIES
@@ -153,7 +153,7 @@ def profile_payload(profile: Profile, estimate: Estimate | None = None) -> dict[
         "colors": [CATEGORY_COLORS[c] for c in CATEGORIES],
         "breakdown": [int(breakdown[c]) for c in CATEGORIES],
         "flame": flame_payload(
-            flame_tree(profile, "module", "peak"), profile.peak_bytes, module_types(profile)
+            shared_flame_tree(profile, "module", "peak"), profile.peak_bytes, module_types(profile)
         ),
         "timeline": timeline_payload(profile, axis),
         "top_modules": [

@@ -1,0 +1,124 @@
+"""What the app's first display builds: each widget sent once, in its final state; one
+placeholder for every unopened tab (closed once the last one opens); the module tree computed
+once for the flame graph and the saved profile; and the static report's click-to-zoom aimed
+at the blocks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from bokeh.models import ColumnDataSource, Quad, TapTool
+
+import jupyter_vram as jv
+from jupyter_vram._analysis import flame as flame_module
+from jupyter_vram._app import ProfileApp
+from jupyter_vram._render.figures import flame_figure, flame_layout, flame_tap_zoom
+
+from .conftest import MLP
+
+
+def record_step() -> jv.Profile:
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.Adam(model.parameters())
+    with jv.record() as rec:
+        model(torch.randn(16, 256)).sum().backward()
+        opt.step()
+    return rec.profile
+
+
+@pytest.fixture(scope="module")
+def profile() -> jv.Profile:
+    return record_step()
+
+
+def test_unopened_tabs_share_one_placeholder_closed_with_the_last(profile: jv.Profile) -> None:
+    app = ProfileApp(profile)
+    tabs = list(app.tabs.children)
+    placeholder = tabs[1]
+    assert len(tabs) >= 5
+    assert all(tab is placeholder for tab in tabs[1:])  # the flame graph (tab 0) is built
+    for index in range(1, len(tabs)):
+        assert placeholder.comm is not None, f"closed while tab {index} still shows it"
+        opened = app.open_tab(index)
+        assert opened is not placeholder and app.tabs.children[index] is opened
+    assert placeholder not in app.tabs.children
+    assert placeholder.comm is None  # closed: ipywidgets would keep it for the kernel's life
+    assert placeholder.layout.comm is None
+
+
+def test_display_computes_the_module_tree_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    profile = record_step()  # fresh: no tree computed for it yet
+    calls: list[tuple[Any, ...]] = []
+    real = flame_module.flame_tree
+
+    def counted(*args: Any, **kwargs: Any) -> flame_module.FlameNode:
+        calls.append(args[1:])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(flame_module, "flame_tree", counted)
+    app = ProfileApp(profile)
+    bundle = app._repr_mimebundle_()
+    assert bundle is not None
+    assert calls == [("module", "peak")]  # the flame graph's, reused by the saved profile
+
+
+def test_report_click_selects_the_blocks(profile: jv.Profile) -> None:
+    tree = flame_module.flame_tree(profile, "module", "peak")
+    layout = flame_layout(tree, profile.peak_bytes)
+    source = ColumnDataSource(layout.data)
+    fig = flame_figure(source, layout.depth, title="t", legend=True)
+    flame_tap_zoom(source, fig)
+    taps = [tool for tool in fig.toolbar.tools if isinstance(tool, TapTool)]
+    assert len(taps) == 1
+    (renderer,) = taps[0].renderers
+    assert isinstance(renderer.glyph, Quad)  # not the labels, not a legend swatch
+    assert renderer.data_source is source
+
+
+def test_first_display_sends_each_widget_once(
+    profile: jv.Profile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every widget opens with its final state (classes, titles, text, the first tab):
+    no update message follows while the app is made, and no widget is made to be thrown
+    away."""
+    import ipywidgets as w
+
+    opened: list[int] = []
+    updates: list[Any] = []
+    open_comm, send = w.Widget.open, w.Widget._send
+
+    def record_open(self: Any) -> None:
+        if self.comm is None:
+            opened.append(id(self))
+        open_comm(self)
+
+    def record_send(self: Any, msg: Any, buffers: Any = None) -> None:
+        updates.append(msg)
+        send(self, msg, buffers)
+
+    monkeypatch.setattr(w.Widget, "open", record_open)
+    monkeypatch.setattr(w.Widget, "_send", record_send)
+    app = ProfileApp(profile)
+    assert updates == []
+    assert set(opened) == reachable_widgets(app)
+    assert len(opened) == len(set(opened))
+
+
+def reachable_widgets(root: Any) -> set[int]:
+    """Ids of the widgets ``root`` shows: itself, children, layouts, styles, recursively."""
+    import ipywidgets as w
+
+    seen: set[int] = set()
+    todo = [root]
+    while todo:
+        widget = todo.pop()
+        if not isinstance(widget, w.Widget) or id(widget) in seen:
+            continue
+        seen.add(id(widget))
+        for name in widget.keys:
+            value = getattr(widget, name)
+            todo.extend(value if isinstance(value, (list, tuple)) else [value])
+    return seen
