@@ -27,6 +27,7 @@ from jupyter_vram._capture.cpu_rows import SortedInts
 from jupyter_vram._capture.profiler_read import LEAN_OP
 from jupyter_vram._capture.profiler_session import SeqWindows
 from jupyter_vram._capture.ticker import CHUNK_SIGNAL, StackSamples
+from jupyter_vram._model import PHASE_INDEX
 
 from .test_observer_effect import _case, train_step, true_peak
 
@@ -250,6 +251,35 @@ def test_a_short_module_call_gets_its_call_line() -> None:
     for i in inside:
         frames = [profile.frames[f] for f in profile.stacks[a.stack[i]]]
         assert any(f.line == _line_of("MODULE-CALL") for f in frames), frames
+
+
+def test_a_short_block_names_itself_for_backward_and_the_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A block that ends before the helper thread samples: what backward and the optimizer
+    step allocate after the last module call is still placed in the block (the block's end
+    takes a sample), with line 0 where the two samples' lines differ."""
+    from jupyter_vram._capture import ticker
+
+    monkeypatch.setattr(ticker.Ticker, "_take_sample", lambda self, header: None)  # no thread
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU())
+    opt = torch.optim.Adam(model.parameters())
+    x = torch.randn(8, 64)
+    with jv.record("cpu") as rec:
+        model(x).sum().backward()
+        opt.step()
+    profile = rec.profile
+    a = profile.allocations
+    phases = (PHASE_INDEX["backward"], PHASE_INDEX["optimizer"])
+    later = [i for i in range(len(a)) if a.alloc_seq[i] >= 0 and a.phase[i] in phases]
+    assert len(later) >= 6  # gradients, Adam's state and its temporaries
+    for i in later:
+        assert a.stack[i] >= 0, profile.ops[a.op[i]]
+        outer = profile.frames[profile.stacks[a.stack[i]][0]]
+        assert (outer.filename, outer.name) == (
+            __file__,
+            "test_a_short_block_names_itself_for_backward_and_the_step",
+        )
 
 
 def test_stack_samples_place_exactly_by_common_calls_or_not_at_all() -> None:

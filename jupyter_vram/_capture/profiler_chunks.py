@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -177,8 +178,13 @@ class ChunkedProfiler:
     def stop(self) -> tuple[Sequence[Any], bool]:
         """Stop the helper thread and the profiler: the last chunk's events, and whether it
         was lean (to :meth:`read`, or to drop)."""
-        if self.ticker is not None:
-            self.ticker.stop()
+        ticker = self.ticker
+        if ticker is not None:
+            if ticker.sampling and not self.session.stacks:
+                # the block's end closes what it made since the last sample (a short block's
+                # backward and optimizer step, with no module call after them)
+                ticker.sample(sys._getframe(1))
+            ticker.stop()
         lean = self.session.mode == LEAN
         return self.session.stop(), lean
 
