@@ -377,7 +377,7 @@ void jv_take(int64_t reports, int64_t points, int64_t spans, int64_t* report_out
 // a free ends the live block at its address; an allocation over bytes of live blocks ends
 // them (freed where no report was made: another thread). link[i]: for an allocation, the
 // report that ended it (-1: live at the end); for a free, the allocation it ended (-1: none).
-// cpu_rows.py's _links is the same rule in Python, for where this library cannot be built.
+// cpu_rows.links_in_python is the same rule in Python, for where this library cannot be built.
 void jv_links(int64_t n, const int64_t* ptr, const int64_t* size, int64_t* link) {
   std::map<int64_t, std::pair<int64_t, int64_t>> live;  // start -> (allocation, end)
   for (int64_t i = 0; i < n; ++i) {
