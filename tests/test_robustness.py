@@ -120,6 +120,25 @@ def test_torch_func_transforms_in_the_cell(shell: InteractiveShell) -> None:
     still_works(shell)
 
 
+def test_noting_model_state_never_raises_on_a_transformed_tensor() -> None:
+    """Inside ``torch.func.vmap`` a plain-looking tensor has no data pointer (it raises): the
+    tagger's model-state note still notes it once, and says it did, without raising (its
+    callers include the recording's stop, which must not fail)."""
+    notes: list[int] = []
+    tagger = Tagger(lambda tensor, role, module: notes.append(role), Interner(""))
+    said: list[bool] = []
+
+    def note_twice(row: torch.Tensor) -> torch.Tensor:
+        said.append(tagger._report_state(row, 4, 0))
+        said.append(tagger._report_state(row, 4, 0))
+        return row * 2
+
+    torch.func.vmap(note_twice)(torch.ones(3, 2))
+    assert notes == [4, 4] and said == [True, True]  # not remembered: noted each time
+    plain = torch.ones(2)
+    assert [tagger._report_state(plain, 4, 0) for _ in range(2)] == [True, False]
+
+
 def fresh_namespace(shell: InteractiveShell) -> None:
     run(shell, "%reset -f")
     run(shell, "import torch\nfrom torch import nn")

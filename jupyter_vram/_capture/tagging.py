@@ -602,11 +602,14 @@ class Tagger:
         and state it updates in place, and noting them all again cost a small training
         step more than the step itself. Only plain tensors are remembered (a subclass may
         hold other tensors that change)."""
-        plain = (type(tensor) is torch.Tensor or type(tensor) is nn.Parameter) and (
+        ptr = -1
+        if (type(tensor) is torch.Tensor or type(tensor) is nn.Parameter) and (
             tensor.layout is torch.strided
-        )
+        ):
+            with contextlib.suppress(Exception):  # a functorch wrapper has no data pointer
+                ptr = tensor.data_ptr()
+        plain = ptr >= 0
         if plain:
-            ptr = tensor.data_ptr()
             seen = self._reported.get(id(tensor))
             if seen is not None and seen[0]() is tensor and seen[1] == ptr and seen[2] == category:
                 return False
