@@ -82,6 +82,45 @@ def test_mlp_adam_breakdown_at_peak_is_exact(second_step) -> None:  # type: igno
     assert PHASES[prof.allocations.phase[peak_row]] == "optimizer"
 
 
+@pytest.mark.parametrize("change", ["unfreeze", "move", "replace state"])
+def test_model_state_changed_between_steps_is_noted_again(change: str) -> None:
+    """An optimizer step does not note again the parameters and state it noted already (the
+    same tensors at the same addresses in the same roles); what changed between two steps
+    of one recorded block is noted again: a frozen layer made trainable, weights moved to
+    new memory (``model.to()`` keeps the Parameter objects), state tensors replaced."""
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+    model[2].weight.requires_grad_(False)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(4, 32)
+
+    def step() -> None:
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()  # Adam's state exists before recording (none for the frozen weight)
+    if change != "unfreeze":
+        model[2].weight.requires_grad_(True)
+        step()
+    with jv.record() as rec:
+        step()
+        if change == "unfreeze":
+            model[2].weight.requires_grad_(True)
+        elif change == "move":
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.data = p.data.clone()  # new memory under the same Parameter objects
+        else:
+            for state in opt.state.values():
+                state["exp_avg"] = state["exp_avg"].clone()  # new state tensors
+        step()
+    live = dict(zip(jv.CATEGORIES, rec.profile.timeline.by_category()[-1].tolist(), strict=True))
+    every = 4 * (32 * 64 + 64 + 64 * 8 + 8)
+    assert live["parameter"] == every
+    assert live["frozen_parameter"] == 0
+    assert live["optimizer_state"] == 2 * every + 4 * 4  # two moments, four float steps
+
+
 def test_activation_bytes_are_what_autograd_saved(second_step) -> None:  # type: ignore[no-untyped-def]
     model, _, x, y, prof = second_step
     expected = bytes_saved_by_autograd(model, x, y)

@@ -77,6 +77,35 @@ def parameter_role(param: torch.Tensor) -> int:
     return PARAMETER if param.requires_grad else FROZEN_PARAMETER
 
 
+def _address(tensor: torch.Tensor) -> int:
+    """A plain dense tensor's data pointer; -1 for anything else (a subclass, a sparse
+    tensor, a functorch wrapper, which has no data pointer and raises)."""
+    if (type(tensor) is torch.Tensor or type(tensor) is nn.Parameter) and (
+        tensor.layout is torch.strided
+    ):
+        try:
+            return int(tensor.data_ptr())
+        except Exception:  # noqa: BLE001
+            return -1
+    return -1
+
+
+def _state_tensors(opt: Optimizer) -> list[torch.Tensor]:
+    """The tensors in an optimizer's state, in ``iter_tensors`` order (a per-parameter dict
+    of tensors and numbers, the usual shape, without a generator per value)."""
+    found: list[torch.Tensor] = []
+    for state in opt.state.values():
+        if type(state) is dict:
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    found.append(value)
+                elif isinstance(value, (tuple, list, Mapping)):
+                    found.extend(iter_tensors(value, 1))
+        else:
+            found.extend(iter_tensors(state))
+    return found
+
+
 #: how deep the attributes of a quantised weight or a cache object are looked into
 _STATE_DEPTH = 4
 #: per class: is it a wrapper subclass (``__tensor_flatten__``: torchao-style)?
@@ -450,6 +479,10 @@ class Tagger:
         self._params = _WeakTensorMap()  # parameter -> owning module id
         #: id -> (the tensor, its address, its role) of model state noted (``_report_state``)
         self._reported: dict[int, tuple[weakref.ref[torch.Tensor], int, int]] = {}
+        #: (optimizer id, what) -> the tensors and addresses of its last report (``_unchanged``)
+        self._last_reports: dict[
+            tuple[int, str], tuple[list[weakref.ref[torch.Tensor]], list[int]]
+        ] = {}
         self._optimizers: weakref.WeakSet[Optimizer] = weakref.WeakSet()
         self.module_stack: list[int] = []
         self._first_node_seq: list[int] = []
@@ -493,6 +526,7 @@ class Tagger:
         self.module_stack.clear()
         self._first_node_seq.clear()
         self._reported.clear()
+        self._last_reports.clear()
 
     def _hold_call_hooks(self) -> None:
         """Push our saved-tensor hooks for a top-level module call, unless another context's
@@ -583,18 +617,45 @@ class Tagger:
             self._on_role(tensor, QUANT_STATE, owner)
 
     def _report_optimizer(self, opt: Optimizer, *, state_only: bool = False) -> None:
+        """Note an optimizer's parameters, gradients and state. Each step calls this twice,
+        and a step updates them in place: parameters and state that are the very tensors of
+        the last report, at the same addresses, are not walked one by one again."""
         if not state_only:
-            for group in opt.param_groups:
-                for p in group["params"]:
+            params = [p for group in opt.param_groups for p in group["params"]]
+            roles = [parameter_role(p) for p in params]  # a frozen one is noted anew
+            if not self._unchanged((id(opt), "params"), params, roles):
+                for p in params:
                     owner = self._params.get(p)
                     self._params.add(p, owner)
                     self._report_parameter(p, owner)
-                    if p.grad is not None:
-                        self._report_state(p.grad, GRADIENT, owner)
+            for p in params:
+                if p.grad is not None:  # new tensors each step when zero_grad sets None
+                    self._report_state(p.grad, GRADIENT, self._params.get(p))
+        if self._unchanged((id(opt), "state"), _state_tensors(opt)):
+            return
         for p, state in opt.state.items():
             owner = self._params.get(p) if isinstance(p, torch.Tensor) else 0
             for value in iter_tensors(state):
                 self._report_state(value, OPTIMIZER_STATE, owner)
+
+    def _unchanged(
+        self, key: tuple[int, str], tensors: list[torch.Tensor], roles: list[int] | None = None
+    ) -> bool:
+        """Whether ``tensors`` are, one by one, the tensors last reported under ``key``, at
+        the same addresses and in the same ``roles`` (then none needs noting again); if not,
+        remembers them. Only plain tensors count as unchanged (a subclass may hold other
+        tensors that change)."""
+        addresses = [_address(t) for t in tensors] + (roles or [])
+        last = self._last_reports.get(key)
+        if (
+            last is not None
+            and last[1] == addresses
+            and -1 not in addresses
+            and all(ref() is t for ref, t in zip(last[0], tensors, strict=True))
+        ):
+            return True
+        self._last_reports[key] = ([weakref.ref(t) for t in tensors], addresses)
+        return False
 
     def _report_state(self, tensor: torch.Tensor, category: int, owner: int) -> bool:
         """Note a model's tensor in a role, unless this very tensor was noted in it already
@@ -602,12 +663,7 @@ class Tagger:
         and state it updates in place, and noting them all again cost a small training
         step more than the step itself. Only plain tensors are remembered (a subclass may
         hold other tensors that change)."""
-        ptr = -1
-        if (type(tensor) is torch.Tensor or type(tensor) is nn.Parameter) and (
-            tensor.layout is torch.strided
-        ):
-            with contextlib.suppress(Exception):  # a functorch wrapper has no data pointer
-                ptr = tensor.data_ptr()
+        ptr = _address(tensor)
         plain = ptr >= 0
         if plain:
             seen = self._reported.get(id(tensor))
