@@ -282,6 +282,68 @@ def test_a_short_block_names_itself_for_backward_and_the_step(
         )
 
 
+class _Inner(nn.Module):
+    """A user module whose forward calls layers from its own lines, and a Sequential."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(32, 64), nn.Linear(64, 32)
+        self.seq = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))  # INNER-A
+        return self.b(h) + self.seq(x)  # INNER-B
+
+
+def test_a_module_call_inside_torchs_own_code_takes_its_callers_sample(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A layer called by ``nn.Sequential`` reuses the sample of the call around it (only
+    torch's frames, which no profile shows, lie between): every allocation's stack is the
+    one a walk of the whole stack at each call gives, and fewer walks are made."""
+    from jupyter_vram._capture import ticker
+
+    monkeypatch.setattr(ticker.Ticker, "_take_sample", lambda self, header: None)  # no thread
+    walks = [0]
+    walk = ticker.Ticker.sample
+
+    def counted(self: ticker.Ticker, frame: object) -> int:
+        walks[0] += 1
+        return walk(self, frame)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ticker.Ticker, "sample", counted)
+    model = nn.Sequential(_Inner(), nn.ReLU(), _Inner())
+    x = torch.randn(4, 32)
+
+    def stacks() -> list[tuple[tuple[str, int, str], ...]]:
+        walks[0] = 0
+        with jv.record("cpu") as rec:
+            model(x).sum().backward()
+        p, a = rec.profile, rec.profile.allocations
+        return [
+            tuple((p.frames[f].filename, p.frames[f].line, p.frames[f].name) for f in p.stacks[s])
+            if s >= 0
+            else ()
+            for s in a.stack.tolist()
+        ]
+
+    stacks()  # first use: imports, the library
+    reused = stacks()
+    walks_reused = walks[0]
+    monkeypatch.setattr(
+        profiler_chunks.ChunkedProfiler,
+        "_call_sample",
+        lambda self, frame: self.ticker.sample(frame),
+    )
+    walked = stacks()
+    assert reused == walked
+    lines = {frame[1] for stack in reused for frame in stack}
+    assert {_line_of("INNER-A"), _line_of("INNER-B")} <= lines  # user lines kept their own
+    # the outer Sequential's three children and the inner Sequentials' three each reuse the
+    # sample of the call around them; the layers _Inner calls from its own lines do not
+    assert walks[0] - walks_reused == 3 + 2 * 3, (walks[0], walks_reused)
+
+
 def test_stack_samples_place_exactly_by_common_calls_or_not_at_all() -> None:
     """Hand-made samples: one taken while the op ran wins; else the functions both
     neighbours are in, from the outermost inward; else nothing."""

@@ -30,6 +30,7 @@ from ._common import interrupts_deferred
 from .builder import Interner, ProfileBuilder
 from .profiler_read import ReadState, Reports, StackReader, read_events, read_native
 from .profiler_session import FULL, LEAN, ProfilerSession
+from .stacks import FrameFilter
 from .ticker import Ticker
 
 #: full stacks: the first chunk traces every Python call (exact stacks) and ends at the first
@@ -44,6 +45,8 @@ CHUNK_REPORTS = 3_000
 #: the light recorder's chunks: reading costs the same per report however many (its arrays
 #: hold 48 bytes a report), so fewer, larger chunks save the flushes' fixed cost
 LIGHT_CHUNK_REPORTS = 50_000
+#: how many frames a module call's sample looks up for its enclosing call's frame
+_INHERIT_WALK = 16
 FIRST_CHUNK_NS = 10_000_000
 MIN_CHUNK_NS = 2_000_000
 MAX_CHUNK_NS = 1_000_000_000
@@ -148,6 +151,8 @@ class ChunkedProfiler:
         self._flushing = False
         self._t0 = 0
         self._call_samples: list[int] = []  # the sample of each module call open now
+        self._call_frames: list[int] = []  # and the id of its frame (alive while it is open)
+        self._keep = FrameFilter().keep
 
     def start(
         self,
@@ -200,8 +205,27 @@ class ChunkedProfiler:
             if ready and not _unsafe_to_restart(frame):
                 self.flush()
             sampled = ticker.sampling and not self.session.stacks  # the call's place
-            self._call_samples.append(ticker.sample(frame) if sampled else -1)
+            self._call_samples.append(self._call_sample(frame) if sampled else -1)
+            self._call_frames.append(id(frame))
         self.session.enter(module_id)
+
+    def _call_sample(self, frame: Any) -> int:
+        """A module call's sample: the enclosing call's again where only frames a profile
+        hides (torch's: ``nn.Sequential`` looping over its layers) lie between the two calls,
+        since the frames kept are then the same; else a walk of the whole stack."""
+        ticker = self.ticker
+        assert ticker is not None
+        outer = self._call_samples[-1] if self._call_samples else -1
+        if outer >= 0:
+            outer_frame, between = self._call_frames[-1], frame
+            for _ in range(_INHERIT_WALK):
+                if between is None or self._keep(between.f_code.co_filename):
+                    break
+                if id(between) == outer_frame:
+                    ticker.samples.again(time.time_ns(), outer)
+                    return outer
+                between = between.f_back
+        return ticker.sample(frame)
 
     def exit(self) -> None:
         """A module call returns: a sample closes what it made (a short cell's last call).
@@ -209,6 +233,7 @@ class ChunkedProfiler:
         ticker = self.ticker
         if ticker is not None and self._call_samples:
             chain = self._call_samples.pop()
+            self._call_frames.pop()
             if chain >= 0:
                 ticker.samples.again(time.time_ns(), chain)
         self.session.exit()
