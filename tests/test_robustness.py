@@ -311,9 +311,9 @@ def test_interrupt_during_stop_keeps_the_profile() -> None:
 
     original = cpu_recorder.build_rows
 
-    def slow_build(*args: object, **kwargs: object) -> None:
+    def slow_build(*args: object, **kwargs: object) -> object:
         os.kill(os.getpid(), signal.SIGINT)  # arrives in the middle of building
-        original(*args, **kwargs)  # type: ignore[arg-type]
+        return original(*args, **kwargs)  # type: ignore[arg-type]
 
     cpu_recorder.build_rows = slow_build  # type: ignore[assignment]
     rec = jv.record("cpu")

@@ -230,7 +230,7 @@ def _rows(
     read = EventRead.of(
         ["", "op"], [AllocEvent(T0 + t, ptr, size, op=1) for t, ptr, size in events]
     )
-    inferred = build_rows(builder, read, notes, {}, t0=T0, **options)  # type: ignore[arg-type]
+    inferred = build_rows(builder, read, notes, {}, t0=T0, **options).inferred_frees  # type: ignore[arg-type]
     return builder.build(device="cpu", source="test", wall_ns=10**9), inferred
 
 
@@ -273,6 +273,18 @@ def test_a_block_unmapped_in_a_later_snapshot_ends_there() -> None:
     assert _live_at_end(prof) == [30]
     assert int(prof.allocations.free_ns[0]) == 3_000_000 + 10
     assert prof.peak_bytes == 130
+
+
+def test_a_maps_column_of_addresses_agrees_with_one_by_one() -> None:
+    """Which addresses a snapshot holds, asked for a whole column at once (the live blocks of
+    a cell that keeps 300,000 tensors), is what asking for each one says: ranges are
+    half-open, and addresses before the first range or past the last are not held."""
+    snapshot = _map(0, (100, 200), (300, 301), (2**63 + 5, 2**63 + 50))
+    ptrs = np.array([0, 99, 100, 150, 199, 200, 299, 300, 301, 10**12, 2**62], np.int64)
+    by_hand = [False, False, True, True, True, False, False, True, False, False, False]
+    assert snapshot.holds_each(ptrs).tolist() == by_hand
+    assert [snapshot.holds(int(p)) for p in ptrs] == by_hand
+    assert _map(0).holds_each(ptrs).tolist() == [False] * len(ptrs)  # nothing mapped
 
 
 def test_a_block_still_mapped_stays() -> None:

@@ -335,8 +335,7 @@ class ProfilerRecorder:
             chunks.ticker.settle()
             place_stacks(reports, chunks.ticker.samples, self._builder)
         builder = self._builder
-        addresses: dict[int, int] = {}  # row -> address, for leaks (not saved)
-        inferred = build_rows(
+        rows = build_rows(
             builder,
             EventRead(reports, chunks.state.ops.names),
             notes,
@@ -344,8 +343,8 @@ class ProfilerRecorder:
             t0=self._t0,
             threads_ran_from=self._threads.ran_from,
             maps=self._threads.maps,
-            addresses=addresses,
         )
+        inferred = rows.inferred_frees
         paused = chunks.paused_ns
         profile = builder.build(
             device=self.device,
@@ -365,7 +364,7 @@ class ProfilerRecorder:
         )
         chunks.reports = Reports()
         profile = self._distributed.label(profile, self._t0)
-        note_addresses(profile, addresses)
+        note_addresses(profile, rows.addresses)  # for leaks (not saved)
         return profile
 
     def _idle(self) -> bool:

@@ -10,6 +10,7 @@ import bisect
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -45,10 +46,10 @@ def build_rows(
     t0: int,
     threads_ran_from: int | None = None,
     maps: Sequence[MemoryMap] = (),
-    addresses: dict[int, int] | None = None,
-) -> int:
+) -> Rows:
     """Turn allocator reports, role notes and release times into allocation rows; return how
-    many frees were inferred (made where the allocator does not report: another thread).
+    many frees were inferred (made where the allocator does not report: another thread) and
+    the rows' addresses.
 
     Each report pairs with the live allocation at its address. Each note (time, address, size,
     category, module, storage key) goes to the allocation holding that address at that time,
@@ -81,7 +82,7 @@ def build_rows(
     taken at the start, at module calls at most every 50 ms, and at the end) in which its
     first byte is not mapped at all ends it then (memory still allocated is always mapped).
 
-    ``addresses``, when given, gets the address (row -> address) of each row made while
+    The addresses returned (one per row, -1 for none) are those of the rows made while
     recording whose free no report gave: what ties a storage alive at the end to its row.
     """
     for name in read.ops[1:]:
@@ -93,11 +94,64 @@ def build_rows(
     _kept_for_backward(builder, r)
     if maps:
         _unmapped_ends(r, unreported, maps)
-    if addresses is not None:
-        addresses.update((row, ptr) for ptr, (row, _) in r.live.items())
-        addresses.update((row, ptr) for row, (_, ptr, _) in unreported.items())
+    addresses = np.full(len(builder), -1, np.int64)
+    live_ptrs, live_rows = r.live
+    addresses[live_rows] = live_ptrs
+    for row, (_, ptr, _) in unreported.items():
+        addresses[row] = ptr
     _sequence(builder, r.alloc_time, r.free_time, t0)
-    return sum(1 for row in r.inferred if row not in r.reported)
+    inferred = sum(1 for row in r.inferred if not r.was_reported(row))
+    return Rows(inferred, addresses)
+
+
+class Rows(NamedTuple):
+    """What :func:`build_rows` found beside the rows."""
+
+    inferred_frees: int
+    addresses: np.ndarray  # one per row, -1 where none is kept
+
+
+#: "no time": a row without one in a :class:`_Times` column
+_UNSET = np.iinfo(np.int64).max
+
+
+class _Times:
+    """Row -> time (ns): a column for the rows of the reports (``_UNSET`` where a row has
+    none) and a dict for the rows added after them. A dict of every row, built and then
+    read back into arrays, cost more than the rest of reading a cell of many tensors."""
+
+    def __init__(self, first: int, column: np.ndarray) -> None:
+        self.first = first
+        self.column = column
+        self._later: dict[int, int] = {}
+
+    def get(self, row: int, default: int) -> int:
+        i = row - self.first
+        if 0 <= i < len(self.column):
+            t = int(self.column[i])
+            return default if t == _UNSET else t
+        return self._later.get(row, default)
+
+    def __getitem__(self, row: int) -> int:
+        t = self.get(row, _UNSET)
+        if t == _UNSET:
+            raise KeyError(row)
+        return t
+
+    def __setitem__(self, row: int, t: int) -> None:
+        i = row - self.first
+        if 0 <= i < len(self.column):
+            self.column[i] = t
+        else:
+            self._later[row] = t
+
+    def pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, times) of every row that has a time."""
+        held = np.flatnonzero(self.column != _UNSET)
+        later = len(self._later)
+        rows = np.fromiter(self._later.keys(), np.int64, later)
+        times = np.fromiter(self._later.values(), np.int64, later)
+        return np.concatenate([held + self.first, rows]), np.concatenate([self.column[held], times])
 
 
 _NONE = np.zeros(0, np.int64)
@@ -106,21 +160,29 @@ _NONE = np.zeros(0, np.int64)
 @dataclass
 class _Replay:
     """What replaying the allocator's reports left: the blocks still live (by address), and
-    each row's allocation and free times (reported, or inferred where the reports are silent)."""
+    each row's allocation and free times (reported, or inferred where the reports are silent).
+    Per-row facts are columns over the reports' rows (from ``first`` on)."""
 
+    first: int = 0  # the row of the first report's allocation
     #: noted address -> (time, row) of the allocations made there
     by_ptr: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
-    live: dict[int, tuple[int, int]] = field(default_factory=dict)  # ptr -> (row, end address)
-    alloc_time: dict[int, int] = field(default_factory=dict)
-    reported: dict[int, int] = field(default_factory=dict)  # row -> time of its reported free
+    live: tuple[np.ndarray, np.ndarray] = (_NONE, _NONE)  # (address, row) of blocks not freed
+    alloc_time: _Times = field(default_factory=lambda: _Times(0, _NONE.copy()))
+    reported: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # a free reported
     inferred: dict[int, int] = field(default_factory=dict)  # row -> time of an unreported free
     evicted: dict[int, int] = field(default_factory=dict)  # row -> address (a later block over it)
     #: the allocations' address, end and row, as columns
     blocks: tuple[np.ndarray, np.ndarray, np.ndarray] = (_NONE, _NONE, _NONE)
     orphans: list[tuple[int, int, int]] = field(default_factory=list)  # frees of no row here
     recompute_end: dict[int, int] = field(default_factory=dict)
-    free_phase: dict[int, int] = field(default_factory=dict)
-    free_time: dict[int, int] = field(default_factory=dict)  # inferred, then reported, frees
+    free_phase: tuple[np.ndarray, np.ndarray] = (_NONE, _NONE)  # (row, phase) of reported frees
+    #: inferred, then reported, frees
+    free_time: _Times = field(default_factory=lambda: _Times(0, _NONE.copy()))
+
+    def was_reported(self, row: int) -> bool:
+        """Whether the allocator reported this row's free."""
+        i = row - self.first
+        return 0 <= i < len(self.reported) and bool(self.reported[i])
 
 
 def _replay_reports(
@@ -137,27 +199,24 @@ def _replay_reports(
     t, ptr, size = column("time_ns", np.int64), column("ptr", np.int64), column("size", np.int64)
     link = _links(ptr, size)
     made = np.flatnonzero(size > 0)
-    rows = np.arange(len(builder), len(builder) + len(made))
+    r.first = len(builder)
+    rows = np.arange(r.first, r.first + len(made))
     ended_by = link[made]
     freed = ended_by >= 0
     reported = freed & (size[np.maximum(ended_by, 0)] < 0)
     unseen = freed & ~reported  # a later allocation over its bytes: freed where none reported
     starts, ends, times = ptr[made], ptr[made] + size[made], t[made]
-    r.alloc_time = dict(zip(rows.tolist(), times.tolist(), strict=True))
-    by = ended_by[reported]
-    r.reported = dict(zip(rows[reported].tolist(), t[by].tolist(), strict=True))
-    r.free_phase = dict(
-        zip(rows[reported].tolist(), column("phase", np.int8)[by].tolist(), strict=True)
-    )
-    r.inferred = dict(zip(rows[unseen].tolist(), (t[ended_by[unseen]] - 1).tolist(), strict=True))
+    r.alloc_time = _Times(r.first, times.copy())
+    by, guessed = ended_by[reported], t[ended_by[unseen]] - 1
+    free = np.full(len(made), _UNSET, np.int64)
+    free[unseen] = guessed
+    free[reported] = t[by]
+    r.free_time = _Times(r.first, free)
+    r.reported = reported
+    r.free_phase = (rows[reported], column("phase", np.int8)[by])
+    r.inferred = dict(zip(rows[unseen].tolist(), guessed.tolist(), strict=True))
     r.evicted = dict(zip(rows[unseen].tolist(), starts[unseen].tolist(), strict=True))
-    alive = ~freed
-    r.live = {
-        p: (row, end)
-        for p, row, end in zip(
-            starts[alive].tolist(), rows[alive].tolist(), ends[alive].tolist(), strict=True
-        )
-    }
+    r.live = (starts[~freed], rows[~freed])
     r.blocks = (starts, ends, rows)
     lost = np.flatnonzero((size < 0) & (link < 0))  # frees of no block allocated here
     ends_lost = ptr[lost] - size[lost]
@@ -173,7 +232,6 @@ def _replay_reports(
     kept = np.flatnonzero(recompute)
     r.recompute_end = dict(zip(rows[kept].tolist(), recompute[kept].tolist(), strict=True))
     _add_rows(builder, events, cpu, t0)
-    r.free_time = {**r.inferred, **r.reported}
     return r
 
 
@@ -260,7 +318,7 @@ def _place_notes(
             row = row_or_none
             died = freed.get(key)
             if (
-                row not in r.reported
+                not r.was_reported(row)
                 and died is not None
                 and died >= t - _TOLERANCE_NS
                 and died < free_time.get(row, sys.maxsize)
@@ -274,7 +332,7 @@ def _place_notes(
             made = None
             if t > t0:
                 for other in space.live_at(ptr, size, t):
-                    if other not in r.reported:  # its bytes are this storage's now
+                    if not r.was_reported(other):  # its bytes are this storage's now
                         free_time[other] = inferred[other] = t - 1
                 made = _made_after(space.gone_before(ptr, size, t, t0), maps, ptr, t, t0)
                 if (
@@ -307,15 +365,16 @@ def _kept_for_backward(builder: ProfileBuilder, r: _Replay) -> None:
     for row, until in r.recompute_end.items():
         if builder.category[row] == TEMPORARY and r.free_time.get(row, sys.maxsize) > until:
             builder.category[row] = ACTIVATION
-    for row, phase in r.free_phase.items():
-        if (
-            phase == PHASE_BACKWARD
-            and builder.category[row] == TEMPORARY
-            and builder.phase[row] == PHASE_FORWARD
-        ):
-            # kept from forward until backward released it: saved for backward where our
-            # saved-tensor hooks were not on (the loss, outside any module call)
-            builder.category[row] = ACTIVATION
+    # kept from forward until backward released it: saved for backward where our saved-tensor
+    # hooks were not on (the loss, outside any module call)
+    rows, phases = r.free_phase
+    released = rows[phases == PHASE_BACKWARD]
+    if len(released):
+        category = np.frombuffer(builder.category, np.int8)
+        made_in = np.frombuffer(builder.phase, np.int8)[released]
+        kept = released[(category[released] == TEMPORARY) & (made_in == PHASE_FORWARD)]
+        category[kept] = ACTIVATION
+        del category  # the builder's column may grow again
 
 
 def _unmapped_ends(
@@ -323,26 +382,24 @@ def _unmapped_ends(
 ) -> None:
     """4. Blocks unmapped while we still thought them held: freed then, on another thread."""
     last = maps[-1]
-    for ptr, row, since in _unreported_blocks(r.live, r.evicted, unreported, r.alloc_time):
+    ptrs, rows = r.live
+    ask = ~last.holds_each(ptrs)  # those mapped at the end and not inferred freed: held
+    if r.inferred:
+        ask |= np.isin(rows, np.fromiter(r.inferred, np.int64, len(r.inferred)))
+    live = (ptrs[ask], rows[ask])
+    for ptr, row, since in _unreported_blocks(live, r.evicted, unreported, r.alloc_time):
         if row in r.inferred or not last.holds(ptr):
             gone = _unmapped_by(maps, ptr, since, r.free_time.get(row, sys.maxsize))
             if gone is not None:
                 r.free_time[row] = r.inferred[row] = gone
 
 
-def _sequence(
-    builder: ProfileBuilder, alloc_time: dict[int, int], free_time: dict[int, int], t0: int
-) -> None:
+def _sequence(builder: ProfileBuilder, alloc_time: _Times, free_time: _Times, t0: int) -> None:
     """5. One sequence over every allocation and free, in time order (an allocation before a
     free at the same time, then by row)."""
-    rows = np.fromiter(alloc_time.keys(), np.int64, len(alloc_time))
-    freed = np.fromiter(free_time.keys(), np.int64, len(free_time))
-    times = np.concatenate(
-        [
-            np.fromiter(alloc_time.values(), np.int64, len(alloc_time)),
-            np.fromiter(free_time.values(), np.int64, len(free_time)),
-        ]
-    )
+    rows, made = alloc_time.pairs()
+    freed, ended = free_time.pairs()
+    times = np.concatenate([made, ended])
     kinds = np.repeat(np.array([0, 1], np.int64), [len(rows), len(freed)])
     order = np.lexsort((np.concatenate([rows, freed]), kinds, times))
     seq = np.empty(len(order), np.int64)
@@ -400,7 +457,7 @@ class SortedInts:
         return self._maxes[i - 1] if i else None
 
 
-def _holder(allocs: list[tuple[int, int]] | None, t: int, free_time: dict[int, int]) -> int | None:
+def _holder(allocs: list[tuple[int, int]] | None, t: int, free_time: _Times) -> int | None:
     """The row that held an address at time ``t`` (None: memory older than the recording)."""
     if not allocs:
         return None
@@ -464,10 +521,11 @@ class _Space:
         self,
         blocks: tuple[np.ndarray, np.ndarray, np.ndarray],
         orphans: list[tuple[int, int, int]],
-        alloc_time: dict[int, int],
-        free_time: dict[int, int],
+        alloc_time: _Times,
+        free_time: _Times,
     ) -> None:
-        self._blocks = _Intervals(*blocks)
+        self._block_columns = blocks
+        self._blocks: _Intervals | None = None  # made when first searched: most cells never do
         columns = np.array(orphans, np.int64).reshape(-1, 3)
         self._orphan_ranges = _Intervals(columns[:, 0], columns[:, 1], columns[:, 2])
         self._orphans = sorted(orphans)
@@ -476,6 +534,8 @@ class _Space:
         self._free_time = free_time
 
     def _blocks_over(self, ptr: int, size: int) -> list[tuple[int, int, int]]:
+        if self._blocks is None:
+            self._blocks = _Intervals(*self._block_columns)
         return self._blocks.over(ptr, size)
 
     def _alive(self, row: int, t: int) -> bool:
@@ -547,14 +607,15 @@ def _release(
 
 
 def _unreported_blocks(
-    live: dict[int, tuple[int, int]],
+    live: tuple[np.ndarray, np.ndarray],
     evicted: dict[int, int],
     unreported: dict[int, tuple[int, int, int]],
-    alloc_time: dict[int, int],
+    alloc_time: _Times,
 ) -> Iterator[tuple[int, int, int]]:
-    """(address, row, alive at) of the memory whose free no report gave: blocks still open,
-    blocks a later one reused the bytes of, and rows for memory no report allocated."""
-    for ptr, (row, _) in live.items():
+    """(address, row, alive at) of the memory whose free no report gave: blocks still open
+    (``live``: addresses and rows), blocks a later one reused the bytes of, and rows for
+    memory no report allocated."""
+    for ptr, row in zip(live[0].tolist(), live[1].tolist(), strict=True):
         yield ptr, row, alloc_time[row]
     for row, ptr in evicted.items():
         yield ptr, row, alloc_time[row]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from itertools import chain, repeat
 from typing import Any
 
+import numpy as np
 import torch
 
 _MAP_EVERY_NS = 50_000_000
@@ -218,3 +219,11 @@ class MemoryMap:
     def holds(self, ptr: int) -> bool:
         i = bisect.bisect_right(self.lows, ptr) - 1
         return i >= 0 and ptr < self.highs[i]
+
+    def holds_each(self, ptrs: np.ndarray) -> np.ndarray:
+        """:meth:`holds` of each address, as one boolean column."""
+        lows = np.frombuffer(self.lows, np.uint64)
+        highs = np.frombuffer(self.highs, np.uint64)
+        at = ptrs.astype(np.uint64)
+        i = np.searchsorted(lows, at, side="right") - 1
+        return (i >= 0) & (at < highs[np.maximum(i, 0)]) if len(lows) else np.zeros(len(at), bool)

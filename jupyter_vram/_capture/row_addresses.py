@@ -23,9 +23,12 @@ _noted: weakref.WeakKeyDictionary[Profile, tuple[np.ndarray, np.ndarray]] = (
 )
 
 
-def note_addresses(profile: Profile, addresses: Mapping[int, int] | Sequence[int]) -> None:
-    """Keep the addresses (row -> address, or one per row) of ``profile``'s rows that were
-    allocated while recording and never freed; never raises (the profile matters more)."""
+def note_addresses(
+    profile: Profile, addresses: Mapping[int, int] | Sequence[int] | np.ndarray
+) -> None:
+    """Keep the addresses (row -> address, or one per row with -1 for none) of ``profile``'s
+    rows that were allocated while recording and never freed; never raises (the profile
+    matters more)."""
     try:
         a = profile.allocations
         alive = (a.alloc_seq >= 0) & (a.free_seq < 0)
@@ -40,6 +43,7 @@ def note_addresses(profile: Profile, addresses: Mapping[int, int] | Sequence[int
             column = np.asarray(addresses, np.int64)
             rows = np.flatnonzero(alive[: len(column)])
             addrs = column[rows]
+            rows, addrs = rows[addrs >= 0], addrs[addrs >= 0]
         _noted[profile] = (rows, addrs)
     except Exception:  # noqa: BLE001 - without addresses, leaks are matched by size
         pass
