@@ -102,6 +102,33 @@ def test_address_search_finds_exactly_the_overlapping_blocks() -> None:
     assert _Intervals(none, none, none).over(0, 10) == []
 
 
+def test_many_ranges_at_once_rule_out_only_what_no_block_covers() -> None:
+    """Asked for many ranges at once, the search answers False only where a scan of every
+    block finds none (it may answer True where one search then finds none); on small blocks
+    far apart most ranges are ruled out."""
+    import random
+
+    from jupyter_vram._capture.cpu_rows import _Intervals
+
+    rng = random.Random(11)
+    blocks = []
+    for row in range(2000):
+        start = rng.randrange(0, 1 << 24) * 4096
+        blocks.append((start, start + rng.choice([8, 64, 512, 4096]), row))
+    blocks.append((1 << 40, (1 << 40) + (150 << 20), 2000))  # one huge block, far away
+    search = _Intervals(*(np.array(column, np.int64) for column in zip(*blocks, strict=True)))
+    ptrs = np.array([rng.randrange(0, 1 << 36) for _ in range(3000)] + [(1 << 40) + 5], np.int64)
+    sizes = np.array([rng.choice([1, 64, 4096]) for _ in range(len(ptrs))], np.int64)
+    maybe = search.may_be_over(ptrs, ptrs + sizes).tolist()
+    covered = [
+        any(b[0] < p + n and b[1] > p for b in blocks)
+        for p, n in zip(ptrs.tolist(), sizes.tolist(), strict=True)
+    ]
+    assert all(m for m, c in zip(maybe, covered, strict=True) if c)
+    assert maybe[-1] and covered[-1]  # inside the huge block
+    assert sum(maybe) < len(maybe) // 10  # by hand: the blocks cover ~0.1 % of the space
+
+
 def test_ranges_after_points_follow_a_stack_walked_point_by_point() -> None:
     """The ranges open after each point (computed with numpy) are those of two stacks walked
     point by point, on random points with closes of nothing open, recomputes and steps."""

@@ -310,9 +310,14 @@ def _place_notes(
     free_time, inferred = r.free_time, r.inferred
     baseline: dict[int, int] = {}  # storage key -> its row (before recording / elsewhere)
     unreported: dict[int, tuple[int, int, int]] = {}
+    # a note before any reported allocation could hold its bytes (the namespace's tensors,
+    # noted as recording starts) is of memory from before the cell: nothing to search
+    made_times = r.alloc_time.column
+    first_made = int(made_times.min()) if len(made_times) else sys.maxsize
     for t, ptr, size, category, module, key in notes:
-        row_or_none = _holder(r.by_ptr.get(ptr), t, free_time)
-        if row_or_none is None:
+        early = t + _TOLERANCE_NS < first_made and t <= t0
+        row_or_none = None if early else _holder(r.by_ptr.get(ptr), t, free_time)
+        if row_or_none is None and not early:
             row_or_none = space.inside(ptr, size, t)  # a storage over part of a block's bytes
         if row_or_none is not None:
             row = row_or_none
@@ -353,8 +358,14 @@ def _place_notes(
         builder.promote(row, category)
         if module and not builder.module[row]:
             builder.module[row] = module
-    for row, (key, ptr, noted) in unreported.items():
-        released = _release(key, ptr, builder.size[row], noted, freed, space)
+    rows = np.fromiter(unreported, np.int64, len(unreported))
+    ptrs = np.fromiter((ptr for _, ptr, _ in unreported.values()), np.int64, len(unreported))
+    sizes = np.frombuffer(builder.size, np.int64)[rows]
+    near = space.blocks_may_be_over(ptrs, ptrs + sizes).tolist()
+    for (row, (key, ptr, noted)), size, reused in zip(
+        unreported.items(), sizes.tolist(), near, strict=True
+    ):
+        released = _release(key, ptr, size, noted, freed, space, reused=reused)
         if released is not None:
             free_time[row] = released
     return unreported
@@ -492,23 +503,45 @@ class _Intervals:
         lengths = np.maximum(stop - start, 1)
         group_of = (np.floor(np.log2(lengths)).astype(np.int64) + 1) // 4  # bit length // 4
         order = np.lexsort((value, stop, start, group_of))
-        self._groups: list[tuple[list[tuple[int, int, int]], list[int], int]] = []
+        self._columns = (start, stop, value)
+        #: each group's ranges (indices, in start order), their starts, its longest length
+        self._parts: list[tuple[np.ndarray, np.ndarray, int]] = []
         bounds = np.flatnonzero(np.diff(group_of[order])) + 1
         for part in np.split(order, bounds) if len(order) else ():
-            starts = start[part].tolist()
-            items = list(zip(starts, stop[part].tolist(), value[part].tolist(), strict=True))
-            self._groups.append((items, starts, int(lengths[part].max())))
+            self._parts.append((part, start[part], int(lengths[part].max())))
+        self._groups: list[tuple[list[tuple[int, int, int]], list[int], int]] | None = None
+
+    def _lists(self) -> list[tuple[list[tuple[int, int, int]], list[int], int]]:
+        """The groups as lists, made on the first search (most readings never search)."""
+        if self._groups is None:
+            _, stop, value = self._columns
+            self._groups = []
+            for part, starts, span in self._parts:
+                firsts = starts.tolist()
+                items = list(zip(firsts, stop[part].tolist(), value[part].tolist(), strict=True))
+                self._groups.append((items, firsts, span))
+        return self._groups
+
+    def may_be_over(self, ptrs: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """For each of ``[ptrs, ends)``: False where no range has bytes in it, True where
+        one may (:meth:`over` says which): many ranges answered at once."""
+        near = np.zeros(len(ptrs), bool)
+        for _, starts, span in self._parts:
+            lo = np.searchsorted(starts, ptrs - span, "right")
+            near |= np.searchsorted(starts, ends, "left") > lo
+        return near
 
     def over(self, ptr: int, size: int) -> list[tuple[int, int, int]]:
         """The ranges with bytes in ``[ptr, ptr + size)``, in (start, stop, value) order."""
         found: list[tuple[int, int, int]] = []
         end = ptr + size
-        for group, starts, span in self._groups:
+        groups = self._lists()
+        for group, starts, span in groups:
             lo = bisect.bisect_right(starts, ptr - span)
             hi = bisect.bisect_left(starts, end, lo)
             if lo < hi:
                 found.extend(item for item in group[lo:hi] if item[1] > ptr)
-        if len(self._groups) > 1:
+        if len(groups) > 1:
             found.sort()
         return found
 
@@ -524,8 +557,7 @@ class _Space:
         alloc_time: _Times,
         free_time: _Times,
     ) -> None:
-        self._block_columns = blocks
-        self._blocks: _Intervals | None = None  # made when first searched: most cells never do
+        self._blocks = _Intervals(*blocks)
         columns = np.array(orphans, np.int64).reshape(-1, 3)
         self._orphan_ranges = _Intervals(columns[:, 0], columns[:, 1], columns[:, 2])
         self._orphans = sorted(orphans)
@@ -534,9 +566,11 @@ class _Space:
         self._free_time = free_time
 
     def _blocks_over(self, ptr: int, size: int) -> list[tuple[int, int, int]]:
-        if self._blocks is None:
-            self._blocks = _Intervals(*self._block_columns)
         return self._blocks.over(ptr, size)
+
+    def blocks_may_be_over(self, ptrs: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Per range: False where no reported block has bytes in it (see ``_Intervals``)."""
+        return self._blocks.may_be_over(ptrs, ends)
 
     def _alive(self, row: int, t: int) -> bool:
         return (
@@ -589,20 +623,28 @@ class _Space:
 
 
 def _release(
-    key: int, ptr: int, size: int, noted: int, freed: dict[int, int], space: _Space
+    key: int,
+    ptr: int,
+    size: int,
+    noted: int,
+    freed: dict[int, int],
+    space: _Space,
+    *,
+    reused: bool = True,
 ) -> int | None:
     """When memory no report allocated went (last noted alive at ``noted``): its storage's
     death, an allocator free at its address (memory allocated under an earlier recording is
-    still known to the allocator's table), or just before a report reused its bytes."""
+    still known to the allocator's table), or just before a report reused its bytes (only
+    looked for where a block may be over them: ``reused``)."""
     candidates = []
     orphan = space.orphan_free(ptr, noted)
     if orphan is not None:
         candidates.append(orphan)
     if key in freed:
         candidates.append(freed[key])
-    reused = space.reused_after(ptr, size, noted)
-    if reused is not None:
-        candidates.append(reused - 1)
+    after = space.reused_after(ptr, size, noted) if reused else None
+    if after is not None:
+        candidates.append(after - 1)
     return min(candidates) if candidates else None
 
 
