@@ -394,7 +394,7 @@ def _unmapped_ends(
     """4. Blocks unmapped while we still thought them held: freed then, on another thread."""
     last = maps[-1]
     ptrs, rows = r.live
-    ask = ~last.holds_each(ptrs)  # those mapped at the end and not inferred freed: held
+    ask = ~last.holds_each(ptrs)  # the others are mapped at the end and not inferred freed
     if r.inferred:
         ask |= np.isin(rows, np.fromiter(r.inferred, np.int64, len(r.inferred)))
     live = (ptrs[ask], rows[ask])
