@@ -323,6 +323,30 @@ def save_notebook(page: Page, name: str) -> None:
     page.evaluate(_SAVE, name)
 
 
+_CHANGE_THEME = """
+async (theme) => await window.jupyterapp.commands.execute('apputils:change-theme', {theme})
+"""
+
+_SPLASH_GONE = "() => document.getElementById('jupyterlab-splash') === null"
+
+
+def change_theme(page: Page, light: bool) -> None:
+    """Switch to JupyterLab Light or Dark; returns once JupyterLab has finished the switch.
+
+    A theme load ends with JupyterLab fading its splash screen out and removing it 200 ms
+    later. A second switch inside those 200 ms shows the same splash again, the pending
+    removal takes it away, and the second load's own removal then fails: an uncaught
+    "Failed to execute 'removeChild' on 'Node'" in JupyterLab (4.6), not in the app. So
+    each switch first waits for the previous one's splash to be gone (the start-up load's
+    too), and then for its own, as a user between two clicks would.
+    """
+    page.wait_for_function(_SPLASH_GONE)
+    page.evaluate(_CHANGE_THEME, "JupyterLab Light" if light else "JupyterLab Dark")
+    flag = "true" if light else "false"
+    page.wait_for_function(f"() => document.body.dataset.jpThemeLight === '{flag}'")
+    page.wait_for_function(_SPLASH_GONE)
+
+
 def widget_errors(page: Page) -> list[str]:
     """Texts of ipywidgets error boxes and 'Error displaying widget' outputs in the page."""
     return list(page.evaluate(_WIDGET_ERRORS))

@@ -13,6 +13,7 @@ from .lab import (
     Lab,
     PageLog,
     assert_all_local,
+    change_theme,
     open_notebook,
     output_errors,
     read_notebook,
@@ -399,11 +400,7 @@ def test_app_follows_the_dark_theme(lab: Lab, page: Page, page_log: PageLog) -> 
     write_notebook(lab.root_dir, name, [SETUP, MANY_MODULES])
     open_notebook(page, lab, name)
     collapse_sidebars(page)
-    page.evaluate(
-        "async () => await window.jupyterapp.commands.execute('apputils:change-theme', "
-        "{theme: 'JupyterLab Dark'})"
-    )
-    page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'")
+    change_theme(page, light=False)
     assert run_all_cells(page, name), "a cell raised"
     app = page.locator(".jv-app")
     expect(app.locator(".jv-flame canvas").first).to_be_visible(timeout=30_000)
@@ -448,11 +445,7 @@ def test_app_follows_the_dark_theme(lab: Lab, page: Page, page_log: PageLog) -> 
     assert colours and all(c == text2 for c in colours), (colours, text2)
 
     # switching the theme while the app is shown re-colours the figures
-    page.evaluate(
-        "async () => await window.jupyterapp.commands.execute('apputils:change-theme', "
-        "{theme: 'JupyterLab Light'})"
-    )
-    page.wait_for_function("() => document.body.dataset.jpThemeLight === 'true'")
+    change_theme(page, light=True)
     page.wait_for_function(
         f"""() => {{
           const want = ({TEXT2})();
@@ -463,11 +456,7 @@ def test_app_follows_the_dark_theme(lab: Lab, page: Page, page_log: PageLog) -> 
     )
     assert page.evaluate(FIGURE_COLOURS)[0] != text2
     check_contrast(app.locator(".jv-breakdown-view"), "Breakdown, light again")
-    page.evaluate(
-        "async () => await window.jupyterapp.commands.execute('apputils:change-theme', "
-        "{theme: 'JupyterLab Dark'})"
-    )
-    page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'")
+    change_theme(page, light=False)
 
     app.locator(".jv-tabs .lm-TabBar-tab", has_text="Top sites").click()
     expect(app.locator(".jv-sites-table")).to_be_visible(timeout=20_000)

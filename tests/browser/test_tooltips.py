@@ -7,7 +7,15 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Locator, Page, expect
 
-from .lab import Lab, PageLog, open_notebook, run_all_cells, widget_errors, write_notebook
+from .lab import (
+    Lab,
+    PageLog,
+    change_theme,
+    open_notebook,
+    run_all_cells,
+    widget_errors,
+    write_notebook,
+)
 from .test_app import RECORD, SETUP, collapse_sidebars
 
 pytestmark = pytest.mark.browser
@@ -52,22 +60,13 @@ def tooltip_colours(page: Page, canvas: Locator) -> dict[str, object]:
     raise AssertionError("no tooltip showed over the flame graph")
 
 
-def set_theme(page: Page, theme: str) -> None:
-    page.evaluate(
-        f"async () => await window.jupyterapp.commands.execute('apputils:change-theme', "
-        f"{{theme: 'JupyterLab {theme}'}})"
-    )
-    light = "true" if theme == "Light" else "false"
-    page.wait_for_function(f"() => document.body.dataset.jpThemeLight === '{light}'")
-
-
 def test_tooltips_follow_the_theme(lab: Lab, page: Page, page_log: PageLog) -> None:
     name = "vram_tooltips.ipynb"
     page.set_viewport_size({"width": 1024, "height": 900})
     write_notebook(lab.root_dir, name, [SETUP, RECORD])
     open_notebook(page, lab, name)
     collapse_sidebars(page)
-    set_theme(page, "Dark")
+    change_theme(page, light=False)
     assert run_all_cells(page, name), "a cell raised"
     canvas = page.locator(".jv-app .jv-flame canvas").first
     expect(canvas).to_be_visible(timeout=30_000)
@@ -79,7 +78,7 @@ def test_tooltips_follow_the_theme(lab: Lab, page: Page, page_log: PageLog) -> N
     assert float(dark["contrast"]) >= 4.5, dark  # type: ignore[arg-type]
 
     page.mouse.move(0, 0)
-    set_theme(page, "Light")
+    change_theme(page, light=True)
     light = tooltip_colours(page, canvas)
     background = light["background"]
     assert isinstance(background, list) and sum(background[:3]) > 3 * 200, light
