@@ -425,3 +425,33 @@ def test_a_click_handled_on_the_main_thread_is_cancellable_while_the_kernel_igno
     assert took < 15.0, took
     assert app.compare_view is None and not bar.running
     forget_interrupted(shell)
+
+
+def test_the_cells_end_walks_the_notebook_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a recorded cell's end asks of the notebook (the storages it left, whether a
+    rerun's copies fit in host memory, asked again as its app is made) shares one walk of
+    the namespace: a notebook holding many tensors paid each walk again."""
+    from jupyter_vram._capture import tagging
+    from jupyter_vram._session import run_code
+
+    walked: list[int] = []
+    walk = tagging._walk_namespace
+
+    def counted(namespace: Any, *args: Any) -> None:
+        walked.append(id(namespace))
+        walk(namespace, *args)
+
+    monkeypatch.setattr(tagging, "_walk_namespace", counted)
+    ns: dict[str, Any] = {}
+    run_code(SETUP + "model = Blocks()\nx = torch.randn(8, 64)\n", ns)
+    apps: list[ProfileApp] = []
+
+    def show(profile: jv.Profile) -> None:
+        apps.append(ProfileApp(profile))
+
+    walked.clear()
+    run_code("keep = [torch.ones(2) for _ in range(50)]\nmodel(x).sum().backward()", ns,
+             on_profile=show)  # fmt: skip
+    assert isinstance(apps[0].reruns, RerunBar)  # its host-memory check ran
+    assert walked.count(id(ns)) == 2  # one as the cell starts, one as it ends
+    apps[0].close()
