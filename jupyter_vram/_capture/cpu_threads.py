@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import os
 import re
 import sys
@@ -158,12 +159,19 @@ _OWN_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
 _TORCH_DIR = os.path.dirname(os.path.realpath(torch.__file__)) + os.sep
 
 
+@functools.lru_cache(maxsize=4096)
+def _real_path(filename: str) -> str:
+    """A code file's real path: each recording's start and stop look at every other thread's
+    frames, the same few files each time (resolving them cost ~7 ms a cell in a kernel)."""
+    return os.path.realpath(filename)
+
+
 def _user_file(filename: str) -> bool:
     """Code of the user's (a notebook cell, a script, ``exec``'d text) or torch's, not the
     Python installation's libraries or jupyter_vram's own."""
     if filename.startswith("<"):
         return not filename.startswith("<frozen")
-    path = os.path.realpath(filename)
+    path = _real_path(filename)
     if path.startswith(_OWN_DIR):
         return False
     return path.startswith(_TORCH_DIR) or not path.startswith(_LIBRARY_DIRS)
@@ -176,7 +184,7 @@ def _running_user_code(frame: Any, depth: int = 8) -> bool:
         if frame is None:
             return False
         filename = frame.f_code.co_filename
-        if os.path.realpath(filename).startswith(_OWN_DIR):
+        if _real_path(filename).startswith(_OWN_DIR):
             return False
         if _user_file(filename) and not filename.startswith("<"):
             return True
