@@ -11,10 +11,12 @@ import copy
 import io
 import pickle
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
 from IPython.core.interactiveshell import InteractiveShell
+from torch import nn
 
 import jupyter_vram as jv
 from jupyter_vram._capture.builder import Interner
@@ -137,6 +139,51 @@ def test_noting_model_state_never_raises_on_a_transformed_tensor() -> None:
     assert notes == [4, 4] and said == [True, True]  # not remembered: noted each time
     plain = torch.ones(2)
     assert [tagger._report_state(plain, 4, 0) for _ in range(2)] == [True, False]
+
+
+def test_a_large_list_of_tensors_is_walked_as_item_by_item(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A notebook's long list of tensors is taken whole (no visit per item) only where that
+    finds what the item-by-item walk finds, in its order and under its names: lists with a
+    repeated tensor, one seen before, a module or a non-tensor among them, nested lists, and
+    more tensors than the walk's budget."""
+    from jupyter_vram._capture import tagging
+
+    shared = torch.ones(3)
+    big = [torch.ones(1) for _ in range(5000)]
+    namespaces: list[dict[str, object]] = [
+        {"a": big, "b": torch.zeros(2)},
+        {"a": [*big[:4500], big[7], *big[4500:]]},  # one tensor twice
+        {"s": shared, "a": [shared, *big]},  # seen before the list
+        {"a": [*big, nn.Linear(2, 2)], "b": [*big[:10], 5, *big[10:]]},  # a module, a number
+        {"outer": [big, (torch.ones(4),) * 2, tuple(big[:4200])]},  # nested
+        {"x": [torch.ones(1) for _ in range(6000)], "y": big},  # past a budget of 8000
+    ]
+
+    def walk(namespace: dict[str, object], max_objects: int) -> tuple[list[int], ...]:
+        names: dict[int, str] = {}
+        found = tagging.reachable_objects(namespace, names=names, max_objects=max_objects)
+        ids = [[id(o) for o in kind] for kind in found]
+        return ids[0], ids[1], ids[2], [names[i] for i in ids[0]]
+
+    budgets = [200_000] * 5 + [8000]
+    visits = [0]  # objects whose kind the walk asked for
+    kind_of = tagging._KindCache.__call__
+
+    def counted(self: Any, cls: type) -> int:
+        visits[0] += 1
+        return kind_of(self, cls)
+
+    monkeypatch.setattr(tagging._KindCache, "__call__", counted)
+    whole = [walk(ns, b) for ns, b in zip(namespaces, budgets, strict=True)]
+    visits_whole, visits[0] = visits[0], 0
+    monkeypatch.setattr(tagging, "_new_tensors", lambda *a: None)  # item by item
+    by_item = [walk(ns, b) for ns, b in zip(namespaces, budgets, strict=True)]
+    assert whole == by_item
+    # by hand: 5000 + 1 tensors; a budget of 8000 objects, two of them the lists themselves
+    assert len(by_item[0][0]) == 5001 and len(by_item[5][0]) == 8000 - 2
+    assert visits_whole < visits[0] // 2  # lists were taken whole: no visit per tensor
 
 
 def fresh_namespace(shell: InteractiveShell) -> None:
