@@ -224,9 +224,12 @@ PARAMETER = CATEGORY_INDEX["parameter"]
 def _rows(
     events: list[tuple[int, int, int]],
     notes: Sequence[tuple[int, int, int, int, int, int]] = (),
+    modules: Sequence[str] = (),
     **options: object,
 ) -> tuple[jv.Profile, int]:
     builder = ProfileBuilder()
+    for name in modules:  # their ids from 1 on, for notes to name
+        builder.modules(name)
     read = EventRead.of(
         ["", "op"], [AllocEvent(T0 + t, ptr, size, op=1) for t, ptr, size in events]
     )
@@ -337,3 +340,49 @@ def test_a_note_over_a_live_block_ends_that_block() -> None:
     assert inferred == 1
     assert prof.peak_bytes == 100
     assert np.array_equal(prof.allocations.free_seq >= 0, [True, False])
+
+
+def test_notes_from_before_the_start_all_at_once_are_as_one_by_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The notes taken as recording starts (the namespace's tensors, model state) become
+    rows all at once exactly as one note at a time would make them: first size, strongest
+    role (an activation from before the cell is an input), first module, last address and
+    time; then later notes of the same storages and the reports as ever."""
+    from jupyter_vram._capture import cpu_rows
+
+    rng = np.random.default_rng(3)
+    roles = [PARAMETER, INPUT, CATEGORY_INDEX["activation"], CATEGORY_INDEX["buffer"],
+             CATEGORY_INDEX["other"], CATEGORY_INDEX["gradient"]]  # fmt: skip
+    for trial in range(40):
+        keys = rng.integers(1, 30, int(rng.integers(1, 80)))
+        early = [
+            (T0 - 5_000_000 + 10 * i, A * (int(k) + 2) + int(rng.integers(0, 2)) * (A // 2),
+             64 * int(k), int(rng.choice(roles)), int(rng.choice([0, 0, 3, 4])), int(k))
+            for i, k in enumerate(keys)
+        ]  # fmt: skip
+        later = [
+            (T0 + 2_000_000 + i, A * (k + 2), 64 * k, INPUT, 0, k) for i, k in enumerate((1, 2, 40))
+        ]
+        # a block over the far half of storage 5's bytes, after every note: it ends the
+        # storage's row where that was its last address
+        events = [
+            (1_000_000, A * 100, 4096),
+            (3_000_000, A * 100, -4096),
+            (5_000_000, A * 7 + A // 2, 64),
+        ]
+        notes = early + later
+        monkeypatch.setattr(cpu_rows, "_early_notes", lambda *a: 0)  # one note at a time
+        expected = _columns(_rows(events, notes, MODULES)[0])
+        monkeypatch.undo()
+        assert _columns(_rows(events, notes, MODULES)[0]) == expected, trial
+        assert len(expected["size"]) == 2 + len(set(keys.tolist()) | {1, 2, 40})  # by key
+
+
+MODULES = ("Net", "Net.a", "Net.b", "Net.c")
+
+
+def _columns(prof: jv.Profile) -> dict[str, list[int]]:
+    a = prof.allocations
+    names = ("size", "alloc_seq", "free_seq", "category", "module", "op")
+    return {name: np.asarray(getattr(a, name)).tolist() for name in names}

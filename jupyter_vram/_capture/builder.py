@@ -101,13 +101,15 @@ class ProfileBuilder:
         module: np.ndarray,
         stack: np.ndarray,
         phase: np.ndarray,
-        category: int,
+        category: int | np.ndarray,
+        alloc_seq: int = 0,
     ) -> None:
-        """Append allocations in bulk (what ``add`` does one by one: rows follow in order)."""
+        """Append allocations in bulk (what ``add`` does one by one: rows follow in order);
+        ``alloc_seq`` -1: memory from before the recording."""
         n = len(size)
         for column, values, dtype in (
             (self.size, size, np.int64),
-            (self.alloc_seq, np.zeros(n), np.int64),
+            (self.alloc_seq, np.full(n, alloc_seq), np.int64),
             (self.free_seq, np.full(n, -1), np.int64),
             (self.alloc_ns, alloc_ns, np.int64),
             (self.free_ns, np.full(n, -1), np.int64),
@@ -116,7 +118,7 @@ class ProfileBuilder:
             (self.module, module, np.int32),
             (self.stack, stack, np.int32),
             (self.phase, phase, np.int8),
-            (self.category, np.full(n, category), np.int8),
+            (self.category, np.broadcast_to(category, n), np.int8),
         ):
             column.frombytes(np.ascontiguousarray(values, dtype).tobytes())
 
