@@ -184,6 +184,11 @@ def test_a_large_list_of_tensors_is_walked_as_item_by_item(
     # by hand: 5000 + 1 tensors; a budget of 8000 objects, two of them the lists themselves
     assert len(by_item[0][0]) == 5001 and len(by_item[5][0]) == 8000 - 2
     assert visits_whole < visits[0] // 2  # lists were taken whole: no visit per tensor
+    # a long list of numbers costs a sample: never a pass over every item
+    asked: list[int] = []
+    monkeypatch.setattr(tagging, "_new_tensors", lambda items, *a: asked.append(len(items)))
+    numbers = {"n": list(range(100_000)), "m": [*big[:2], *range(10_000)]}
+    assert walk(numbers, 200_000)[0] == [id(big[1]), id(big[0])] and asked == []
 
 
 def fresh_namespace(shell: InteractiveShell) -> None:

@@ -334,7 +334,11 @@ def _walk_namespace(
             names[id(obj)] = name
             continue
         if depth < max_depth and cls not in _ATOMS:
-            if (cls is list or cls is tuple) and len(obj) > LARGE:
+            if (
+                (cls is list or cls is tuple)
+                and len(obj) > LARGE
+                and _sample_is_tensors(obj, kind_of)
+            ):
                 ids = _new_tensors(obj, kind_of, seen)
                 if ids is not None:  # as the walk below would take them, without a visit each
                     take = min(budget, len(ids))
@@ -352,6 +356,16 @@ def _walk_namespace(
 
 
 _SKIPPED: Any = iter(())
+
+
+def _sample_is_tensors(items: list[Any] | tuple[Any, ...], kind_of: _KindCache) -> bool:
+    """Whether a large list's sampled items (as ``_inside`` samples them) are all tensors:
+    only then is every item looked at (a list of 10M numbers must cost a sample, not a pass)."""
+    step = max(1, len(items) // _SAMPLE)
+    try:
+        return all(kind_of(type(items[i])) == 0 for i in (*range(0, len(items), step), -1))
+    except IndexError:  # changed while we read it (another thread)
+        return False
 
 
 def _new_tensors(
