@@ -95,6 +95,13 @@ CELLS = (
     Cell("200-step small training loop", LOOP_SETUP, LOOP, "", 1.3),
     Cell("GPT-2 small, one training step", GPT2, GPT2_STEP, "", 1.15),
     Cell(
+        "a notebook holding 300k tensors in a list: an empty cell",
+        "import torch\nheld = [torch.ones(1) for _ in range(300_000)]",
+        "pass\n",
+        "",
+        0.0,
+    ),
+    Cell(
         "empty cell, 10M-item list + 1M-entry dict in the namespace",
         "big_list = list(range(10_000_000))\nbig_dict = {i: i for i in range(1_000_000)}",
         "pass\n",
