@@ -141,6 +141,20 @@ def test_noting_model_state_never_raises_on_a_transformed_tensor() -> None:
     assert [tagger._report_state(plain, 4, 0) for _ in range(2)] == [True, False]
 
 
+def test_model_state_remembered_forgets_dead_tensors() -> None:
+    """The tagger remembers the model state it noted (to skip noting it again); a long run
+    makes new gradients every step, so past a bound it forgets the tensors that died."""
+    tagger = Tagger(lambda tensor, role, module: None, Interner(""))
+    tagger._prune_at = 10
+    held = [torch.ones(2) for _ in range(20)]
+    for t in held[:10]:
+        tagger._report_state(t, 4, 0)
+    del held[:8]  # 2 of the 10 noted are alive
+    for t in held[2:]:  # 10 more: past the bound on the first
+        tagger._report_state(t, 4, 0)
+    assert len(tagger._reported) == 2 + 10  # by hand: the first ten's 2 alive, the next 10
+
+
 def test_a_large_list_of_tensors_is_walked_as_item_by_item(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

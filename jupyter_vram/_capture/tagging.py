@@ -64,12 +64,14 @@ def iter_tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
         yield value
     elif depth > 3:
         return
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            yield from iter_tensors(item, depth + 1)
-    elif isinstance(value, Mapping):
-        for item in value.values():
-            yield from iter_tensors(item, depth + 1)
+    elif isinstance(value, (tuple, list, Mapping)):
+        # a tensor or a plain value inside is taken here: no generator each (an optimizer's
+        # state is walked at every step)
+        for item in value if isinstance(value, (tuple, list)) else value.values():
+            if isinstance(item, torch.Tensor):
+                yield item
+            elif isinstance(item, (tuple, list, Mapping)):
+                yield from iter_tensors(item, depth + 1)
 
 
 def parameter_role(param: torch.Tensor) -> int:
@@ -91,21 +93,12 @@ def _address(tensor: torch.Tensor) -> int:
 
 
 def _state_tensors(opt: Optimizer) -> list[torch.Tensor]:
-    """The tensors in an optimizer's state, in ``iter_tensors`` order (a per-parameter dict
-    of tensors and numbers, the usual shape, without a generator per value)."""
-    found: list[torch.Tensor] = []
-    for state in opt.state.values():
-        if type(state) is dict:
-            for value in state.values():
-                if isinstance(value, torch.Tensor):
-                    found.append(value)
-                elif isinstance(value, (tuple, list, Mapping)):
-                    found.extend(iter_tensors(value, 1))
-        else:
-            found.extend(iter_tensors(state))
-    return found
+    """The tensors in an optimizer's state."""
+    return [t for state in opt.state.values() for t in iter_tensors(state)]
 
 
+#: model state noted (``Tagger._report_state``) past which the dead tensors' entries go
+_PRUNE_AT = 4096
 #: how deep the attributes of a quantised weight or a cache object are looked into
 _STATE_DEPTH = 4
 #: per class: is it a wrapper subclass (``__tensor_flatten__``: torchao-style)?
@@ -520,6 +513,7 @@ class Tagger:
         self._params = _WeakTensorMap()  # parameter -> owning module id
         #: id -> (the tensor, its address, its role) of model state noted (``_report_state``)
         self._reported: dict[int, tuple[weakref.ref[torch.Tensor], int, int]] = {}
+        self._prune_at = _PRUNE_AT  # past this many, the entries of dead tensors go
         #: (optimizer id, what) -> the tensors and addresses of its last report (``_unchanged``)
         self._last_reports: dict[
             tuple[int, str], tuple[list[weakref.ref[torch.Tensor]], list[int]]
@@ -713,6 +707,9 @@ class Tagger:
         self._on_role(tensor, category, owner)
         if plain:
             self._reported[id(tensor)] = (weakref.ref(tensor), ptr, category)
+            if len(self._reported) > self._prune_at:  # each step's new gradients: bounded
+                self._reported = {k: v for k, v in self._reported.items() if v[0]() is not None}
+                self._prune_at = max(_PRUNE_AT, 2 * len(self._reported))
         return True
 
     def scan_gradients(self) -> None:
