@@ -312,15 +312,12 @@ def _place_notes(
     free_time, inferred = r.free_time, r.inferred
     baseline: dict[int, int] = {}  # storage key -> its row (before recording / elsewhere)
     unreported: dict[int, tuple[int, int, int]] = {}
-    # a note before any reported allocation could hold its bytes (the namespace's tensors,
-    # noted as recording starts) is of memory from before the cell: nothing to search
     made_times = r.alloc_time.column
     first_made = int(made_times.min()) if len(made_times) else sys.maxsize
     taken = _early_notes(builder, notes, first_made, t0, cpu, baseline, unreported)
     for t, ptr, size, category, module, key in itertools.islice(notes, taken, None):
-        early = t + _TOLERANCE_NS < first_made and t <= t0
-        row_or_none = None if early else _holder(r.by_ptr.get(ptr), t, free_time)
-        if row_or_none is None and not early:
+        row_or_none = _holder(r.by_ptr.get(ptr), t, free_time)
+        if row_or_none is None:
             row_or_none = space.inside(ptr, size, t)  # a storage over part of a block's bytes
         if row_or_none is not None:
             row = row_or_none
