@@ -282,6 +282,34 @@ def test_a_short_block_names_itself_for_backward_and_the_step(
         )
 
 
+def test_a_cell_that_returned_before_its_recording_stops_keeps_its_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ``%%vram`` cell's code has returned when its recording stops: what its backward and
+    optimizer step allocated after its last module call is still placed in the cell (on no
+    line), not left without a stack."""
+    from jupyter_vram._capture import ticker
+    from jupyter_vram._session import run_code
+
+    monkeypatch.setattr(ticker.Ticker, "_take_sample", lambda self, header: None)  # no thread
+    ns: dict[str, object] = {}
+    setup = "model = nn.Sequential(nn.Linear(64, 64), nn.ReLU())\nx = torch.randn(8, 64)\n"
+    run_code("import torch\nfrom torch import nn\n" + setup, ns)
+    run_code("opt = torch.optim.Adam(model.parameters())", ns)
+    profile = run_code(
+        "loss = model(x).sum()\nloss.backward()\nopt.step()", ns, filename="<cell-7>"
+    ).profile
+    assert profile is not None
+    a = profile.allocations
+    phases = (PHASE_INDEX["backward"], PHASE_INDEX["optimizer"])
+    later = [i for i in range(len(a)) if a.alloc_seq[i] >= 0 and a.phase[i] in phases]
+    assert len(later) >= 6  # gradients, Adam's state and its temporaries
+    for i in later:
+        assert a.stack[i] >= 0, profile.ops[a.op[i]]
+        frames = [profile.frames[f] for f in profile.stacks[a.stack[i]]]
+        assert [f.filename for f in frames] == ["<cell-7>"]
+
+
 class _Inner(nn.Module):
     """A user module whose forward calls layers from its own lines, and a Sequential."""
 

@@ -188,7 +188,7 @@ class ChunkedProfiler:
             if ticker.sampling and not self.session.stacks:
                 # the block's end closes what it made since the last sample (a short block's
                 # backward and optimizer step, with no module call after them)
-                ticker.sample(sys._getframe(1))
+                ticker.sample_end(sys._getframe(1))
             ticker.stop()
         lean = self.session.mode == LEAN
         return self.session.stop(), lean

@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from .stacks import FrameFilter
+
 #: the signal whose handler reads chunks (its default action is to ignore it; not on Windows)
 CHUNK_SIGNAL: int | None = getattr(signal, "SIGURG", None)
 #: how often the thread samples and checks for a due chunk (each sample holds the GIL ~0.1 ms
@@ -91,6 +93,10 @@ class StackSamples:
         self.times.append(t)
         self.chains.append(cid)
         return cid
+
+    def chain(self, cid: int) -> Chain:
+        """The frames of chain ``cid`` (outermost first)."""
+        return self._chains[cid]
 
     def again(self, t: int, cid: int) -> None:
         """A sample at ``t`` of a stack already added (id ``cid``)."""
@@ -214,6 +220,7 @@ class Ticker:
         #: held while the thread runs: it waits on it between ticks, and stopping releases it
         self._wake = _thread.allocate_lock()
         self._seen: dict[tuple[int, ...], int] = {}  # a stack's frames -> its chain id
+        self._keep = FrameFilter().keep
         self._codes: list[Any] = []
 
     def start(self) -> None:
@@ -329,6 +336,28 @@ class Ticker:
         elif cid >= 0:
             self.samples.again(t, cid)
         return cid
+
+    def sample_end(self, frame: FrameType | None) -> None:
+        """The recorded block's end. Where its code still runs (``jv.record``'s with
+        statement), a sample from ``frame``. Where it has returned (a ``%%vram`` cell's code,
+        before its recording stops), the last sample down to the block's first frame of
+        user code, on no line: what the block made after that sample is placed in it."""
+        file, function = self._boundary or ("", "")
+        here = frame
+        while here is not None:
+            code = here.f_code
+            if self._keep(code.co_filename):
+                self.sample(frame)  # the block's own code is on the stack
+                return
+            if code.co_name == function and code.co_filename == file:
+                break
+            here = here.f_back
+        samples = self.samples
+        last = samples.chain(samples.chains[-1]) if samples.chains else ()
+        for i, (site_file, _, site_function) in enumerate(last):
+            if self._keep(site_file):
+                samples.add(time.time_ns(), (*last[:i], (site_file, 0, site_function)))
+                return
 
     def settle(self) -> None:
         """Parse the thread's samples (after ``stop``, on the recording thread)."""
