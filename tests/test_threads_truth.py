@@ -13,6 +13,7 @@ import threading
 import time
 from array import array
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -386,3 +387,118 @@ def _columns(prof: jv.Profile) -> dict[str, list[int]]:
     a = prof.allocations
     names = ("size", "alloc_seq", "free_seq", "category", "module", "op")
     return {name: np.asarray(getattr(a, name)).tolist() for name in names}
+
+
+def test_notes_placed_together_are_as_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training loop notes thousands of tensors (gradients, activations saved for
+    backward, parameters saved again at every step). Those whose row is settled before any
+    note is placed go in together: the rows, the addresses kept for leaks and the frees
+    inferred are exactly what placing them one at a time gives, over random reports (blocks
+    made, freed, made over without a free) and notes (on live, freed and never-reported
+    memory; storages from before the cell noted again; deaths known or not)."""
+    from jupyter_vram._capture import cpu_rows
+
+    together = cpu_rows._notes_at_once
+    placed: list[tuple[int, int]] = []  # (notes placed together, of them before the cell)
+
+    def one_by_one(*args: Any) -> cpu_rows._AtOnce:
+        n = len(args[3])
+        return cpu_rows._AtOnce(np.full(n, -1), np.zeros(n, np.int64), {})
+
+    def counted(*args: Any) -> cpu_rows._AtOnce:
+        found = together(*args)
+        placed.append((int((found.rows >= 0).sum()), len(found.last)))
+        return found
+
+    rng = np.random.default_rng(11)
+    for trial in range(60):
+        case = _random_notes_case(rng)
+        monkeypatch.setattr(cpu_rows, "_notes_at_once", one_by_one)
+        expected = _placed(*case)
+        monkeypatch.setattr(cpu_rows, "_notes_at_once", counted)
+        assert _placed(*case) == expected, trial
+    assert sum(n for n, _ in placed) > 500 and sum(b for _, b in placed) > 20  # both exercised
+
+
+Note = tuple[int, int, int, int, int, int]
+
+
+def _random_notes_case(
+    rng: np.random.Generator,
+) -> tuple[list[tuple[int, int, int]], list[Note], dict[int, int]]:
+    """Reports at seven addresses, notes at nine (two never reported), deaths of some."""
+    roles = [PARAMETER, INPUT, CATEGORY_INDEX["activation"], CATEGORY_INDEX["gradient"],
+             CATEGORY_INDEX["optimizer_state"], CATEGORY_INDEX["other"]]  # fmt: skip
+    events: list[tuple[int, int, int]] = []
+    live: dict[int, int] = {}
+    for step in range(int(rng.integers(5, 60))):
+        at = A * int(rng.integers(1, 8))
+        t = 1_000_000 + 100_000 * step
+        if at in live and rng.random() < 0.6:
+            events.append((t, at, -live.pop(at)))  # a reported free
+        else:
+            live[at] = 64 * int(rng.integers(1, 4))  # a new block (over a live one: unseen)
+            events.append((t, at, live[at]))
+    early: list[Note] = [
+        (T0 - 1_000_000 + i, A * k, 64, int(rng.choice(roles)), 0, 100 + k)
+        for i, k in enumerate(rng.integers(1, 10, int(rng.integers(0, 6))).tolist())
+    ]  # memory from before the cell
+    later: list[Note] = []
+    for i in range(int(rng.integers(1, 300))):
+        k = int(rng.integers(1, 10))
+        # the same storage (now and then elsewhere, or over part of a block), or not
+        key = 100 + k if rng.random() < 0.5 else 1000 + i
+        at = A * k + (32 if rng.random() < 0.1 else 0)
+        if key < 1000 and rng.random() < 0.1:
+            key = 100 + int(rng.integers(1, 10))
+        later.append((T0 + 1_000_000 + int(rng.integers(0, len(events) * 100_000)), at,
+                      64 * int(rng.integers(1, 4)), int(rng.choice(roles)),
+                      int(rng.choice([0, 0, 1, 2, 3])), key))  # fmt: skip
+    notes = early + sorted(later)  # in time order
+    freed = {key: T0 + 1_000_000 + int(rng.integers(0, 7_000_000))
+             for key in {n[5] for n in notes} if rng.random() < 0.3}  # fmt: skip
+    return events, notes, freed
+
+
+def _placed(
+    events: list[tuple[int, int, int]], notes: list[Note], freed: dict[int, int]
+) -> tuple[dict[str, list[int]], list[bool], int]:
+    """The rows' columns, which rows keep an address, and how many frees were inferred."""
+    builder = ProfileBuilder()
+    for name in MODULES:
+        builder.modules(name)
+    read = EventRead.of(["", "op"], [AllocEvent(T0 + t, p, s, op=1) for t, p, s in events])
+    found = build_rows(builder, read, list(notes), dict(freed), t0=T0)
+    prof = builder.build(device="cpu", source="test", wall_ns=10**9)
+    return _columns(prof), (found.addresses >= 0).tolist(), found.inferred_frees
+
+
+def test_a_row_takes_the_first_module_noted_on_it() -> None:
+    """A block made at 1 ms with no module, noted at 2, 3 and 4 ms in calls of Net.a, Net.b
+    and Net (placed together), is Net.a's; a block made in Net keeps its module. A storage
+    from before the cell noted in Net.b then Net is Net.b's (a storage over part of its
+    bytes, noted between, is placed one note at a time)."""
+    builder = ProfileBuilder()
+    for name in MODULES:
+        builder.modules(name)
+    read = EventRead.of(
+        ["", "op"],
+        [
+            AllocEvent(T0 + 1_000_000, A, 64, op=1),
+            AllocEvent(T0 + 1_000_000, 2 * A, 64, op=1, module=1),
+        ],
+    )
+    notes = [
+        (T0 - 10, 5 * A, 64, INPUT, 0, 50),
+        (T0 + 2_000_000, A, 64, CATEGORY_INDEX["activation"], 2, 1),
+        (T0 + 2_500_000, 2 * A, 64, CATEGORY_INDEX["activation"], 3, 2),
+        (T0 + 3_000_000, A, 64, CATEGORY_INDEX["activation"], 3, 1),
+        (T0 + 3_500_000, 5 * A + 8, 32, INPUT, 3, 51),  # over part of it: the loop's
+        (T0 + 3_600_000, 5 * A, 64, INPUT, 3, 50),
+        (T0 + 4_000_000, A, 64, CATEGORY_INDEX["activation"], 1, 1),
+        (T0 + 4_100_000, 5 * A, 64, INPUT, 1, 50),
+    ]
+    build_rows(builder, read, notes, {}, t0=T0)
+    prof = builder.build(device="cpu", source="test", wall_ns=10**9)
+    names = [prof.modules[int(m)] for m in prof.allocations.module]
+    assert names == ["Net.a", "Net", "Net.b", "Net.b"]  # ids: Net 1, Net.a 2, Net.b 3

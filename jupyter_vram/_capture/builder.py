@@ -137,6 +137,15 @@ class ProfileBuilder:
         if category < self.category[row]:
             self.category[row] = category
 
+    def promote_many(self, rows: np.ndarray, categories: np.ndarray) -> None:
+        """:meth:`promote` each row with its category, in one pass (the same rule, over
+        columns: thousands of role notes)."""
+        before = np.frombuffer(self.alloc_seq, np.int64)[rows] < 0
+        roles = np.where((categories == _ACTIVATION) & before, _INPUT, categories)
+        column = np.frombuffer(self.category, np.int8)
+        np.minimum.at(column, rows, roles.astype(np.int8))
+        del column  # the column may grow again
+
     def intern_stack(self, frames: tuple[Frame, ...]) -> int:
         ids = []
         for frame in frames:

@@ -7,7 +7,6 @@ threads from ``cpu_threads``.
 from __future__ import annotations
 
 import bisect
-import itertools
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +23,6 @@ from .tagging import (
     BUFFER,
     FROZEN_PARAMETER,
     GRADIENT,
-    INPUT,
     OPTIMIZER_STATE,
     PARAMETER,
     PHASE_BACKWARD,
@@ -166,8 +164,8 @@ class _Replay:
     Per-row facts are columns over the reports' rows (from ``first`` on)."""
 
     first: int = 0  # the row of the first report's allocation
-    #: noted address -> (time, row) of the allocations made there
-    by_ptr: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    #: (address, time, row) of the allocations made at a noted address, by address then time
+    noted: tuple[np.ndarray, np.ndarray, np.ndarray] = (_NONE, _NONE, _NONE)
     live: tuple[np.ndarray, np.ndarray] = (_NONE, _NONE)  # (address, row) of blocks not freed
     alloc_time: _Times = field(default_factory=lambda: _Times(0, _NONE.copy()))
     reported: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # a free reported
@@ -186,12 +184,19 @@ class _Replay:
         i = row - self.first
         return 0 <= i < len(self.reported) and bool(self.reported[i])
 
+    def made_at(self, ptr: int) -> list[tuple[int, int]]:
+        """(time, row) of the allocations made at a noted address, in time order."""
+        starts, times, rows = self.noted
+        lo = int(np.searchsorted(starts, ptr, "left"))
+        hi = int(np.searchsorted(starts, ptr, "right"))
+        return list(zip(times[lo:hi].tolist(), rows[lo:hi].tolist(), strict=True))
+
 
 def _replay_reports(
     builder: ProfileBuilder, events: Reports, cpu: int, t0: int, noted: set[int]
 ) -> _Replay:
     """1. Allocations made while recording, each report paired with the live block at its
-    address (:func:`_links`); rows are added in bulk, in report order; ``by_ptr`` only for
+    address (:func:`_links`); rows are added in bulk, in report order; ``noted`` only for
     the addresses a role note names (``noted``)."""
     r = _Replay()
 
@@ -226,10 +231,7 @@ def _replay_reports(
     if noted:
         named = np.flatnonzero(np.isin(starts, np.fromiter(noted, np.int64, len(noted))))
         named = named[np.argsort(starts[named], kind="stable")]  # by address, then in order
-        for group in np.split(named, np.flatnonzero(np.diff(starts[named])) + 1):
-            if len(group):
-                pairs = zip(times[group].tolist(), rows[group].tolist(), strict=True)
-                r.by_ptr[int(starts[group[0]])] = list(pairs)
+        r.noted = (starts[named], times[named], rows[named])
     recompute = column("recompute_end", np.int64)[made]
     kept = np.flatnonzero(recompute)
     r.recompute_end = dict(zip(rows[kept].tolist(), recompute[kept].tolist(), strict=True))
@@ -315,8 +317,14 @@ def _place_notes(
     made_times = r.alloc_time.column
     first_made = int(made_times.min()) if len(made_times) else sys.maxsize
     taken = _early_notes(builder, notes, first_made, t0, cpu, baseline, unreported)
-    for t, ptr, size, category, module, key in itertools.islice(notes, taken, None):
-        row_or_none = _holder(r.by_ptr.get(ptr), t, free_time)
+    later = notes[taken:]
+    at_once = _notes_at_once(builder, r, space, later, baseline, unreported)
+    skip = (at_once.rows >= 0).tolist()
+    named: list[tuple[int, int, int]] = []  # (note, row, module) of the others
+    for i, (t, ptr, size, category, module, key) in enumerate(later):
+        if skip[i]:
+            continue
+        row_or_none = _holder(r.made_at(ptr), t, free_time)
         if row_or_none is None:
             row_or_none = space.inside(ptr, size, t)  # a storage over part of a block's bytes
         if row_or_none is not None:
@@ -332,7 +340,8 @@ def _place_notes(
                 free_time[row] = inferred[row] = died  # its last reference went elsewhere
         elif key in baseline:
             row = baseline[key]
-            unreported[row] = (key, ptr, t)
+            if i > at_once.last.get(row, -1):
+                unreported[row] = (key, ptr, t)
         else:
             made = None
             if t > t0:
@@ -356,8 +365,9 @@ def _place_notes(
             baseline[key] = row
             unreported[row] = (key, ptr, t)
         builder.promote(row, category)
-        if module and not builder.module[row]:
-            builder.module[row] = module
+        if module:
+            named.append((i, row, module))
+    _first_modules(builder, at_once.rows, at_once.modules, named)
     rows = np.fromiter(unreported, np.int64, len(unreported))
     ptrs = np.fromiter((ptr for _, ptr, _ in unreported.values()), np.int64, len(unreported))
     sizes = np.frombuffer(builder.size, np.int64)[rows]
@@ -372,6 +382,110 @@ def _place_notes(
         if released is not None:
             free_time[row] = released
     return unreported
+
+
+def _notes_at_once(
+    builder: ProfileBuilder,
+    r: _Replay,
+    space: _Space,
+    notes: Sequence[tuple[int, int, int, int, int, int]],
+    baseline: dict[int, int],
+    unreported: dict[int, tuple[int, int, int]],
+) -> _AtOnce:
+    """The notes whose row is settled before any note is placed, placed together (a training
+    loop notes thousands: its gradients, the activations saved for backward):
+
+    * on a reported block: the latest allocation at the note's address made by then (what
+      :func:`_holder` looks at first) holds it when it was still live then, and whether it
+      was cannot change when the allocator reported its free (only unreported ends are
+      inferred, and only made earlier);
+    * on memory from before the cell: no allocation at its address, no reported block over
+      its bytes, and its storage given a row by :func:`_early_notes` (the parameters and
+      inputs autograd saves, noted again at every step).
+
+    Each raises its row's role as :meth:`ProfileBuilder.promote` does; a before-the-cell
+    row keeps its last note, as the loop would. Modules are given later, in note order
+    (:func:`_first_modules`)."""
+    decided = np.full(len(notes), -1, np.int64)
+    if not len(notes):
+        return _AtOnce(decided, np.zeros(0, np.int64), {})
+    table = np.array(notes, np.int64).reshape(-1, 6)
+    t, ptr, size, category, modules, key = table.T
+    starts, times, rows = r.noted
+    made_there = np.zeros(len(notes), bool)
+    if len(starts):
+        held, made_there = _latest_made(starts, times, rows, ptr, t)
+        i = np.clip(held - r.first, 0, max(len(r.reported) - 1, 0))
+        settled = (held >= 0) & r.reported[i] & (r.free_time.column[i] >= t - _TOLERANCE_NS)
+        decided[settled] = held[settled]
+    last: dict[int, int] = {}
+    if baseline:
+        old = ~made_there & ~space.blocks_may_be_over(ptr, ptr + size)
+        old &= np.isin(key, np.fromiter(baseline, np.int64, len(baseline)))
+        for n in np.flatnonzero(old).tolist():  # in note order: the last one stays
+            row = decided[n] = baseline[int(key[n])]
+            unreported[row] = (int(key[n]), int(ptr[n]), int(t[n]))
+            last[row] = n
+    placed = decided >= 0
+    builder.promote_many(decided[placed], category[placed])
+    return _AtOnce(decided, modules, last)
+
+
+class _AtOnce(NamedTuple):
+    """What :func:`_notes_at_once` placed."""
+
+    rows: np.ndarray  # each note's row (-1: left to the loop)
+    modules: np.ndarray  # each note's module
+    last: dict[int, int]  # a before-the-cell row -> the last note placed on it
+
+
+def _latest_made(
+    starts: np.ndarray, times: np.ndarray, rows: np.ndarray, ptr: np.ndarray, t: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each (address, time): the row of the latest allocation made at that address by
+    then (-1: none), and whether any was made there. ``starts``/``times``/``rows``: the
+    allocations, by address then time. One sorted key over (address, time), each address a
+    band of the recording's times, where that fits in 62 bits (else none found: the loop
+    places those notes)."""
+    low = int(times.min())
+    width = int(times.max()) - low + 2
+    addresses, band = np.unique(starts, return_inverse=True)
+    at = np.searchsorted(addresses, ptr)
+    made_there = addresses[np.minimum(at, len(addresses) - 1)] == ptr
+    held = np.full(len(ptr), -1, np.int64)
+    if (len(addresses) + 1) * width >= 1 << 62:
+        return held, made_there  # a cell of hours over many addresses
+    keys = band * width + (times - low + 1)
+    asked = at * width + np.clip(t + _TOLERANCE_NS - low + 1, 0, width - 1)
+    latest = np.searchsorted(keys, asked, "right") - 1
+    found = made_there & (latest >= 0)
+    found[found] &= band[latest[found]] == at[found]
+    held[found] = rows[latest[found]]
+    return held, made_there
+
+
+def _first_modules(
+    builder: ProfileBuilder,
+    decided: np.ndarray,
+    modules: np.ndarray,
+    named: list[tuple[int, int, int]],
+) -> None:
+    """A row without a module takes the first note's, in note order, that names one
+    (``decided``: the holder of each note placed at once, with its ``modules``; ``named``:
+    (note, row, module) of the others)."""
+    at_once = np.flatnonzero((decided >= 0) & (modules != 0))
+    others = np.array(named, np.int64).reshape(-1, 3)
+    notes = np.concatenate([at_once, others[:, 0]])
+    if not len(notes):
+        return
+    order = np.argsort(notes, kind="stable")
+    rows = np.concatenate([decided[at_once], others[:, 1]])[order]
+    names = np.concatenate([modules[at_once], others[:, 2]])[order]
+    held, first = np.unique(rows, return_index=True)
+    column = np.frombuffer(builder.module, np.int32)
+    unnamed = column[held] == 0
+    column[held[unnamed]] = names[first[unnamed]]
+    del column  # the builder's column may grow again
 
 
 def _early_notes(
@@ -398,8 +512,6 @@ def _early_notes(
     t, ptr, size, category, module, key = table[:taken].T
     keys, first, which = np.unique(key, return_index=True, return_inverse=True)
     last = taken - 1 - np.unique(key[::-1], return_index=True)[1]
-    roles = np.full(len(keys), OTHER, np.int64)  # a row starts as other; a note only raises
-    np.minimum.at(roles, which, np.where(category == ACTIVATION, INPUT, category))
     modules = np.zeros(len(keys), np.int64)
     named = np.flatnonzero(module)
     if len(named):
@@ -415,9 +527,12 @@ def _early_notes(
         module=modules[order],
         stack=np.full(len(keys), -1),
         phase=np.zeros(len(keys), np.int8),
-        category=roles[order],
+        category=OTHER,  # a row starts as other; a note only raises it
         alloc_seq=-1,
     )
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    builder.promote_many(row0 + rank[which], category)
     rows = range(row0, row0 + len(keys))
     ordered = keys[order].tolist()
     baseline.update(zip(ordered, rows, strict=True))
