@@ -278,3 +278,25 @@ def test_top_site_category_is_that_of_its_bytes_at_the_peak() -> None:
         "<module> (<vram-cell>:5)": ("ones", 8_000_000, 8_000_000, "temporary"),
         "<module> (<vram-cell>:2)": ("zeros", 4000, 3 * 4_000_000 + 4000, "gradient"),
     }
+
+
+def test_every_tensor_the_notebook_holds_counts_once_before_the_cell() -> None:
+    """The namespace's tensors are noted together as recording starts: memory held before
+    the cell is each distinct storage once (by hand: 4 bytes an element; a view of a held
+    tensor adds nothing; a sparse tensor its indices and values; an empty tensor and one on
+    the meta device nothing), in the role of memory held, not made here."""
+    plain = torch.ones(1000)
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 3, 7]]), torch.ones(3), (10,))
+    held = {
+        "a": [plain, plain[10:20], torch.zeros(0), torch.ones(5, device="meta")],
+        "b": (torch.ones(3, 7), sparse),
+        "c": {"d": torch.arange(50, dtype=torch.int64)},
+    }
+    with jv.record(namespace=held) as rec:
+        pass
+    expected = 4 * 1000 + 4 * 21 + (8 * 3 + 4 * 3) + 8 * 50
+    assert rec.profile.timeline.baseline_bytes == expected
+    assert rec.profile.event_count == 0
+    df = rec.profile.to_dataframe()
+    assert sorted(df["bytes"]) == sorted([4000, 84, 24, 12, 400])
+    assert set(df["category"]) == {"other"} and (df["alloc_seq"] == -1).all()

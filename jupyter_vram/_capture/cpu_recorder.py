@@ -40,7 +40,7 @@ import contextlib
 import sys
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from types import FrameType
 from typing import Any
@@ -251,8 +251,7 @@ class ProfilerRecorder:
     ) -> None:
         """Note the tensors the namespace holds (memory from before the cell), at most
         ``BASELINE_TENSORS`` of them one by one; say what the walk left out."""
-        for tensor in tensors[:BASELINE_TENSORS]:
-            self._on_role(tensor, OTHER, 0)
+        self._on_roles(tensors[:BASELINE_TENSORS], OTHER, 0)
         if len(tensors) > BASELINE_TENSORS:
             where = sorted({names.get(id(t), "?") for t in tensors[BASELINE_TENSORS:]})
             self._warnings.append(
@@ -384,30 +383,41 @@ class ProfilerRecorder:
         self._chunks.exit()
 
     def _on_role(self, tensor: torch.Tensor, category: int, module: int) -> None:
+        self._on_roles((tensor,), category, module)
+
+    def _on_roles(self, tensors: Iterable[torch.Tensor], category: int, module: int) -> None:
+        """Note each tensor's storages in a role (address, size, key, now), and watch each
+        storage for when its memory goes. Never raises: the tagger's hooks call this."""
         if not self._active:
             return
-        try:
-            # a plain dense tensor has one storage: no call to find it (with Python stacks
-            # the profiler records each call a hook makes, and this runs for every role)
-            if tensor.layout is _STRIDED and (type(tensor) is _TENSOR or type(tensor) is _PARAM):
-                storages: Sequence[torch.UntypedStorage] = (tensor.untyped_storage(),)
-            else:
-                storages = storages_of(tensor)
-            for storage in storages:
-                if storage.device.type != self._device_type:
-                    continue
-                ptr = storage.data_ptr()
-                size = storage.nbytes()
-                if not ptr or not size:
-                    continue
-                key = storage._cdata
-                self._notes.append((time.time_ns(), ptr, size, category, module, key))
-                if key not in self._watched:
-                    ref = weakref.ref(storage, self._released)
-                    self._watched[key] = ref
-                    self._keys[ref] = key
-        except Exception:  # noqa: BLE001 - never raise from a hook
-            pass
+        notes, watched, keys = self._notes, self._watched, self._keys
+        released, device_type = self._released, self._device_type
+        now = time.time_ns()
+        for tensor in tensors:
+            try:
+                # a plain dense tensor has one storage: no call to find it (with Python stacks
+                # the profiler records each call a hook makes, and this runs for every role)
+                if tensor.layout is _STRIDED and (
+                    type(tensor) is _TENSOR or type(tensor) is _PARAM
+                ):
+                    storages: Sequence[torch.UntypedStorage] = (tensor.untyped_storage(),)
+                else:
+                    storages = storages_of(tensor)
+                for storage in storages:
+                    if storage.device.type != device_type:
+                        continue
+                    ptr = storage.data_ptr()
+                    size = storage.nbytes()
+                    if not ptr or not size:
+                        continue
+                    key = storage._cdata
+                    notes.append((now, ptr, size, category, module, key))
+                    if key not in watched:
+                        ref = weakref.ref(storage, released)
+                        watched[key] = ref
+                        keys[ref] = key
+            except Exception:  # noqa: BLE001 - never raise from a hook
+                pass
 
     def _released(self, ref: weakref.ref[torch.UntypedStorage]) -> None:
         """A weakref callback: when a noted storage's memory goes, remember when (the profiler

@@ -246,6 +246,7 @@ _RANGE_PATH = frozenset({"_pre_forward", "_enter_module", "enter"})
 _BOOKKEEPING = frozenset(
     {
         ("cpu_recorder.py", "_on_role"),
+        ("cpu_recorder.py", "_on_roles"),
         ("cpu_recorder.py", "_exit_module"),
         ("profiler_session.py", "exit"),
         ("profiler_session.py", "open"),
