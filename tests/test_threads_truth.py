@@ -291,6 +291,20 @@ def test_a_maps_column_of_addresses_agrees_with_one_by_one() -> None:
     assert _map(0).holds_each(ptrs).tolist() == [False] * len(ptrs)  # nothing mapped
 
 
+def test_memory_from_before_the_cell_unmapped_later_ends_there() -> None:
+    """Two storages from before the cell (noted at the start, no report): the one at 4A is
+    gone from the memory map at 3 ms (freed on another thread), the one at 5A stays mapped.
+    By hand: 64 + 32 bytes before the cell, 32 at the end."""
+    notes = [(T0 - 10, 4 * A, 64, INPUT, 0, 1), (T0 - 5, 5 * A, 32, INPUT, 0, 2)]
+    both, kept = (4 * A, 5 * A + 32), (5 * A, 5 * A + 32)
+    maps = [_map(0, both), _map(2_000_000, both), _map(3_000_000, kept)]
+    prof, inferred = _rows([], notes, maps=maps)
+    assert inferred == 1
+    assert _live_at_end(prof) == [32]
+    assert prof.timeline.baseline_bytes == 96
+    assert int(prof.allocations.free_ns[0]) == 3_000_000 + 10
+
+
 def test_a_block_still_mapped_stays() -> None:
     maps = [_map(0, (A, A + 100)), _map(3_000_000, (A, A + 100))]
     prof, inferred = _rows([(1_000, A, 100)], maps=maps)

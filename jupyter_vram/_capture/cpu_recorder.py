@@ -37,6 +37,7 @@ unrecorded. The profile says what it left out.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sys
 import time
 import weakref
@@ -253,7 +254,8 @@ class ProfilerRecorder:
         ``BASELINE_TENSORS`` of them one by one; say what the walk left out."""
         self._on_roles(tensors[:BASELINE_TENSORS], OTHER, 0)
         if len(tensors) > BASELINE_TENSORS:
-            where = sorted({names.get(id(t), "?") for t in tensors[BASELINE_TENSORS:]})
+            left = map(id, tensors[BASELINE_TENSORS:])
+            where = sorted(set(map(names.get, left, itertools.repeat("?"))))
             self._warnings.append(
                 f"the notebook holds over {BASELINE_TENSORS:,} tensors outside modules and "
                 f"optimizers: {BASELINE_TENSORS:,} count as memory held before the cell, the "
@@ -392,19 +394,24 @@ class ProfilerRecorder:
             return
         notes, watched, keys = self._notes, self._watched, self._keys
         released, device_type = self._released, self._device_type
+        cpu = device_type == "cpu"
         now = time.time_ns()
         for tensor in tensors:
             try:
                 # a plain dense tensor has one storage: no call to find it (with Python stacks
-                # the profiler records each call a hook makes, and this runs for every role)
+                # the profiler records each call a hook makes, and this runs for every role),
+                # and its device says the storage's (is_cpu makes no device object)
                 if tensor.layout is _STRIDED and (
                     type(tensor) is _TENSOR or type(tensor) is _PARAM
                 ):
+                    if not (tensor.is_cpu if cpu else tensor.device.type == device_type):
+                        continue
                     storages: Sequence[torch.UntypedStorage] = (tensor.untyped_storage(),)
+                    checked = True
                 else:
-                    storages = storages_of(tensor)
+                    storages, checked = storages_of(tensor), False
                 for storage in storages:
-                    if storage.device.type != device_type:
+                    if not checked and storage.device.type != device_type:
                         continue
                     ptr = storage.data_ptr()
                     size = storage.nbytes()
