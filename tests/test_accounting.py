@@ -300,3 +300,29 @@ def test_every_tensor_the_notebook_holds_counts_once_before_the_cell() -> None:
     df = rec.profile.to_dataframe()
     assert sorted(df["bytes"]) == sorted([4000, 84, 24, 12, 400])
     assert set(df["category"]) == {"other"} and (df["alloc_seq"] == -1).all()
+
+
+def test_the_storages_of_a_tensor_on_a_device() -> None:
+    """What the recorder, the leak check and the memory-held list count for a tensor: its
+    storages on the recorded device. By hand: a tensor, a parameter and a view each their
+    own (the view its base's); a sparse COO tensor its indices and values; a CSR tensor its
+    row offsets, columns and values; a meta tensor none on the CPU and one on meta."""
+    from jupyter_vram._capture.tagging import device_test, storages_on
+
+    def keys(tensor: torch.Tensor, device: str = "cpu") -> list[int]:
+        return [s._cdata for s in storages_on(tensor, device, device_test(device))]
+
+    base = torch.ones(8)
+    param = nn.Parameter(torch.ones(3))
+    coo = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.ones(2), (4,))
+    csr = torch.ones(2, 2).to_sparse_csr()
+    meta = torch.ones(4, device="meta")
+    assert keys(base) == [base.untyped_storage()._cdata]
+    assert keys(base[2:5]) == [base.untyped_storage()._cdata]
+    assert keys(param) == [param.untyped_storage()._cdata]
+    parts = (coo._indices(), coo._values())
+    assert keys(coo) == [t.untyped_storage()._cdata for t in parts]
+    parts = (csr.crow_indices(), csr.col_indices(), csr.values())
+    assert keys(csr) == [t.untyped_storage()._cdata for t in parts]
+    assert keys(meta) == [] and len(keys(meta, "meta")) == 1
+    assert keys(base, "meta") == []

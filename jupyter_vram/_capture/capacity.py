@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import operator
 import re
 import time
 import weakref
@@ -37,7 +36,7 @@ from torch.utils._pytree import tree_leaves
 
 from .._model import MAX_BYTES
 from .._units import BYTE_UNITS
-from .tagging import reachable_objects, storages_of
+from .tagging import device_test, reachable_objects, storages_of, storages_on
 
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 #: The largest capacity taken (1 PiB, what a saved profile holds at most): no device is larger.
@@ -127,22 +126,12 @@ def held_storages(
     ``limit`` (the state of modules and optimizers always)."""
     tensors, modules, optimizers = reachable_objects(namespace, skip=skip)
     found: dict[int, Any] = {}
-    plain = (torch.Tensor, torch.nn.Parameter)
-    on_device = _device_test(device_type)
+    on_device = device_test(device_type)
 
     def add(value: Any) -> None:
-        if type(value) in plain and value.layout == torch.strided:
-            if on_device(value):  # most tensors: the storage's device is the tensor's
-                try:
-                    storage = value.untyped_storage()
-                except Exception:  # noqa: BLE001 - a functorch wrapper: no storage of its own
-                    return
-                if storage.nbytes():
-                    found.setdefault(storage._cdata, storage)
-            return
         if isinstance(value, torch.Tensor):
-            for storage in storages_of(value):
-                if storage.device.type == device_type and storage.nbytes():
+            for storage in storages_on(value, device_type, on_device):
+                if storage.nbytes():
                     found.setdefault(storage._cdata, storage)
 
     for module in modules:
@@ -160,15 +149,6 @@ def held_storages(
     for tensor in tensors[:limit]:
         add(tensor)
     return list(found.values())
-
-
-def _device_test(device_type: str) -> Callable[[torch.Tensor], bool]:
-    """Whether a plain tensor is on ``device_type``: its flag where torch has one (a tenth of
-    the cost of ``tensor.device.type``, which counts at 300k tensors)."""
-    flag = {"cpu": "is_cpu", "cuda": "is_cuda", "meta": "is_meta"}.get(device_type)
-    if flag is not None:
-        return operator.attrgetter(flag)
-    return lambda t: t.device.type == device_type
 
 
 class CapacityGuard(TorchDispatchMode):

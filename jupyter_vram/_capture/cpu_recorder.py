@@ -60,7 +60,7 @@ from .profiler_read import EventRead, Reports
 from .profiler_session import LogLevel, profiler_busy
 from .row_addresses import note_addresses
 from .stacks import FrameFilter, cell_name
-from .tagging import BASELINE_TENSORS, Tagger, reachable_objects, storages_of
+from .tagging import BASELINE_TENSORS, Tagger, device_test, reachable_objects, storages_on
 from .ticker import StackSamples, compiled_anything
 
 SOURCE = "allocator"
@@ -97,12 +97,12 @@ def held_by_variable(
     buffers, gradients or optimizer state of the modules and optimizers it holds.
     """
     per_name: dict[str, dict[int, int]] = {}
+    on_device = device_test(device_type)
 
     def add(name: str, tensor: Any) -> None:
-        if isinstance(tensor, torch.Tensor):
-            for storage in storages_of(tensor):
-                if storage.device.type == device_type:  # the recorded device's memory only
-                    per_name.setdefault(name, {})[storage._cdata] = storage.nbytes()
+        if isinstance(tensor, torch.Tensor):  # the recorded device's memory only
+            for storage in storages_on(tensor, device_type, on_device):
+                per_name.setdefault(name, {})[storage._cdata] = storage.nbytes()
 
     for tensor in tensors:
         add(names.get(id(tensor), "?"), tensor)
@@ -162,6 +162,7 @@ class ProfilerRecorder:
     ) -> None:
         self.device = str(torch.device(device))
         self._device_type = torch.device(device).type
+        self._on_device = device_test(self._device_type)
         self._stacks = stack_mode(stacks)
         self._trace = trace  # False: the code may compile (torch.compile): never the tracer
         self._modules = Interner("")
@@ -394,25 +395,11 @@ class ProfilerRecorder:
             return
         notes, watched, keys = self._notes, self._watched, self._keys
         released, device_type = self._released, self._device_type
-        cpu = device_type == "cpu"
+        on_device = self._on_device
         now = time.time_ns()
         for tensor in tensors:
             try:
-                # a plain dense tensor has one storage: no call to find it (with Python stacks
-                # the profiler records each call a hook makes, and this runs for every role),
-                # and its device says the storage's (is_cpu makes no device object)
-                if tensor.layout is _STRIDED and (
-                    type(tensor) is _TENSOR or type(tensor) is _PARAM
-                ):
-                    if not (tensor.is_cpu if cpu else tensor.device.type == device_type):
-                        continue
-                    storages: Sequence[torch.UntypedStorage] = (tensor.untyped_storage(),)
-                    checked = True
-                else:
-                    storages, checked = storages_of(tensor), False
-                for storage in storages:
-                    if not checked and storage.device.type != device_type:
-                        continue
+                for storage in storages_on(tensor, device_type, on_device):
                     ptr = storage.data_ptr()
                     size = storage.nbytes()
                     if not ptr or not size:
