@@ -10,7 +10,7 @@ from ._leaks import release_leaks
 from ._model import CATEGORIES, Frame, ProfileFileError, Variant
 from ._planning import Option, Plan, plan
 from ._profile import Profile
-from ._recording import Recording, record
+from ._recording import Recording, record, started_early
 from ._rerun import RerunError, rerun, rerun_unavailable
 from ._session import last_profile
 
@@ -127,19 +127,21 @@ def _build_recorder_early() -> None:
 
 #: Set to "0" to keep `%load_ext` from starting an estimator process ahead.
 EARLY_ESTIMATOR_ENV = "JUPYTER_VRAM_EARLY_ESTIMATOR"
+EARLY_START_THREAD = "jupyter_vram-estimator-start"
 
 
 def _start_estimator_early() -> None:
     """Start a spare estimator process in the background, so the first estimate does not
     wait for its imports (seconds; minutes on a busy machine). Never blocks or fails
-    `%load_ext`; nothing is started where torch is not installed."""
+    `%load_ext`; nothing is started where torch is not installed. A recording started
+    meanwhile waits for it (see ``_recording.started_early``)."""
     import importlib.util
     import os
     import threading
 
     if os.environ.get(EARLY_ESTIMATOR_ENV, "1") == "0" or importlib.util.find_spec("torch") is None:
         return
-    threading.Thread(target=_start_spare, name="jupyter_vram-estimator-start", daemon=True).start()
+    started_early(threading.Thread(target=_start_spare, name=EARLY_START_THREAD, daemon=True))
 
 
 def _start_spare() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
@@ -18,6 +20,28 @@ from ._capture import (
 from ._capture.resent_interrupts import Interrupts
 from ._model import Profile as ProfileData
 from ._profile import Profile
+
+#: jupyter_vram's own work started in the background (the spare estimator `%load_ext`
+#: starts): it imports and starts a process, making thousands of objects the garbage
+#: collector tracks, so a collection can start on its thread; a recording starts once it is
+#: done (the recorder's own threads make none, see ``ticker``)
+_EARLY_WORK: list[threading.Thread] = []
+#: how long a recording's start waits for it (then it starts anyway)
+EARLY_WORK_WAIT_S = 30.0
+
+
+def started_early(thread: threading.Thread) -> None:
+    """Start ``thread`` (our own work, in the background) and have recordings wait for it."""
+    _EARLY_WORK[:] = [t for t in _EARLY_WORK if t.is_alive()]
+    _EARLY_WORK.append(thread)
+    thread.start()
+
+
+def wait_for_early_work(timeout: float = EARLY_WORK_WAIT_S) -> None:
+    """Wait (at most ``timeout`` seconds in all) for the work :func:`started_early` began."""
+    deadline = time.monotonic() + timeout
+    for thread in list(_EARLY_WORK):
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class Recording:
@@ -73,6 +97,7 @@ class Recording:
             raise RecordingError(
                 "jupyter_vram is already recording; nested recording is not supported"
             )
+        wait_for_early_work()
         from ._capture.tagging import one_scan
 
         try:

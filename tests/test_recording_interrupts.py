@@ -23,6 +23,7 @@ import torch
 
 import jupyter_vram as jv
 from jupyter_vram._capture.resent_interrupts import Interrupts, dropped_interrupts_resent
+from jupyter_vram._recording import started_early, wait_for_early_work
 
 from .conftest import CLEAN, interrupts_raise, recording_state
 
@@ -147,12 +148,13 @@ def test_the_helper_thread_sets_off_no_garbage_collection() -> None:
     # object the collector tracks. With the threshold at 1 and one tracked object held, any
     # such allocation on the helper thread would start a collection there.
     main = threading.get_ident()
-    starts: list[int] = []
+    starts: list[str] = []
 
     def on_collection(phase: str, info: object) -> None:
         if phase == "start" and threading.get_ident() != main:
-            starts.append(threading.get_ident())
+            starts.append(threading.current_thread().name)
 
+    wait_for_early_work()  # an earlier test's %load_ext started our spare estimator
     threshold = gc.get_threshold()
     gc.callbacks.append(on_collection)
     try:
@@ -166,4 +168,31 @@ def test_the_helper_thread_sets_off_no_garbage_collection() -> None:
     finally:
         gc.set_threshold(*threshold)
         gc.callbacks.remove(on_collection)
-    assert starts == [] and held
+    assert starts == [] and held  # names the threads that started one
+
+
+def test_a_recording_starts_once_our_early_work_is_done(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`%load_ext` starts a spare estimator on a thread that imports and starts a process,
+    making thousands of objects the garbage collector tracks (a collection may start there):
+    a recording begun meanwhile starts once that work is done."""
+    import jupyter_vram
+
+    done = threading.Event()
+    started: list[threading.Thread] = []
+
+    def slow_start() -> None:
+        time.sleep(0.3)
+        done.set()
+
+    monkeypatch.setattr(jupyter_vram, "_start_spare", slow_start)
+    monkeypatch.setattr(jupyter_vram, "started_early", lambda t: (started.append(t), t.start()))
+    monkeypatch.setenv(jupyter_vram.EARLY_ESTIMATOR_ENV, "1")
+    jupyter_vram._start_estimator_early()
+    assert [t.name for t in started] == [jupyter_vram.EARLY_START_THREAD]
+    started[0].join()
+    done.clear()
+    worker = threading.Thread(target=slow_start, daemon=True)
+    started_early(worker)
+    assert not done.is_set()
+    with jv.record("cpu", namespace={}):
+        assert done.is_set() and not worker.is_alive()
