@@ -93,11 +93,11 @@ class Recording:
         return self._recorder
 
     def __enter__(self) -> Recording:
+        wait_for_early_work()  # before the lock: a Ctrl-C here leaves nothing held
         if not RECORDING_LOCK.acquire(blocking=False):
             raise RecordingError(
                 "jupyter_vram is already recording; nested recording is not supported"
             )
-        wait_for_early_work()
         from ._capture.tagging import one_scan
 
         try:

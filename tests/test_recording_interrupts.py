@@ -196,3 +196,29 @@ def test_a_recording_starts_once_our_early_work_is_done(monkeypatch: pytest.Monk
     assert not done.is_set()
     with jv.record("cpu", namespace={}):
         assert done.is_set() and not worker.is_alive()
+
+
+def test_a_ctrl_c_while_a_recording_waits_for_our_early_work_holds_nothing() -> None:
+    """Ctrl-C while a recording's start waits for our background work: the cell stops, and
+    the next recording starts (nothing was left held). The work ends only when released,
+    after the Ctrl-C: the Ctrl-C came while the start waited."""
+    release = threading.Event()
+    worker = threading.Thread(target=release.wait, args=(60,), daemon=True)
+    started_early(worker)
+    main = threading.main_thread().ident
+    assert main is not None
+    # a real signal to the main thread: it breaks the wait (a simulated one lands after it)
+    timer = threading.Timer(0.2, signal.pthread_kill, (main, signal.SIGINT))
+    try:
+        with interrupts_raise():
+            timer.start()
+            with pytest.raises(KeyboardInterrupt), jv.record("cpu", namespace={}):
+                pass
+    finally:
+        timer.cancel()
+        release.set()
+    worker.join()
+    with jv.record("cpu", namespace={}) as rec:
+        kept = torch.ones(256)
+    assert 1024 in set(rec.profile.to_dataframe()["bytes"])
+    del kept
