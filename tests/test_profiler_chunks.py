@@ -268,18 +268,24 @@ def test_a_short_block_names_itself_for_backward_and_the_step(
     with jv.record("cpu") as rec:
         model(x).sum().backward()
         opt.step()
-    profile = rec.profile
-    a = profile.allocations
-    phases = (PHASE_INDEX["backward"], PHASE_INDEX["optimizer"])
-    later = [i for i in range(len(a)) if a.alloc_seq[i] >= 0 and a.phase[i] in phases]
-    assert len(later) >= 6  # gradients, Adam's state and its temporaries
-    for i in later:
-        assert a.stack[i] >= 0, profile.ops[a.op[i]]
-        outer = profile.frames[profile.stacks[a.stack[i]][0]]
-        assert (outer.filename, outer.name) == (
+    for frames in _backward_and_step_stacks(rec.profile):
+        assert (frames[0].filename, frames[0].name) == (
             __file__,
             "test_a_short_block_names_itself_for_backward_and_the_step",
         )
+
+
+def _backward_and_step_stacks(profile: jv.Profile) -> list[list[jv.Frame]]:
+    """The stack (outermost first) of each allocation backward and the optimizer step made
+    while recording; each has one, and there are at least six (gradients, Adam's state and
+    its temporaries)."""
+    a = profile.allocations
+    phases = (PHASE_INDEX["backward"], PHASE_INDEX["optimizer"])
+    later = [i for i in range(len(a)) if a.alloc_seq[i] >= 0 and a.phase[i] in phases]
+    assert len(later) >= 6
+    for i in later:
+        assert a.stack[i] >= 0, profile.ops[a.op[i]]
+    return [[profile.frames[f] for f in profile.stacks[a.stack[i]]] for i in later]
 
 
 def test_a_cell_that_returned_before_its_recording_stops_keeps_its_end(
@@ -300,13 +306,7 @@ def test_a_cell_that_returned_before_its_recording_stops_keeps_its_end(
         "loss = model(x).sum()\nloss.backward()\nopt.step()", ns, filename="<cell-7>"
     ).profile
     assert profile is not None
-    a = profile.allocations
-    phases = (PHASE_INDEX["backward"], PHASE_INDEX["optimizer"])
-    later = [i for i in range(len(a)) if a.alloc_seq[i] >= 0 and a.phase[i] in phases]
-    assert len(later) >= 6  # gradients, Adam's state and its temporaries
-    for i in later:
-        assert a.stack[i] >= 0, profile.ops[a.op[i]]
-        frames = [profile.frames[f] for f in profile.stacks[a.stack[i]]]
+    for frames in _backward_and_step_stacks(profile):
         assert [f.filename for f in frames] == ["<cell-7>"]
 
 

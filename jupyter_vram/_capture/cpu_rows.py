@@ -343,31 +343,63 @@ def _place_notes(
             if i > at_once.last.get(row, -1):
                 unreported[row] = (key, ptr, t)
         else:
-            made = None
-            if t > t0:
-                for other in space.live_at(ptr, size, t):
-                    if not r.was_reported(other):  # its bytes are this storage's now
-                        free_time[other] = inferred[other] = t - 1
-                made = _made_after(space.gone_before(ptr, size, t, t0), maps, ptr, t, t0)
-                if (
-                    made is None
-                    and threads_ran_from is not None
-                    and t >= threads_ran_from
-                    and category not in _MODEL_STATE
-                ):
-                    made = t0
-            if made is not None:
-                row = builder.add(size, 0, made - t0, cpu, builder.ops(ELSEWHERE_OP), 0, -1, 0, 0)
-                r.alloc_time[row] = made
-            else:
-                row = builder.add(size, -1, 0, cpu, builder.ops(BASELINE_OP), 0, -1, 0, 0)
-            builder.category[row] = OTHER
+            row = _uncovered_row(builder, r, space, (t, ptr, size, category), t0, cpu,
+                                 threads_ran_from, maps)  # fmt: skip
             baseline[key] = row
             unreported[row] = (key, ptr, t)
         builder.promote(row, category)
         if module:
             named.append((i, row, module))
     _first_modules(builder, at_once.rows, at_once.modules, named)
+    _end_uncovered(builder, space, unreported, freed, free_time)
+    return unreported
+
+
+def _uncovered_row(
+    builder: ProfileBuilder,
+    r: _Replay,
+    space: _Space,
+    note: tuple[int, int, int, int],
+    t0: int,
+    cpu: int,
+    threads_ran_from: int | None,
+    maps: Sequence[MemoryMap],
+) -> int:
+    """A row for a storage no report covers, first noted at ``note`` (time, address, size,
+    role): held before the recording, or made by another thread from when the evidence
+    (see :func:`build_rows`) says; a block of ours still live over its bytes ended before."""
+    t, ptr, size, category = note
+    made = None
+    if t > t0:
+        for other in space.live_at(ptr, size, t):
+            if not r.was_reported(other):  # its bytes are this storage's now
+                r.free_time[other] = r.inferred[other] = t - 1
+        made = _made_after(space.gone_before(ptr, size, t, t0), maps, ptr, t, t0)
+        if (
+            made is None
+            and threads_ran_from is not None
+            and t >= threads_ran_from
+            and category not in _MODEL_STATE
+        ):
+            made = t0
+    if made is not None:
+        row = builder.add(size, 0, made - t0, cpu, builder.ops(ELSEWHERE_OP), 0, -1, 0, 0)
+        r.alloc_time[row] = made
+    else:
+        row = builder.add(size, -1, 0, cpu, builder.ops(BASELINE_OP), 0, -1, 0, 0)
+    builder.category[row] = OTHER
+    return row
+
+
+def _end_uncovered(
+    builder: ProfileBuilder,
+    space: _Space,
+    unreported: dict[int, tuple[int, int, int]],
+    freed: dict[int, int],
+    free_time: _Times,
+) -> None:
+    """End each row of memory no report covers where the evidence says (see
+    :func:`_release`), asking only about those something could have ended."""
     rows = np.fromiter(unreported, np.int64, len(unreported))
     ptrs = np.fromiter((ptr for _, ptr, _ in unreported.values()), np.int64, len(unreported))
     sizes = np.frombuffer(builder.size, np.int64)[rows]
@@ -381,7 +413,6 @@ def _place_notes(
         released = _release(key, ptr, size, noted, freed, space, reused=reused)
         if released is not None:
             free_time[row] = released
-    return unreported
 
 
 def _notes_at_once(
