@@ -254,7 +254,7 @@ def record(
     after); on the CPU a dispatch mode counts live bytes, which may change the program slightly
     (autograd accumulates gradients out of place under a mode).
     """
-    return Recording(device, stacks=stacks, namespace=namespace, capacity=capacity)
+    return Recording(device, stacks=stacks, ops=ops, namespace=namespace, capacity=capacity)
 
 
 def _parse_capacity(value: int | float | str) -> int:

@@ -261,3 +261,10 @@ def test_trailing_semicolon_hides_the_value_as_without_vram(shell: InteractiveSh
         recorded = shell.run_cell(f"%%vram -q\n{cell}", store_history=True).result
         assert plain == recorded == shown, cell
     assert recording_state() == CLEAN
+
+
+def test_record_refuses_an_unknown_ops_value() -> None:
+    """``jv.record(ops=...)`` reaches the recording: an unknown value is refused at once (it
+    was once dropped, so ``ops="all"`` did nothing)."""
+    with pytest.raises(ValueError, match="ops must be 'auto' or 'all'"):
+        jv.record("cpu", ops="every")
