@@ -105,8 +105,10 @@ class VramMagics(Magics):
     @argument(
         "--all-ops",
         action="store_true",
-        help="keep every op name however much it costs (by default a cell whose recording "
-        "falls behind is recorded without op names past the first 15%% of its time)",
+        help="keep every op name and record every step of a loop in detail, however much it "
+        "costs (by default a loop's repeated steps keep only the allocator's reports, labelled "
+        "from the step they repeat, and a cell whose recording falls behind is recorded "
+        "without op names past the first 15%% of its time)",
     )
     @argument("--quiet", "-q", action="store_true", help="record only; show nothing")
     @argument("--text", action="store_true", help="print the text summary instead of the app")

@@ -241,12 +241,15 @@ def record(
     module's globals, e.g. a notebook's namespace).
 
     ``stacks``: the Python stack of each allocation, ``"sampled"`` (default: a helper thread
-    reads the stack every 2 ms; an allocation made while a sample fell inside its op gets that
+    reads the stack every 5 ms; an allocation made while a sample fell inside its op gets that
     exact stack, others the part two samples around it agree on), ``"full"`` / ``True`` (the
     profiler's tracer: exact, but it records every Python call, which makes Python-heavy code
-    many times slower) or ``False``. ``ops``: ``"auto"`` (default) drops op names from the
-    CPU recording once reading them has cost 15 % of the block's own time, ``"all"`` keeps
-    them whatever it costs. A profile says in ``meta["warnings"]`` what it left out.
+    many times slower) or ``False``. ``ops``: ``"auto"`` (default) records a loop's repeated
+    steps on the CPU as the allocator's reports alone, labelled from the step they repeat
+    (a step repeats when it made the same allocations and frees as the one before it), and
+    drops op names once reading them has cost 15 % of the block's own time; ``"all"`` records
+    every step and op in detail whatever it costs. A profile says in ``meta["warnings"]``
+    what it left out.
 
     ``capacity`` (bytes, or a size such as ``"6GiB"``, ``"6GB"``, ``"512MiB"``): the block
     raises ``torch.OutOfMemoryError`` when live memory would pass it, as a device that size

@@ -28,6 +28,10 @@ however long the cell runs.
   address at that time (``cpu_rows``). Storages that existed before recording become baseline
   rows.
 
+A loop's repeated steps are recorded as the allocator's reports alone (``steady``): once a
+step made the same allocations and frees as the one before it, the hooks and the library's op
+callback go, and later steps take the labels of the step they repeat.
+
 Recording stays light (``profiler_chunks.Budget``): when reading the profiler has cost more
 than 15 % of the cell's own time, later chunks record the allocator's reports without op
 events (two thirds of a training step's events), and past a cap the rest of the cell runs
@@ -60,6 +64,7 @@ from .profiler_read import EventRead, Reports
 from .profiler_session import LogLevel, profiler_busy
 from .row_addresses import note_addresses
 from .stacks import FrameFilter, cell_name
+from .steady import copy_roles
 from .tagging import BASELINE_TENSORS, Tagger, device_test, reachable_objects, storages_on
 from .ticker import StackSamples, compiled_anything
 
@@ -141,6 +146,7 @@ def discarded_on_error() -> Iterator[None]:
         _DISCARD_ON_ERROR.reset(token)
 
 
+_NONE = np.zeros(0, np.int64)
 #: what a role note's fast path compares with (dense tensors have one storage)
 _STRIDED = torch.strided
 _TENSOR = torch.Tensor
@@ -176,6 +182,7 @@ class ProfilerRecorder:
             warnings=self._warnings,
             readers=(self._distributed.read,),
             light=True,
+            detail_back=self._detail_back,
         )
         self.tagger = Tagger(
             self._on_role,
@@ -183,6 +190,8 @@ class ProfilerRecorder:
             saved_hooks="per_call",
             on_enter=self._enter_module,
             on_exit=self._exit_module,
+            on_step=self._on_step,
+            on_wake=self._on_wake,
             tag_graph=False,
         )
         self._notes: list[Note] = []
@@ -333,10 +342,13 @@ class ProfilerRecorder:
         """The rows of everything read, with sampled stacks placed, as a Profile."""
         chunks = self._chunks
         reports = chunks.reports
+        steady = chunks.steady
+        repeated, template = steady.label(reports) if steady is not None else (_NONE, _NONE)
         if chunks.ticker is not None:
             chunks.ticker.settle()
             place_stacks(reports, chunks.ticker.samples, self._builder)
         builder = self._builder
+        first = len(builder)
         rows = build_rows(
             builder,
             EventRead(reports, chunks.state.ops.names),
@@ -346,6 +358,10 @@ class ProfilerRecorder:
             threads_ran_from=self._threads.ran_from,
             maps=self._threads.maps,
         )
+        copy_roles(builder, reports.view("size"), first, repeated, template)
+        if steady is not None:
+            steady_meta, lines = steady.describe(reports.view("size"), len(repeated))
+            self._warnings.extend(lines)
         inferred = rows.inferred_frees
         paused = chunks.paused_ns
         profile = builder.build(
@@ -359,6 +375,7 @@ class ProfilerRecorder:
                 "module_types": dict(self.tagger.module_types),
                 "held_before": [list(item) for item in self._held_before],
                 **chunks.coverage(self._wall_ns),
+                **(steady_meta if steady is not None else {}),
                 **({"other_threads": self._threads.names} if self._threads.names else {}),
                 **({"inferred_frees": inferred} if inferred else {}),
                 **({"warnings": self._warnings} if self._warnings else {}),
@@ -384,6 +401,26 @@ class ProfilerRecorder:
 
     def _exit_module(self) -> None:
         self._chunks.exit()
+
+    def _on_step(self, module_id: int) -> bool:
+        """A top-level module call begins: whether the loop's steps repeat (the tagger then
+        watches for their end, see ``steady``)."""
+        return self._active and self._chunks.step_begins(module_id)
+
+    def _on_wake(self) -> bool:
+        """While steps repeat, a call of their module (or any, see ``_detail_back``): put
+        detail back if a step stopped repeating."""
+        return self._active and self._chunks.wake(sys._getframe(2))
+
+    def _detail_back(self, now: bool) -> None:
+        """A step stopped repeating: the hooks again (``now``), or at the next module call
+        that is not inside another."""
+        if not self._active:
+            return
+        if now:
+            self.tagger.start()
+        else:
+            self.tagger.wake_any = True
 
     def _on_role(self, tensor: torch.Tensor, category: int, module: int) -> None:
         self._on_roles((tensor,), category, module)

@@ -15,6 +15,8 @@
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
 
+#include <dlfcn.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -66,6 +68,26 @@ std::unordered_map<std::string, int32_t> g_name_ids{{"", 0}};
 std::atomic<bool> g_active{false};
 std::atomic<int64_t> g_generation{0};
 at::CallbackHandle g_handle = 0;
+
+// Steady steps (jv_mark, jv_steady): a loop's steps that allocate and free the same sizes in
+// the same order. Once two steps in a row match, the rest are recorded as reports only (no
+// RecordFunction callback: most of this library's cost), each checked against the step they
+// repeat; the first report that differs is noted, and the Python side turns detail back on.
+std::vector<int64_t> g_step, g_last_step;  // sizes reported in the step now / the one before
+int64_t g_step_module = -1, g_last_step_module = -1;  // the module call that began each
+bool g_step_long = false, g_last_step_long = false;  // made more than kMaxStep reports
+constexpr size_t kMaxStep = 1 << 16;
+std::vector<int64_t> g_template;  // steady: the sizes each step repeats
+size_t g_template_at = 0;         // the next report's place in it
+bool g_steady = false;
+pthread_t g_steady_thread;
+int64_t g_total = 0;  // reports made so far in this recording (the next one's index)
+std::atomic<int64_t> g_diverged{-1};  // steady: the index of the first report that differed
+// Python's own "a signal came" (PyErr_SetInterruptEx, safe from any thread, no GIL needed),
+// found at run time: a divergence asks the recording thread's handler to put detail back at
+// once, between the next two bytecodes (0: not found; the helper thread's ticks ask later)
+int (*g_interrupt)(int) = nullptr;
+int g_signal = 0;
 
 // set when this thread's state is destroyed (thread exit): a free reported after that, by
 // another thread-local's destructor, must not touch it
@@ -241,6 +263,10 @@ struct Reporter final : public torch::profiler::impl::ProfilerStateBase {
     }
     ThreadState& ts = state();
     int64_t op = 0, bseq = -2, span = -1;
+    if (g_steady) {
+      report_steady(ptr, size);
+      return;
+    }
     if (!ts.stack.empty()) {
       const Frame& f = ts.stack.back();
       op = f.op;
@@ -251,6 +277,31 @@ struct Reporter final : public torch::profiler::impl::ProfilerStateBase {
     std::lock_guard<std::mutex> guard(g_mutex);
     g_reports.insert(g_reports.end(),
                      {t, reinterpret_cast<int64_t>(ptr), size, op, bseq, span});
+    if (g_step.size() < kMaxStep) {
+      g_step.push_back(size);
+    } else {
+      g_step_long = true;  // a step this long is not worth comparing: its sizes are not kept
+    }
+    ++g_total;
+  }
+
+  // A report while steady: no labels (they come from the step it repeats), checked against
+  // that step's size at this place; a report of another thread differs too.
+  static void report_steady(void* ptr, int64_t size) {
+    int64_t t = now_ns();
+    std::lock_guard<std::mutex> guard(g_mutex);
+    g_reports.insert(g_reports.end(), {t, reinterpret_cast<int64_t>(ptr), size, 0, -2, -1});
+    if (g_diverged.load(std::memory_order_relaxed) < 0) {
+      bool same = !g_template.empty() && g_template[g_template_at] == size &&
+                  pthread_equal(pthread_self(), g_steady_thread);
+      if (same) {
+        g_template_at = (g_template_at + 1) % g_template.size();
+      } else {
+        g_diverged.store(g_total, std::memory_order_relaxed);
+        if (g_interrupt != nullptr && g_signal > 0) g_interrupt(g_signal);
+      }
+    }
+    ++g_total;
   }
   bool memoryProfilingEnabled() const override {
     return g_active.load(std::memory_order_relaxed);
@@ -260,6 +311,11 @@ struct Reporter final : public torch::profiler::impl::ProfilerStateBase {
 bool reporter_on_top() {
   return dynamic_cast<Reporter*>(
              c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE)) != nullptr;
+}
+
+void add_callback() {
+  g_handle = at::addGlobalCallback(
+      at::RecordFunctionCallback(&on_start, &on_end).needsInputs(false).needsIds(true));
 }
 
 bool g_paused = false;  // a profiler took the reports (jv_pause) and has not given them back
@@ -277,21 +333,32 @@ int jv_start() {
     g_points.clear();
     g_spans.clear();
     g_span_base = 0;
+    g_step.clear();
+    g_last_step.clear();
+    g_step_module = g_last_step_module = -1;
+    g_step_long = g_last_step_long = false;
+    g_template.clear();
+    g_steady = false;
+    g_total = 0;
+    g_diverged.store(-1);
   }
   g_generation.fetch_add(1);
   g_active.store(true);
   c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE,
                                    std::make_shared<Reporter>());
-  g_handle = at::addGlobalCallback(
-      at::RecordFunctionCallback(&on_start, &on_end).needsInputs(false).needsIds(true));
+  add_callback();
   return 0;
 }
 
 // Stop: no more reports or callbacks; what was recorded stays until taken.
 void jv_stop() {
   if (!g_active.exchange(false)) return;
-  at::removeCallback(g_handle);
+  if (g_handle != 0) at::removeCallback(g_handle);
   g_handle = 0;
+  {
+    std::lock_guard<std::mutex> guard(g_mutex);
+    g_steady = false;
+  }
   if (!g_paused && reporter_on_top()) {
     c10::ThreadLocalDebugInfo::_pop(c10::DebugInfoKind::PROFILER_STATE);
   }
@@ -341,6 +408,59 @@ void jv_module_exit() {
   }
   g_points.insert(g_points.end(), {t, CLOSE_MODULE, id, 0});
 }
+
+// A top-level module call (``module``) begins a step on the calling thread: out[0] = the
+// index of the step's first report, out[1] = 1 when the step that just ended reported the same
+// sizes in the same order as the one before it, both begun by a call of the same module.
+void jv_mark(int64_t module, int64_t* out) {
+  std::lock_guard<std::mutex> guard(g_mutex);
+  out[0] = g_total;
+  out[1] = !g_step.empty() && !g_step_long && !g_last_step_long && g_step == g_last_step &&
+           g_step_module == g_last_step_module;
+  g_last_step.swap(g_step);
+  g_step.clear();
+  g_last_step_long = g_step_long;
+  g_step_long = false;
+  g_last_step_module = g_step_module;
+  g_step_module = module;
+}
+
+// Steady on (1): the calling thread's later reports repeat the last step's sizes, from its
+// first; the RecordFunction callback goes (records begun before still end through it); the
+// first report that differs raises ``signum`` in Python (0: none). Off (0): the callback
+// again, and steps counted afresh. Returns the next report's index.
+int64_t jv_steady(int on, int signum) {
+  if (!g_active.load()) return -1;
+  if (g_interrupt == nullptr) {
+    g_interrupt = reinterpret_cast<int (*)(int)>(dlsym(RTLD_DEFAULT, "PyErr_SetInterruptEx"));
+  }
+  if (on && g_handle != 0) {
+    at::removeCallback(g_handle);
+    g_handle = 0;
+  }
+  int64_t total;
+  {
+    std::lock_guard<std::mutex> guard(g_mutex);
+    total = g_total;
+    g_steady = on != 0;
+    g_signal = signum;
+    g_diverged.store(-1);
+    g_template_at = 0;
+    if (on) {
+      g_template = g_last_step;
+      g_steady_thread = pthread_self();
+    }
+    g_step.clear();
+    g_last_step.clear();
+    g_step_module = g_last_step_module = -1;
+    g_step_long = g_last_step_long = false;
+  }
+  if (!on && g_handle == 0) add_callback();
+  return total;
+}
+
+// Steady: the index of the first report that did not repeat the step (-1: none yet).
+int64_t jv_diverged() { return g_diverged.load(); }
 
 // Whether a recording is on (in this process).
 int jv_recording() { return g_active.load() ? 1 : 0; }

@@ -31,7 +31,8 @@ from .builder import Interner, ProfileBuilder
 from .profiler_read import ReadState, Reports, StackReader, read_events, read_native
 from .profiler_session import FULL, LEAN, ProfilerSession
 from .stacks import FrameFilter
-from .ticker import Ticker
+from .steady import SteadySteps
+from .ticker import CHUNK_SIGNAL, Ticker
 
 #: full stacks: the first chunk traces every Python call (exact stacks) and ends at the first
 #: module call once it is this old; later chunks sample. It never ends between two bytecodes:
@@ -117,9 +118,11 @@ class ChunkedProfiler:
     """The profiler of one recording, read in chunks into :attr:`reports`.
 
     ``idle()``: the recorder's own word that no chunk may be read now (an optimizer step is
-    running, recording stopped). ``readers``: more readers of each chunk's event tree (the
-    distributed roles), called before it is read. ``warnings``: the recorder's list, where
-    what the chunks left out is said.
+    running, recording stopped). ``detail_back(now)``: a loop's steps stopped repeating (see
+    ``steady``): the recorder puts its hooks back (``now``), or at its next safe module
+    call. ``readers``: more readers of each chunk's event tree (the distributed roles),
+    called before it is read. ``warnings``: the recorder's list, where what the chunks left
+    out is said.
     """
 
     def __init__(
@@ -132,6 +135,7 @@ class ChunkedProfiler:
         warnings: list[str],
         readers: Sequence[Callable[[Sequence[Any]], None]] = (),
         light: bool = False,
+        detail_back: Callable[[bool], None] | None = None,
     ) -> None:
         self.session: ProfilerSession = ProfilerSession()
         self.light = light
@@ -148,6 +152,9 @@ class ChunkedProfiler:
         self._warnings = warnings
         self._readers = readers
         self._pause_reason = ""
+        self._detail_back = detail_back
+        self.steady: SteadySteps | None = None
+        self._chunk_due_ns = 0  # when the next chunk is due (the ticker's due_ns may be sooner)
         self._flushing = False
         self._t0 = 0
         self._call_samples: list[int] = []  # the sample of each module call open now
@@ -172,12 +179,15 @@ class ChunkedProfiler:
         if lib is not None:
             self.session = native.NativeSession(lib)
             self.state.windows = self.session.windows
+            if self._detail_back is not None and self.budget.ops != "all":
+                self.steady = SteadySteps(self.session)
         self.session.start(stacks=traced)
         self._t0 = time.time_ns()
         chunk = LIGHT_CHUNK_REPORTS if lib is not None else CHUNK_REPORTS
         self.budget = Budget(self.budget.ops, chunk)
         self.ticker = Ticker(boundary, self.on_due, sample=sampled, from_thread=from_thread)
         self.ticker.due_ns = time.monotonic_ns() + (FLUSH_AFTER_NS if traced else FIRST_CHUNK_NS)
+        self._chunk_due_ns = self.ticker.due_ns
         self.ticker.start()
 
     def stop(self) -> tuple[Sequence[Any], bool]:
@@ -190,10 +200,33 @@ class ChunkedProfiler:
                 # backward and optimizer step, with no module call after them)
                 ticker.sample_end(sys._getframe(1))
             ticker.stop()
+        if self.steady is not None:
+            self.steady.finish()
         lean = self.session.mode == LEAN
         return self.session.stop(), lean
 
     # -- module calls (the recorder's hooks call these) ---------------------------------------
+
+    def step_begins(self, module_id: int) -> bool:
+        """A top-level module call begins: whether the loop's steps are recorded as reports
+        alone from now on (``steady``); the caller then takes its hooks off."""
+        steady = self.steady
+        ticker = self.ticker
+        # steady steps need the ticker's requests: they turn detail back on
+        if steady is None or ticker is None or not ticker.signals or self.paused_ns:
+            return False
+        if not steady.step_begins(module_id, CHUNK_SIGNAL or 0):
+            return False
+        if ticker.due_ns:
+            ticker.due_ns = self._next_due()
+        return True
+
+    def _next_due(self) -> int:
+        """When the ticker asks next: the next chunk, or, while steps are steady, at every
+        tick and whenever the library says a step stopped repeating."""
+        if self.steady is not None and self.steady.on:
+            return 1
+        return self._chunk_due_ns
 
     def enter(self, module_id: int, frame: Any) -> None:
         """A module call begins (``frame``: its caller's): read a chunk if one is due, take a
@@ -251,11 +284,44 @@ class ChunkedProfiler:
         if self.session.stacks:  # traced: only at a module call (see FLUSH_AFTER_NS)
             ticker.due_ns = time.monotonic_ns() + FLUSH_AFTER_NS
             return
+        if self.steady is not None and self.steady.diverged():
+            self._detail_again(frame)
+        if time.monotonic_ns() < self._chunk_due_ns:  # only the steady steps' question
+            ticker.due_ns = self._next_due()
+            return
         innermost_torch = frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR)
         if innermost_torch or _unsafe_to_restart(frame):
             ticker.due_ns = time.monotonic_ns() + RETRY_NS
             return
         self.flush()
+
+    def _detail_again(self, frame: Any) -> None:
+        """A step stopped repeating: hooks and op names back on now if no module call or
+        optimizer step is running (one half seen would be taken for a whole), else at the
+        next module call outside any other."""
+        safe = not _unsafe_to_restart(frame) and not _inside_a_call(frame)
+        if safe:
+            assert self.steady is not None
+            self.steady.resume()
+        if self._detail_back is not None:
+            self._detail_back(safe)
+
+    def wake(self, hook_frame: Any) -> bool:
+        """A module call begins while steps repeat (``hook_frame``: inside it): whether
+        detail comes back now (a step stopped repeating, and no other call is running)."""
+        steady = self.steady
+        if steady is None or not steady.diverged():
+            return False
+        frame = hook_frame
+        while frame is not None and frame.f_code is not _CALL_IMPL:
+            frame = frame.f_back
+        outer = frame.f_back if frame is not None else None
+        if _unsafe_to_restart(outer) or _inside_a_call(outer):
+            return False
+        steady.resume()
+        if self.ticker is not None and self.ticker.due_ns:
+            self.ticker.due_ns = self._next_due()
+        return True
 
     def _allowed(self) -> bool:
         """No chunk now: one is being read, recording paused, the recorder says not now, or
@@ -268,7 +334,8 @@ class ChunkedProfiler:
             or torch._C._current_graph_task_id() != -1
         ):
             if self.ticker is not None and self.ticker.due_ns:
-                self.ticker.due_ns = time.monotonic_ns() + RETRY_NS
+                steady = self.steady is not None and self.steady.on  # its question comes again
+                self.ticker.due_ns = 1 if steady else time.monotonic_ns() + RETRY_NS
             return False
         return True
 
@@ -306,7 +373,8 @@ class ChunkedProfiler:
         finally:
             self._flushing = False
             if self.ticker is not None and not self.paused_ns:
-                self.ticker.due_ns = time.monotonic_ns() + self.budget.chunk_ns
+                self._chunk_due_ns = time.monotonic_ns() + self.budget.chunk_ns
+                self.ticker.due_ns = self._next_due()
 
     def read(self, events: Sequence[Any], lean: bool = False) -> None:
         """Read a chunk into the reports whole: a Ctrl-C meanwhile waits until it is in
@@ -343,6 +411,8 @@ class ChunkedProfiler:
         )
         if self.ticker is not None:
             self.ticker.due_ns = 0
+        if self.steady is not None:
+            self.steady.finish()
         lean = self.session.mode == LEAN
         self.read(self.session.stop(), lean)
 
@@ -375,6 +445,19 @@ class ChunkedProfiler:
                 "ran unrecorded (its memory after that is not in this profile)"
             )
         return out
+
+
+_CALL_IMPL = torch.nn.Module._call_impl.__code__
+_OPTIM_DIR = _TORCH_DIR + "optim" + os.sep
+
+
+def _inside_a_call(frame: Any) -> bool:
+    """A module call or an optimizer step is on the stack."""
+    while frame is not None:
+        if frame.f_code is _CALL_IMPL or frame.f_code.co_filename.startswith(_OPTIM_DIR):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _unsafe_to_restart(frame: Any) -> bool:

@@ -112,6 +112,12 @@ class Reports:
         for (name, _), values in zip(_COLUMNS, zip(*rows, strict=True), strict=False):
             getattr(self, name).extend(values)
 
+    def view(self, name: str) -> np.ndarray:
+        """A column as a numpy array over its memory (writes go to the column); drop it
+        before the column grows."""
+        column = getattr(self, name)
+        return np.frombuffer(column, _DTYPES[column.typecode])
+
     def extend_columns(self, other: Reports) -> None:
         """Append another's reports (a chunk's, later in time)."""
         for name, _ in _COLUMNS:

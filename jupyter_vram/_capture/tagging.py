@@ -517,6 +517,10 @@ class Tagger:
     ``torch.func`` transforms refuse to run under them, and a user's own ``save_on_cpu`` must
     keep working.
     ``on_enter`` / ``on_exit`` are called around every module call (recorders mark ranges).
+    ``on_step(module id)`` is called as a top-level module call begins; True means the steps
+    repeat (see ``steady``): every hook goes but one that watches module calls, and the call
+    goes untagged. That one asks ``on_wake()`` at the next call of the same module (or of any
+    module once ``wake_any`` is set) whether to put them all back, and tags that call.
     ``tag_graph``: mark the autograd nodes each module call created, for recorders that ask
     for the module of a backward op while it runs.
     """
@@ -529,6 +533,8 @@ class Tagger:
         saved_hooks: str = "global",
         on_enter: Callable[[int], None] | None = None,
         on_exit: Callable[[], None] | None = None,
+        on_step: Callable[[int], bool] | None = None,
+        on_wake: Callable[[], bool] | None = None,
         tag_graph: bool = True,
     ) -> None:
         self._on_role = on_role
@@ -559,11 +565,19 @@ class Tagger:
         self._per_call = saved_hooks == "per_call"
         self._on_enter = on_enter
         self._on_exit = on_exit
+        self._on_step = on_step
+        self._on_wake = on_wake
+        self._step_module: weakref.ref[nn.Module] | None = None  # while steps repeat
+        self.wake_any = False
         self._tag_graph_enabled = tag_graph
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
+        for handle in self._handles:  # the watch of repeating steps, if on
+            handle.remove()
+        self._step_module = None
+        self.wake_any = False
         self._handles = [
             nn.modules.module.register_module_forward_pre_hook(self._pre_forward),
             nn.modules.module.register_module_forward_hook(
@@ -834,6 +848,11 @@ class Tagger:
         try:
             top_level = not self.module_stack
             mid = self._module_id(module)
+            # (a top-level call inside backward is a checkpoint's recompute: part of the step)
+            stepping = top_level and torch._C._current_graph_task_id() == -1
+            if stepping and self._on_step is not None and self._on_step(mid):
+                self._watch_steps(module)
+                return
             self.module_stack.append(mid)
             if self._on_enter is not None:
                 self._on_enter(mid)
@@ -856,6 +875,26 @@ class Tagger:
                     self._hold_call_hooks()
         except Exception:  # noqa: BLE001 - bookkeeping must never break the user's forward
             pass
+
+    def _watch_steps(self, module: nn.Module) -> None:
+        """Steps repeat: every hook off but a watch for the next call of ``module``."""
+        self.stop()
+        self._step_module = weakref.ref(module)
+        self._handles = [nn.modules.module.register_module_forward_pre_hook(self._watch)]
+
+    def _watch(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        """While steps repeat: at a step's start (or any call, once ``wake_any``), all hooks
+        back on if the recorder says so, and this call tagged as a top-level one."""
+        try:
+            step = self._step_module
+            if not self.wake_any and (step is None or step() is not module):
+                return
+            if self._on_wake is None or not self._on_wake():
+                return
+            self.start()
+        except Exception:  # noqa: BLE001 - bookkeeping must never break the user's forward
+            return
+        self._pre_forward(module, args)
 
     def _post_forward(self, module: nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
         """``rest`` is (kwargs, output), or (output,) when the forward raised."""

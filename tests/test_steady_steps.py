@@ -1,0 +1,233 @@
+"""A loop's repeated steps are recorded as the allocator's reports alone, and show what every
+step recorded in detail shows.
+
+Tests for ``_capture/steady.py``, its part of ``native_reports.cpp`` (``jv_mark``,
+``jv_steady``) and of ``profiler_chunks.py`` / ``tagging.py`` (the watch for a step that no
+longer repeats). The truth is the same loop recorded with ``ops="all"``, which records every
+step in detail, and the CPU allocator's own reports under ``torch.profiler``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+import jupyter_vram as jv
+from jupyter_vram._capture import native, profiler_chunks
+from jupyter_vram._capture.tagging import _top_saved_hooks
+
+from .test_observer_effect import _case, train_step, true_peak
+from .test_profiler_chunks import _differences, rows
+
+pytestmark = pytest.mark.skipif(
+    native.library() is None, reason=f"the light recorder is not built here: {native.why_not()}"
+)
+
+STEPS = 8
+
+
+def _loop(name: str, steps: int = STEPS) -> Callable[[], None]:
+    model, batch = _case(name)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    step = train_step(model, opt, batch)
+    step()  # the optimizer's state exists: every step of the loop is the same
+
+    def loop() -> None:
+        for _ in range(steps):
+            step()
+
+    return loop
+
+
+def _both(cell: Callable[[], None]) -> tuple[jv.Profile, jv.Profile]:
+    """The cell recorded in detail (every step), then with the defaults."""
+    with jv.record("cpu", ops="all") as detail:
+        cell()
+    with jv.record("cpu") as light:
+        cell()
+    return detail.profile, light.profile
+
+
+def _global_hooks() -> list[int]:
+    module = nn.modules.module
+    optim = sys.modules["torch.optim.optimizer"]
+    return [
+        len(module._global_forward_pre_hooks),
+        len(module._global_forward_hooks),
+        len(optim._global_optimizer_pre_hooks),
+        len(optim._global_optimizer_post_hooks),
+    ]
+
+
+@pytest.mark.parametrize("name", ["resnet", "checkpointed", "three_heads"])
+def test_repeated_steps_show_what_every_step_recorded_in_detail_shows(name: str) -> None:
+    """Every row (bytes, order, op, module, phase, role) equals the detail recording's; the
+    peak is the allocator's; the profile says which steps were repeated."""
+    loop = _loop(name)
+    hooks = _global_hooks()
+    detail, light = _both(loop)
+    assert _global_hooks() == hooks  # the watch went with the recording
+    assert "steady_steps" not in detail.meta
+    # the first two steps set the pattern; from the third on, each repeats the one before
+    assert light.meta["steady_steps"] == STEPS - 2
+    assert "unlabelled_allocations" not in light.meta
+    assert any("recorded as the allocator's reports alone" in w for w in light.meta["warnings"])
+    frames = [rows(detail), rows(light)]
+    assert frames[0].equals(frames[1]), _differences(frames, [detail.meta, light.meta])
+    assert light.peak_bytes - light.timeline.baseline_bytes == true_peak(loop)
+    assert {"forward", "backward", "optimizer"} <= set(frames[1]["phase"])
+
+
+def test_a_step_that_differs_turns_detail_back_on() -> None:
+    """A step with a smaller batch, then a call after the loop with another shape: only the
+    allocations where a step stopped repeating lack labels (one each time, the first that
+    differed); the rest of that step and the call after the loop are recorded in detail."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(32, 64)
+
+    def cell() -> None:
+        for i in range(12):
+            batch = x[:16].clone() if i == 7 else x  # the clone: a report no step made
+            model(batch).sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        model(torch.ones(3, 64))  # after the loop, another shape
+
+    cell()
+    detail, light = _both(cell)
+    missing = light.meta["unlabelled_allocations"]
+    assert 1 <= missing <= 2
+    assert light.meta["steady_steps"] >= 5
+    frames = [rows(detail), rows(light)]
+    assert len(frames[0]) == len(frames[1])
+    differ = (frames[0] != frames[1]).any(axis=1)
+    assert differ.sum() == missing, _differences(frames, [detail.meta, light.meta])
+    lost = frames[1][differ]
+    assert set(lost["op"]) == {"(unknown)"}
+    assert set(frames[0][differ]["op"]) <= {"clone", "ones"}  # where each stopped repeating
+    same = ["bytes", "alloc_seq", "free_seq"]
+    assert frames[0][same].equals(frames[1][same])
+    # the call after the loop: its layers named, as in detail
+    last = frames[1].iloc[-4:]
+    assert {"Sequential.0", "Sequential.2"} <= set(last["module"])
+
+
+def test_a_loop_interrupted_while_steps_repeat_leaves_nothing_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C (a KeyboardInterrupt from the cell) while steps repeat: every hook goes, the
+    library stops, and the next recording goes steady again."""
+    loop = _loop("three_heads", steps=50)
+    hooks = _global_hooks()
+    saved = _top_saved_hooks()
+    calls = {"n": 0}
+    real = nn.Linear.forward
+
+    def interrupting(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        if calls["n"] == 4 * 8:  # the 8th step: repeating by then
+            raise KeyboardInterrupt
+        return real(self, x)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(nn.Linear, "forward", interrupting)
+        with pytest.raises(KeyboardInterrupt), jv.record("cpu") as rec:
+            loop()
+    assert rec.profile.meta["steady_steps"] >= 4
+    assert _global_hooks() == hooks
+    assert _top_saved_hooks() == saved
+    assert not native.recording()
+    with jv.record("cpu") as again:
+        _loop("three_heads")()
+    assert again.profile.meta["steady_steps"] == STEPS - 2
+
+
+def test_every_step_in_detail_when_asked() -> None:
+    """``ops="all"`` (``%%vram --all-ops``) records every step in detail, and ``jv.record``
+    passes it on (it once dropped the argument); a wrong value is refused."""
+    loop = _loop("three_heads")
+    with jv.record("cpu", ops="all") as rec:
+        loop()
+    assert "steady_steps" not in rec.profile.meta
+    with pytest.raises(ValueError, match="ops must be"):
+        jv.record("cpu", ops="some")
+
+
+def test_steps_of_different_modules_are_not_taken_for_repeats() -> None:
+    """Two models of the same shapes called in turn: each step allocates the same sizes as the
+    one before, but was begun by another module, so no step repeats and every row is named by
+    its own model."""
+
+    class Twin(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(32, 32)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.layer(x)  # type: ignore[no-any-return]
+
+    torch.manual_seed(0)
+    a, b = nn.Sequential(nn.Linear(32, 32)), Twin()
+    x = torch.randn(8, 32)
+
+    def cell() -> None:
+        for _ in range(10):
+            a(x).sum().backward()
+            b(x).sum().backward()
+
+    cell()
+    detail, light = _both(cell)
+    assert "steady_steps" not in light.meta
+    frames = [rows(detail), rows(light)]
+    assert frames[0].equals(frames[1]), _differences(frames, [detail.meta, light.meta])
+    assert {"Sequential.0", "Twin.layer"} <= set(frames[1]["module"])
+
+
+def test_a_step_that_differs_inside_a_module_call_resumes_at_the_next_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Detail never comes back in the middle of a module call (the call would be seen as a
+    step of its own): a step that stops repeating inside one is left unlabelled from there,
+    and the next step's call of the same module turns detail back on. (Here the helper
+    thread's requests never find a moment outside a call, so the next step is the only way.)"""
+
+    class Odd(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(64, 64)
+            self.extra = False
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.extra:
+                torch.ones(5)  # a report no earlier step made, inside the call
+            return self.layer(x)  # type: ignore[no-any-return]
+
+    def never_now(self: profiler_chunks.ChunkedProfiler, frame: object) -> None:
+        assert self._detail_back is not None
+        self._detail_back(False)  # as inside a call: at the next module call
+
+    monkeypatch.setattr(profiler_chunks.ChunkedProfiler, "_detail_again", never_now)
+    torch.manual_seed(0)
+    model = Odd()
+    x = torch.randn(16, 64)
+
+    def cell() -> None:
+        for i in range(12):
+            model.extra = i == 7
+            model(x).sum().backward()
+
+    cell()
+    detail, light = _both(cell)
+    frames = [rows(detail), rows(light)]
+    differ = (frames[0] != frames[1]).any(axis=1)
+    missing = light.meta["unlabelled_allocations"]
+    assert differ.sum() == missing, _differences(frames, [detail.meta, light.meta])
+    per_step = len(frames[0]) // 12  # about one step's allocations
+    assert 1 <= missing <= per_step + 1  # the rest of step 8 (and its extra), no more
+    assert not differ.iloc[-3 * per_step :].any()  # the last steps: labelled
