@@ -375,7 +375,8 @@ def read_native(
     and the ranges' time points, as it ran."""
     ops = state.native_ops  # the library's name ids -> op ids (-1: not needed yet)
     ops.extend([-1] * (len(chunk.names) - len(ops)))
-    for i in np.unique(chunk.reports[:, 3]).tolist():  # only the ops of this recording's
+    used = np.bincount(chunk.reports[:, 3], minlength=len(ops))  # (no sort: ids are small)
+    for i in np.flatnonzero(used).tolist():  # only the ops of this recording's
         if ops[i] < 0:  # reports: the library names every op the process ever ran
             ops[i] = state.ops(chunk.names[i]) if i else 0
     reports = chunk.reports
