@@ -231,3 +231,36 @@ def test_a_step_that_differs_inside_a_module_call_resumes_at_the_next_step(
     per_step = len(frames[0]) // 12  # about one step's allocations
     assert 1 <= missing <= per_step + 1  # the rest of step 8 (and its extra), no more
     assert not differ.iloc[-3 * per_step :].any()  # the last steps: labelled
+
+
+def test_a_transformers_training_loop_and_generate() -> None:
+    """A GPT-2 (from its config) trained for eight steps: every row as in detail, six steps
+    repeated. Generating with a KV cache never repeats (the cache grows every token), so it
+    is recorded in detail."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, vocab_size=500, n_positions=64,
+        attn_implementation="eager",
+    )  # fmt: skip
+    model = transformers.GPT2LMHeadModel(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, 500, (2, 32))
+
+    def train() -> None:
+        for _ in range(STEPS):
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    def generate() -> None:
+        with torch.no_grad():
+            model.generate(ids[:1, :8], max_new_tokens=12, do_sample=False, pad_token_id=0)
+
+    train()
+    for cell, repeated in ((train, STEPS - 2), (generate, None)):
+        detail, light = _both(cell)
+        assert light.meta.get("steady_steps") == repeated
+        frames = [rows(detail), rows(light)]
+        assert frames[0].equals(frames[1]), _differences(frames, [detail.meta, light.meta])
