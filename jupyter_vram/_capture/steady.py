@@ -116,10 +116,9 @@ class SteadySteps:
         )
         meta = {"steady_steps": steps, "steady_reports": labelled}
         lines = [
-            f"{steps:,} steps of a loop recorded as the allocator's reports alone (their "
-            "bytes, addresses and times exact): each repeated the allocations and frees of an "
-            "earlier step, whose ops, modules, stacks and roles they show (ops='all', "
-            "%%vram --all-ops, records every step in detail)"
+            f"{steps:,} repeated loop steps recorded as the allocator's reports alone (bytes "
+            "and times exact), labelled from the step they repeat (--all-ops or ops='all' "
+            "records each in detail)"
         ]
         missing = self.unlabelled(size)
         if missing:
