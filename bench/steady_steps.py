@@ -16,6 +16,9 @@ each the minimum over the repeats of one whole recording (start to finished prof
 * detail: ``jv.record(ops="all")``: every step's ops, modules and roles;
 * default: ``jv.record()``: steps after the ones that set the pattern are reports alone.
 
+The same loop with its loss an ``nn.CrossEntropyLoss`` module (two steps an iteration, a
+pattern of two) is timed plain, in detail and by default too.
+
 Both recordings' rows are checked equal (all columns but times and stacks) before timing.
 """
 
@@ -39,18 +42,19 @@ from jupyter_vram._capture import native
 COLUMNS = ["op", "module", "phase", "category", "bytes", "alloc_seq", "free_seq"]
 
 
-def small_loop(steps: int) -> Callable[[], None]:
-    """The 200-step cell of bench/real_cells.py."""
+def small_loop(steps: int, loss_module: bool = False) -> Callable[[], None]:
+    """The 200-step cell of bench/real_cells.py (``loss_module``: its loss a module)."""
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)
     )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    criterion = nn.CrossEntropyLoss() if loss_module else nn.functional.cross_entropy
 
     def loop() -> None:
         for _ in range(steps):
-            loss = nn.functional.cross_entropy(model(x), y)
+            loss = criterion(model(x), y)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -83,22 +87,24 @@ def main() -> None:
         raise SystemExit(f"the light recorder is not built here: {native.why_not()}")
     loop = small_loop(args.steps)
     meta = check_equal(loop)
+    with_module = small_loop(args.steps, loss_module=True)
+    module_meta = check_equal(with_module)
 
     def library(op_callback: bool) -> Callable[[], None]:
         def run() -> None:
             lib.jv_start()
             if not op_callback:
-                lib.jv_steady(1, 0)  # no step to repeat: reports alone, nothing raised
+                lib.jv_steady(1, 0, 1)  # no step to repeat: reports alone, nothing raised
             loop()
             lib.jv_stop()
             native._take(lib, [])
 
         return run
 
-    def recorded(ops: str) -> Callable[[], None]:
+    def recorded(ops: str, cell: Callable[[], None] = loop) -> Callable[[], None]:
         def run() -> None:
             with jv.record("cpu", ops=ops):
-                loop()
+                cell()
 
         return run
 
@@ -108,6 +114,9 @@ def main() -> None:
         "reports and ops, no hooks": library(op_callback=True),
         "detail (ops='all')": recorded("all"),
         "default (repeated steps as reports)": recorded("auto"),
+        "loss module: plain": with_module,
+        "loss module: detail (ops='all')": recorded("all", with_module),
+        "loss module: default": recorded("auto", with_module),
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.repeats):
@@ -116,17 +125,22 @@ def main() -> None:
             run()
             times[name].append(time.perf_counter() - began)
     best = {name: min(t) for name, t in times.items()}
-    plain = best["plain"]
+
+    def ratio(name: str) -> float:
+        plain = best["loss module: plain" if name.startswith("loss module") else "plain"]
+        return best[name] / plain
+
     lines = [
         f"`python bench/steady_steps.py --repeats {args.repeats} --steps {args.steps}`: "
         f"torch {torch.__version__}, one torch thread, min of {args.repeats} interleaved runs "
         f"of a whole recording. The default recording repeated {meta['steady_steps']} of "
-        f"{args.steps} steps; its rows equal the detail recording's (every column but times "
-        "and stacks).",
+        f"{args.steps} steps; with the loss a module, {module_meta['steady_steps']} of "
+        f"{2 * args.steps} steps, in groups of {module_meta['steady_period']}. Both "
+        "recordings' rows equal the detail recording's (every column but times and stacks).",
         "",
         "| variant | ms | ratio to plain |",
         "|---|--:|--:|",
-        *(f"| {name} | {t * 1e3:.1f} | {t / plain:.2f}x |" for name, t in best.items()),
+        *(f"| {name} | {t * 1e3:.1f} | {ratio(name):.2f}x |" for name, t in best.items()),
     ]
     text = "\n".join(lines)
     print(text)

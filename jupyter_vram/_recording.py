@@ -246,7 +246,8 @@ def record(
     profiler's tracer: exact, but it records every Python call, which makes Python-heavy code
     many times slower) or ``False``. ``ops``: ``"auto"`` (default) records a loop's repeated
     steps on the CPU as the allocator's reports alone, labelled from the step they repeat
-    (a step repeats when it made the same allocations and frees as the one before it), and
+    (steps repeat when they made the same allocations and frees as the ones before them:
+    one step, from one top-level module call to the next, or a group of up to 16), and
     drops op names once reading them has cost 15 % of the block's own time; ``"all"`` records
     every step and op in detail whatever it costs. A profile says in ``meta["warnings"]``
     what it left out.

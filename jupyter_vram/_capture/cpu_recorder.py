@@ -28,9 +28,10 @@ however long the cell runs.
   address at that time (``cpu_rows``). Storages that existed before recording become baseline
   rows.
 
-A loop's repeated steps are recorded as the allocator's reports alone (``steady``): once a
-step made the same allocations and frees as the one before it, the hooks and the library's op
-callback go, and later steps take the labels of the step they repeat.
+A loop's repeated steps are recorded as the allocator's reports alone (``steady``): once the
+last steps (one, or a group) made the same allocations and frees as the ones before them, the
+hooks and the library's op callback go, and later steps take the labels of the steps they
+repeat.
 
 Recording stays light (``profiler_chunks.Budget``): when reading the profiler has cost more
 than 15 % of the cell's own time, later chunks record the allocator's reports without op

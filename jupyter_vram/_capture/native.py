@@ -181,9 +181,9 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.jv_module_exit.restype = None
     lib.jv_links.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 3
     lib.jv_links.restype = None
-    lib.jv_mark.argtypes = [ctypes.c_int64, i64p]
+    lib.jv_mark.argtypes = [ctypes.c_int64, ctypes.c_int64, i64p]
     lib.jv_mark.restype = None
-    lib.jv_steady.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.jv_steady.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64]
     lib.jv_steady.restype = ctypes.c_int64
     lib.jv_diverged.restype = ctypes.c_int64
     lib.jv_name_count.restype = ctypes.c_int32
@@ -299,18 +299,18 @@ class NativeSession(ProfilerSession):
     # Steady steps (see native_reports.cpp and ``steady``): report indices count from the
     # recording's first report.
 
-    def mark(self, module_id: int) -> tuple[int, bool]:
-        """A top-level module call begins a step: its first report's index, and whether the
-        step that just ended repeated the one before it."""
+    def mark(self, module_id: int, shortest: int = 1) -> tuple[int, int]:
+        """A top-level module call begins a step: its first report's index, and P when the
+        steps that just ended repeat a pattern of P steps (P >= ``shortest``; 0: none)."""
         out = (ctypes.c_int64 * 2)()
-        self._lib.jv_mark(module_id, out)
-        return out[0], bool(out[1])
+        self._lib.jv_mark(module_id, shortest, out)
+        return out[0], int(out[1])
 
-    def steady(self, on: bool, signum: int = 0) -> int:
-        """Reports only from now on, checked against the last step (``on``; the first
-        report that differs raises ``signum`` in Python), or detail again; the next report's
-        index."""
-        return int(self._lib.jv_steady(int(on), signum))
+    def steady(self, on: bool, signum: int = 0, period: int = 1) -> int:
+        """Reports only from now on, checked against the pattern of the last ``period``
+        steps (``on``; the first report that differs raises ``signum`` in Python), or detail
+        again; the next report's index."""
+        return int(self._lib.jv_steady(int(on), signum, period))
 
     def diverged(self) -> int:
         """The index of the first report that did not repeat the step (-1: none)."""

@@ -17,6 +17,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -70,13 +71,25 @@ std::atomic<int64_t> g_generation{0};
 at::CallbackHandle g_handle = 0;
 
 // Steady steps (jv_mark, jv_steady): a loop's steps that allocate and free the same sizes in
-// the same order. Once two steps in a row match, the rest are recorded as reports only (no
-// RecordFunction callback: most of this library's cost), each checked against the step they
-// repeat; the first report that differs is noted, and the Python side turns detail back on.
-std::vector<int64_t> g_step, g_last_step;  // sizes reported in the step now / the one before
-int64_t g_step_module = -1, g_last_step_module = -1;  // the module call that began each
-bool g_step_long = false, g_last_step_long = false;  // made more than kMaxStep reports
+// the same order. A step runs from one top-level module call to the next; a loop's pattern can
+// take several (a model, then a loss module; micro-batches, then the optimizer step). Once the
+// last P steps repeated the P before them (begun by the same modules), the rest are recorded
+// as reports only (no RecordFunction callback: most of this library's cost), each checked
+// against the pattern; the first report that differs is noted, and the Python side turns
+// detail back on.
+struct Step {
+  std::vector<int64_t> sizes;  // sizes reported in it (up to kMaxStep)
+  int64_t module = -1;         // the module call that began it
+  bool whole = false;          // begun by a module call (not by the recording or detail resuming)
+  bool long_ = false;          // made more than kMaxStep reports
+  bool operator==(const Step& o) const {
+    return whole && o.whole && !long_ && !o.long_ && module == o.module && sizes == o.sizes;
+  }
+};
 constexpr size_t kMaxStep = 1 << 16;
+constexpr size_t kMaxPeriod = 16;  // the longest pattern looked for, in steps
+Step g_step;                        // the step now
+std::deque<Step> g_history;         // the steps before it (up to 2 x kMaxPeriod)
 std::vector<int64_t> g_template;  // steady: the sizes each step repeats
 size_t g_template_at = 0;         // the next report's place in it
 bool g_steady = false;
@@ -277,10 +290,10 @@ struct Reporter final : public torch::profiler::impl::ProfilerStateBase {
     std::lock_guard<std::mutex> guard(g_mutex);
     g_reports.insert(g_reports.end(),
                      {t, reinterpret_cast<int64_t>(ptr), size, op, bseq, span});
-    if (g_step.size() < kMaxStep) {
-      g_step.push_back(size);
+    if (g_step.sizes.size() < kMaxStep) {
+      g_step.sizes.push_back(size);
     } else {
-      g_step_long = true;  // a step this long is not worth comparing: its sizes are not kept
+      g_step.long_ = true;  // a step this long is not worth comparing: its sizes are not kept
     }
     ++g_total;
   }
@@ -333,10 +346,8 @@ int jv_start() {
     g_points.clear();
     g_spans.clear();
     g_span_base = 0;
-    g_step.clear();
-    g_last_step.clear();
-    g_step_module = g_last_step_module = -1;
-    g_step_long = g_last_step_long = false;
+    g_step = Step();
+    g_history.clear();
     g_template.clear();
     g_steady = false;
     g_total = 0;
@@ -409,27 +420,42 @@ void jv_module_exit() {
   g_points.insert(g_points.end(), {t, CLOSE_MODULE, id, 0});
 }
 
-// A top-level module call (``module``) begins a step on the calling thread: out[0] = the
-// index of the step's first report, out[1] = 1 when the step that just ended reported the same
-// sizes in the same order as the one before it, both begun by a call of the same module.
-void jv_mark(int64_t module, int64_t* out) {
-  std::lock_guard<std::mutex> guard(g_mutex);
-  out[0] = g_total;
-  out[1] = !g_step.empty() && !g_step_long && !g_last_step_long && g_step == g_last_step &&
-           g_step_module == g_last_step_module;
-  g_last_step.swap(g_step);
-  g_step.clear();
-  g_last_step_long = g_step_long;
-  g_step_long = false;
-  g_last_step_module = g_step_module;
-  g_step_module = module;
+// The shortest pattern, of at least ``shortest`` steps, that the last steps repeat: P when the
+// last P steps equal the P before them, all begun by module calls and not too long, and
+// report something (0: none).
+size_t repeating_period(size_t shortest) {
+  size_t n = g_history.size();
+  for (size_t period = std::max<size_t>(shortest, 1); period <= kMaxPeriod; ++period) {
+    if (2 * period > n) break;
+    bool same = true, reports = false;
+    for (size_t i = n - period; i < n && same; ++i) {
+      same = g_history[i] == g_history[i - period];
+      reports = reports || !g_history[i].sizes.empty();
+    }
+    if (same && reports) return period;
+  }
+  return 0;
 }
 
-// Steady on (1): the calling thread's later reports repeat the last step's sizes, from its
-// first; the RecordFunction callback goes (records begun before still end through it); the
-// first report that differs raises ``signum`` in Python (0: none). Off (0): the callback
-// again, and steps counted afresh. Returns the next report's index.
-int64_t jv_steady(int on, int signum) {
+// A top-level module call (``module``) begins a step on the calling thread: out[0] = the
+// index of the step's first report, out[1] = P when the steps that just ended repeat a pattern
+// of P steps (P >= ``shortest``; 0: none).
+void jv_mark(int64_t module, int64_t shortest, int64_t* out) {
+  std::lock_guard<std::mutex> guard(g_mutex);
+  out[0] = g_total;
+  g_history.push_back(std::move(g_step));
+  while (g_history.size() > 2 * kMaxPeriod) g_history.pop_front();
+  g_step = Step();
+  g_step.module = module;
+  g_step.whole = true;
+  out[1] = static_cast<int64_t>(repeating_period(static_cast<size_t>(std::max<int64_t>(shortest, 1))));
+}
+
+// Steady on (1): the calling thread's later reports repeat the pattern of the last ``period``
+// steps, from its first; the RecordFunction callback goes (records begun before still end
+// through it); the first report that differs raises ``signum`` in Python (0: none). Off (0):
+// the callback again, and steps counted afresh. Returns the next report's index.
+int64_t jv_steady(int on, int signum, int64_t period) {
   if (!g_active.load()) return -1;
   if (g_interrupt == nullptr) {
     g_interrupt = reinterpret_cast<int (*)(int)>(dlsym(RTLD_DEFAULT, "PyErr_SetInterruptEx"));
@@ -447,13 +473,17 @@ int64_t jv_steady(int on, int signum) {
     g_diverged.store(-1);
     g_template_at = 0;
     if (on) {
-      g_template = g_last_step;
+      g_template.clear();
+      size_t n = g_history.size();
+      size_t p = std::min<size_t>(static_cast<size_t>(std::max<int64_t>(period, 1)), n);
+      for (size_t i = n - p; i < n; ++i) {
+        g_template.insert(g_template.end(), g_history[i].sizes.begin(),
+                          g_history[i].sizes.end());
+      }
       g_steady_thread = pthread_self();
     }
-    g_step.clear();
-    g_last_step.clear();
-    g_step_module = g_last_step_module = -1;
-    g_step_long = g_last_step_long = false;
+    g_step = Step();  // the step now did not begin at a module call: never compared
+    g_history.clear();
   }
   if (!on && g_handle == 0) add_callback();
   return total;
