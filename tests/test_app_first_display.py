@@ -122,3 +122,30 @@ def reachable_widgets(root: Any) -> set[int]:
             value = getattr(widget, name)
             todo.extend(value if isinstance(value, (list, tuple)) else [value])
     return seen
+
+
+def test_flame_numbers_go_to_the_page_as_arrays(profile: jv.Profile) -> None:
+    """The flame graph's numeric columns reach the page as one binary array each, not as
+    lists encoded item by item (that was a third of the figure's serialisation on GPT-2);
+    the names stay text."""
+    from jupyter_vram._app.flame_view import FlameView
+
+    view = FlameView(profile)
+    (doc,) = view.plot.render_bundle["docs_json"].values()
+
+    def sources(node: Any) -> Any:
+        if isinstance(node, dict):
+            if node.get("name") == "ColumnDataSource":
+                yield node
+            for value in node.values():
+                yield from sources(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from sources(value)
+
+    (source,) = sources(doc)
+    columns = dict(source["attributes"]["data"]["entries"])
+    for name in ("left", "right", "top", "bottom", "bytes", "count"):
+        assert columns[name]["type"] == "ndarray", name
+        assert columns[name]["shape"] == [len(view.source.data["name"])]
+    assert isinstance(columns["name"], list) and isinstance(columns["full"], list)

@@ -54,6 +54,7 @@ CATEGORY_COLORS: dict[str, str] = dict(
     )
 )
 PATH_SEP = "\x1f"  # joins a node's path in the data source; never appears in names
+NUMERIC_FLAME_COLUMNS = ("left", "right", "top", "bottom", "bytes", "count")
 MIN_WIDTH = 0.002  # nodes narrower than this fraction of the view are not drawn
 BLOCK_LINE = "rgba(128,128,128,0.35)"  # block outlines: visible on light and dark pages
 
@@ -179,6 +180,8 @@ def flame_layout(
     rects = icicle_layout(parents, [node.bytes for node in nodes])
     for i, node in enumerate(nodes):
         add(node, paths[i], rects.x[i], rects.width[i], base_depth + rects.depth[i])
+    for name in NUMERIC_FLAME_COLUMNS:  # sent as one binary buffer each, not item by item
+        cols[name] = np.asarray(cols[name])
     return FlameLayout(cols, base_depth + max(rects.depth) + 1, focus)
 
 
