@@ -44,12 +44,12 @@ LIVED_LONG = 64
 class Segment:
     """One stretch of steady steps, as report indices from the recording's first report."""
 
-    template: int  # the template step's first report
-    length: int  # reports per step
-    labelled_from: int  # the step after the template: labelled from it (its own labels are
-    # the same, but notes the step after it would have made are missing)
+    template: int  # the template's first report (the steps the pattern was first seen in)
+    length: int  # reports per pattern (of ``period`` steps)
+    labelled_from: int  # the pattern after the template: labelled from it (its own labels
+    # are the same, but notes the steps after it would have made are missing)
     steady_from: int  # reports only from here
-    end: int = -1  # the first report that did not repeat the step (-1: none)
+    end: int = -1  # the first report that did not repeat the pattern (-1: none)
     resumed: int = -1  # where detail came back on (-1: never)
     offsets: tuple[int, ...] = (0,)  # where each of the pattern's steps begins in it
     first_step: int = 0  # the number of steps begun before ``steady_from``
