@@ -3,9 +3,12 @@
 Usage: python bench/real_cells.py [--repeats N] [--only NAME ...] [--readme]
 
 Each cell runs in one IPython kernel (started with jupyter_client, as a notebook's is),
-plain and under ``%%vram`` (no flags), interleaved (plain/recorded, then recorded/plain) so
-drift and load hit both alike; the figure is the median of the round trips from the
-execute request to its reply, as the user waits for it (the app's display included). Peak
+plain, under ``%%vram`` (no flags) and under ``%%vram -q`` (recorded, nothing displayed),
+interleaved (the order reversed every other round) so drift and load hit all alike; the figure
+is the median of the round trips from the execute request to its reply, as the user waits for
+it (the app's display included; ``-q`` shows what the recording costs without it). Each
+request carries a cell id, one per variant, as JupyterLab sends with every execution: a
+re-run cell's previous app is closed, as in a notebook. Peak
 RSS: the kernel's high-water mark during the cell (``/proc/<pid>/clear_refs`` resets it)
 minus its resident size before; "extra" is the recorded run's minus the plain run's. The
 machine's load average is printed with the results, since a loaded machine inflates both.
@@ -20,6 +23,7 @@ import queue
 import statistics
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,11 +126,17 @@ class Kernel:
         self.pid = self.manager.provisioner.process.pid
         self.run("%load_ext jupyter_vram\nimport gc")
 
-    def run(self, code: str, timeout: float = 1800) -> float:
-        """Run ``code``; seconds from the request to its reply. Raises on a cell error."""
+    def run(self, code: str, timeout: float = 1800, cell_id: str | None = None) -> float:
+        """Run ``code`` (as the cell ``cell_id``, as JupyterLab names the cell it runs);
+        seconds from the request to its reply. Raises on a cell error."""
         self._drain()
+        content = {"code": code, "silent": False, "store_history": True,
+                   "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}  # fmt: skip
+        metadata = {"cellId": cell_id} if cell_id is not None else {}
+        request = self.client.session.msg("execute_request", content, metadata=metadata)
+        msg_id = request["header"]["msg_id"]
         start = time.perf_counter()
-        msg_id = self.client.execute(code)
+        self.client.shell_channel.send(request)
         deadline = time.monotonic() + timeout
         while True:
             reply = self.client.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
@@ -151,11 +161,11 @@ class Kernel:
                 return int(line.split()[1]) * 1024
         raise KeyError(key)
 
-    def measured(self, code: str) -> tuple[float, int]:
+    def measured(self, code: str, cell_id: str) -> tuple[float, int]:
         """(seconds, peak RSS above the resident size before) of one run of ``code``."""
         Path(f"/proc/{self.pid}/clear_refs").write_text("5")  # resets the high-water mark
         before = self._status("VmRSS")
-        took = self.run(code)
+        took = self.run(code, cell_id=cell_id)
         return took, self._status("VmHWM") - before
 
     def in_kernel_ms(self, code: str) -> float:
@@ -184,38 +194,52 @@ class Result:
     recorded_s: float
     plain_rss: int
     recorded_rss: int
+    quiet_s: float  # under ``%%vram -q``: recorded, no app displayed
 
     @property
     def ratio(self) -> float:
         return self.recorded_s / self.plain_s
 
 
+#: what each variant prefixes to the cell's body
+VARIANTS = {"plain": "", "recorded": "%%vram\n", "quiet": "%%vram -q\n"}
+
+
+#: a cell whose plain run is shorter than this gets SHORT_FACTOR times the repeats: a shared
+#: machine's hiccups are a larger share of it
+SHORT_S = 0.5
+SHORT_FACTOR = 3
+
+
 def measure(kernel: Kernel, cell: Cell, repeats: int) -> Result:
     kernel.run(cell.setup)
-    for code in ("%%vram\n" + cell.body, cell.body):  # warm-up: first-use imports and caches
-        kernel.run(code)
+    ids = {variant: str(uuid.uuid4()) for variant in VARIANTS}  # one notebook cell each
+    for variant, prefix in VARIANTS.items():  # warm-up: first-use imports and caches
+        kernel.run(prefix + cell.body, cell_id=ids[variant])
         kernel.run(cell.after or "pass")
-    runs: dict[bool, list[tuple[float, int]]] = {False: [], True: []}
-    for r in range(repeats):
-        for recorded in (False, True) if r % 2 == 0 else (True, False):
-            code = ("%%vram\n" if recorded else "") + cell.body
-            runs[recorded].append(kernel.measured(code))
+    plain_s = kernel.run(cell.body, cell_id=ids["plain"])  # warm now: is the cell short?
+    kernel.run(cell.after or "pass")
+    runs: dict[str, list[tuple[float, int]]] = {variant: [] for variant in VARIANTS}
+    for r in range(repeats * (SHORT_FACTOR if plain_s < SHORT_S else 1)):
+        for variant in list(VARIANTS) if r % 2 == 0 else list(VARIANTS)[::-1]:
+            runs[variant].append(kernel.measured(VARIANTS[variant] + cell.body, ids[variant]))
             if cell.after:
                 kernel.run(cell.after)
             kernel.run("gc.collect()")
 
-    for recorded in (False, True):
-        print(
-            f"  {cell.name}, {'recorded' if recorded else 'plain'}: "
-            + ", ".join(f"{t:.3f} s" for t, _ in runs[recorded]),
-            flush=True,
-        )
+    for variant, done in runs.items():
+        print(f"  {cell.name}, {variant}: " + ", ".join(f"{t:.3f} s" for t, _ in done), flush=True)
 
-    def median(recorded: bool, k: int) -> float:
-        return statistics.median(run[k] for run in runs[recorded])
+    def median(variant: str, k: int) -> float:
+        return statistics.median(run[k] for run in runs[variant])
 
     return Result(
-        cell, median(False, 0), median(True, 0), int(median(False, 1)), int(median(True, 1))
+        cell,
+        median("plain", 0),
+        median("recorded", 0),
+        int(median("plain", 1)),
+        int(median("recorded", 1)),
+        median("quiet", 0),
     )
 
 
@@ -229,8 +253,9 @@ def empty_start_stop_ms(kernel: Kernel, repeats: int) -> float:
 
 def table(results: list[Result], empty_ms: float | None) -> str:
     rows = [
-        "| cell | plain (s) | under `%%vram` (s) | ratio | target | extra peak RSS (MiB) |",
-        "|---|--:|--:|--:|--:|--:|",
+        "| cell | plain (s) | under `%%vram` (s) | ratio | target | extra peak RSS (MiB) "
+        "| `%%vram -q` (s) | ratio, no app shown |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in results:
         extra = (r.recorded_rss - r.plain_rss) / 2**20
@@ -239,7 +264,7 @@ def table(results: list[Result], empty_ms: float | None) -> str:
             bound += f", RSS <= {r.cell.rss_target_mib / 1024:g} GiB"
         rows.append(
             f"| {r.cell.name} | {r.plain_s:.3f} | {r.recorded_s:.3f} | {r.ratio:.2f}x | "
-            f"{bound} | {extra:+.0f} |"
+            f"{bound} | {extra:+.0f} | {r.quiet_s:.3f} | {r.quiet_s / r.plain_s:.2f}x |"
         )
     if empty_ms is not None:
         rows.append(
@@ -270,7 +295,8 @@ def main() -> None:
     load = os.getloadavg()
     text = (
         f"Made by `python bench/real_cells.py --readme` ({args.repeats} interleaved runs "
-        f"each, medians) with torch {torch.__version__}, Python {platform.python_version()}, "
+        f"each, {args.repeats * SHORT_FACTOR} for a cell under {SHORT_S:g} s, medians) with "
+        f"torch {torch.__version__}, Python {platform.python_version()}, "
         f"on {os.cpu_count()} CPU cores; load average at the end {load[0]:.1f} / "
         f"{load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min).\n\n" + table(results, empty_ms)
     )
