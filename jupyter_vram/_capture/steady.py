@@ -170,8 +170,8 @@ class SteadySteps:
             )
         lines = [
             f"{steps:,} repeated loop steps{pattern} recorded as the allocator's reports alone "
-            "(bytes and times exact), labelled from the step they repeat (--all-ops or "
-            "ops='all' records each in detail)"
+            "(bytes and times exact; ops, modules and roles copied from the step they repeat; "
+            "--all-ops or ops='all' records each in detail)"
         ]
         missing = self.unlabelled(size)
         if missing:
