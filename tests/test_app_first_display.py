@@ -16,7 +16,7 @@ from jupyter_vram._analysis import flame as flame_module
 from jupyter_vram._app import ProfileApp
 from jupyter_vram._render.figures import flame_figure, flame_layout, flame_tap_zoom
 
-from .conftest import MLP
+from .conftest import MLP, ipython_shell
 
 
 def record_step() -> jv.Profile:
@@ -46,7 +46,7 @@ def test_unopened_tabs_share_one_placeholder_closed_with_the_last(profile: jv.Pr
         assert opened is not placeholder and app.tabs.children[index] is opened
     assert placeholder not in app.tabs.children
     assert placeholder.comm is None  # closed: ipywidgets would keep it for the kernel's life
-    assert placeholder.layout.comm is None
+    assert placeholder.layout.comm is not None  # the kernel's shared one: other apps show it
 
 
 def test_display_computes_the_module_tree_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -99,29 +99,76 @@ def test_first_display_sends_each_widget_once(
         updates.append(msg)
         send(self, msg, buffers)
 
+    ProfileApp(profile)  # the kernel's shared styles and layouts are made by the first app
     monkeypatch.setattr(w.Widget, "open", record_open)
     monkeypatch.setattr(w.Widget, "_send", record_send)
+    already_open = {id(one) for one in w.widgets.widget._instances.values()}
     app = ProfileApp(profile)
     assert updates == []
-    assert set(opened) == reachable_widgets(app)
+    assert set(opened) == reachable_widgets(app) - already_open
     assert len(opened) == len(set(opened))
 
 
 def reachable_widgets(root: Any) -> set[int]:
     """Ids of the widgets ``root`` shows: itself, children, layouts, styles, recursively."""
+    return set(tree(root))
+
+
+def tree(root: Any) -> dict[int, Any]:
+    """The widgets ``root`` shows (itself, children, layouts, styles, recursively), by id."""
     import ipywidgets as w
 
-    seen: set[int] = set()
+    seen: dict[int, Any] = {}
     todo = [root]
     while todo:
         widget = todo.pop()
         if not isinstance(widget, w.Widget) or id(widget) in seen:
             continue
-        seen.add(id(widget))
+        seen[id(widget)] = widget
         for name in widget.keys:
             value = getattr(widget, name)
             todo.extend(value if isinstance(value, (list, tuple)) else [value])
     return seen
+
+
+def test_apps_share_the_styles_and_layouts_that_never_change() -> None:
+    """Each style and layout is a widget: a message when an app opens and another when a
+    re-run closes it. Look-alike ones are one widget for the whole kernel (only the rerun
+    bar's rows that show and hide have their own); closing an app leaves them open for the
+    other apps, and one closed by someone else is made again."""
+    import ipywidgets as w
+    from ipywidgets.widgets.widget_style import Style
+
+    from jupyter_vram._app.holder import close_tree
+    from jupyter_vram._app.rerun_view import RerunBar
+
+    ip = ipython_shell()
+    ip.run_line_magic("load_ext", "jupyter_vram")
+    cell = "%%vram -q\nshare_model = torch.nn.Linear(8, 8)\nshare_model(torch.ones(2, 8)).sum()\n"
+    assert ip.run_cell("import torch").success and ip.run_cell(cell).success
+    profile = ip.user_ns["_vram"]
+    ip.run_cell("del share_model")  # the shell is the test session's: leave no model in it
+    first, second = ProfileApp(profile), ProfileApp(profile)
+    bar = first.reruns
+    assert isinstance(bar, RerunBar)  # the full first view: flame graph and rerun bar
+    own = {id(bar.pick.layout), id(bar.blocks.layout), id(bar.cancel.layout), id(first.layout)}
+    looks: dict[tuple[str, str], set[int]] = {}
+    for key, widget in tree(first).items():
+        if isinstance(widget, (w.Layout, Style)) and key not in own:
+            state = {k: v for k, v in widget.get_state().items() if not k.startswith("_")}
+            looks.setdefault((type(widget).__name__, repr(sorted(state.items()))), set()).add(key)
+    assert len(looks) >= 8
+    assert [look for look, ids in looks.items() if len(ids) > 1] == []
+    looks_ids = set().union(*looks.values())
+    assert looks_ids <= set(tree(second))  # the second app shows the same widgets
+    close_tree(first)
+    assert all(widget.comm is not None for widget in tree(second).values())
+    for key in looks_ids:
+        tree(second)[key].close()  # as Widget.close_all() would
+    third = ProfileApp(profile)
+    assert all(widget.comm is not None for widget in tree(third).values())
+    for app in (second, third):
+        close_tree(app)
 
 
 def test_flame_numbers_go_to_the_page_as_arrays(profile: jv.Profile) -> None:

@@ -28,6 +28,7 @@ from .._render.svg_flame import display_name
 from .._render.theme import apply_theme
 from .._units import format_bytes
 from .holder import GONE, ProfileHandle, handle_of
+from .shared import kept
 
 HIERARCHIES: dict[str, Hierarchy] = {"module → op": "module", "Python stack": "stack"}
 MODES: dict[str, Mode] = {"live at peak": "peak", "cumulative allocated": "cumulative"}
@@ -63,10 +64,10 @@ class FlameView(w.VBox):  # type: ignore[misc]
         self._types = module_types(prof)
         self.focus: tuple[str, ...] = ()
         # Each widget is a comm the page opens, each change after it is made one more
-        # message: widgets are made with their classes and text, and the ones that look
-        # alike share their style (none of these styles or layouts is ever changed).
-        fit = w.ToggleButtonsStyle(button_width="auto")
-        plain = w.Layout()
+        # message: widgets are made with their classes and text, and their styles and
+        # layouts (none of them ever changed) are the kernel's shared ones.
+        fit = kept(w.ToggleButtonsStyle, button_width="auto")
+        plain = kept(w.Layout)
         self.hierarchy = w.ToggleButtons(
             options=list(HIERARCHIES), style=fit, layout=plain,
             _dom_classes=("jv-flame-hierarchy",),
@@ -74,13 +75,13 @@ class FlameView(w.VBox):  # type: ignore[misc]
         self.mode = w.ToggleButtons(
             options=list(MODES), style=fit, layout=plain, _dom_classes=("jv-flame-mode",)
         )
-        button = w.ButtonStyle()
+        button = kept(w.ButtonStyle)
         self.up = w.Button(
             description="up",
             icon="arrow-up",
             tooltip="zoom out one level",
             style=button,
-            layout=w.Layout(width="64px", min_width="64px", flex="0 0 auto"),
+            layout=kept(w.Layout, width="64px", min_width="64px", flex="0 0 auto"),
             _dom_classes=("jv-flame-up",),
         )
         self.reset = w.Button(
@@ -88,13 +89,13 @@ class FlameView(w.VBox):  # type: ignore[misc]
             icon="home",
             tooltip="the whole tree",
             style=button,
-            layout=w.Layout(width="76px", min_width="76px", flex="0 0 auto"),
+            layout=kept(w.Layout, width="76px", min_width="76px", flex="0 0 auto"),
             _dom_classes=("jv-flame-reset",),
         )
         layout = flame_layout(
             self._tree(prof), self.peak_bytes, display=self._display, cumulative=False
         )
-        text = HTMLStyle()
+        text = kept(HTMLStyle)
         self.crumbs = w.HTML(
             self._crumbs_html(layout.data), style=text, layout=plain, _dom_classes=("jv-crumbs",)
         )
@@ -114,7 +115,7 @@ class FlameView(w.VBox):  # type: ignore[misc]
         self.reset.on_click(lambda _: self.zoom(()))
         controls = w.HBox(
             [self.hierarchy, self.mode, self.up, self.reset],
-            layout=w.Layout(flex_flow="row wrap"),
+            layout=kept(w.Layout, flex_flow="row wrap"),
         )
         super().__init__(
             [controls, self.crumbs, self.plot, self.legend],

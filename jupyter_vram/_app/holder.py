@@ -105,17 +105,19 @@ def displayed_in_this_cell(app: Any) -> None:
 
 
 def close_tree(root: Any) -> None:
-    """Close a widget and every widget it holds (children, layouts, styles, tabs made later):
-    ipywidgets keeps each one in the kernel until it is closed, and ``close`` is not
-    recursive."""
+    """Close a widget and every widget it holds (children, layouts, styles, tabs made later)
+    but the kernel's shared styles and layouts (see :mod:`.shared`): ipywidgets keeps each
+    one in the kernel until it is closed, and ``close`` is not recursive."""
     import ipywidgets as w
     from jupyter_bokeh import BokehModel
+
+    from .shared import is_kept
 
     todo = [root]
     seen: set[int] = set()
     while todo:
         widget = todo.pop()
-        if id(widget) in seen or not isinstance(widget, w.Widget):
+        if id(widget) in seen or not isinstance(widget, w.Widget) or is_kept(widget):
             continue
         seen.add(id(widget))
         for name in widget.keys:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 import pandas as pd
+from ipywidgets.widgets.widget_string import HTMLStyle
 from jupyter_bokeh import BokehModel
 
 from .._analysis.allocator import (
@@ -39,6 +40,7 @@ from .export import CsvLink
 from .flame_view import FlameView
 from .holder import GONE, ProfileHandle, close_tree, displayed_in_this_cell
 from .rerun_view import rerun_bar
+from .shared import kept
 from .timeline_view import AXES, TimelineView
 
 if TYPE_CHECKING:
@@ -174,10 +176,12 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         self._add_fit(profile, titles, estimate, gpu)
         oom_tab, oom_line = self._add_oom_and_leaks(profile, titles, estimate is None)
         # Each widget is a comm the page opens, and each change after it is made one more
-        # message: widgets are made with their final state (classes, titles, first tab).
-        plain = w.Layout()  # the app's, its header's and its tabs': none of them changes
+        # message: widgets are made with their final state (classes, titles, first tab), and
+        # the header's and tabs' style and layout are the kernel's shared ones.
+        plain = kept(w.Layout)
         self.header = w.HTML(
             STYLE + answer + self._header_html(profile) + oom_line,
+            style=kept(HTMLStyle),
             layout=plain,
             _dom_classes=("jv-header-box",),
         )
@@ -187,7 +191,8 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
         self.tabs = self._tabs(profile, titles, 0 if oom_tab is None else oom_tab, plain)
         self.tabs.observe(self._on_tab, "selected_index")
         bar = [self.reruns] if self.reruns is not None else []
-        super().__init__([self.header, *bar, self.tabs], layout=plain, _dom_classes=("jv-app",))
+        # the app's own layout: one a user may change
+        super().__init__([self.header, *bar, self.tabs], _dom_classes=("jv-app",))
         displayed_in_this_cell(self)
 
     def _tabs(self, profile: Profile, titles: list[str], first: int, layout: w.Layout) -> w.Tab:
@@ -453,7 +458,7 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
 
 
 def _placeholder() -> w.Widget:
-    return w.HTML("<i>loading…</i>")
+    return w.HTML("<i>loading…</i>", style=kept(HTMLStyle), layout=kept(w.Layout))
 
 
 def allocator_html(state: AllocatorState) -> str:

@@ -38,6 +38,7 @@ from ipywidgets.widgets.widget_string import HTMLStyle
 from .._render.templating import render
 from .holder import GONE, ProfileHandle
 from .interrupts import interrupts_raise
+from .shared import kept
 
 if TYPE_CHECKING:
     from .._model import Profile
@@ -129,8 +130,8 @@ class _Toggles:
 
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
-        self.style = ToggleButtonStyle()
-        self.layout = w.Layout(width="auto")
+        self.style = kept(ToggleButtonStyle)
+        self.layout = kept(w.Layout, width="auto")
 
     def make(self, label: str, name: str, icon: str, options: dict[str, Any], tip: str) -> Any:
         from .._rerun import rerun_unavailable
@@ -161,15 +162,15 @@ class RerunBar(w.VBox):  # type: ignore[misc]
         self.running = False
         self.pending = False  # handed to the main thread, not started yet
         # Each widget is a comm the page opens, each change after it is made one more
-        # message: widgets are made in their final state, and those that look alike share
-        # a style or layout (of these, only pick's, blocks' and cancel's layouts change).
+        # message: widgets are made in their final state, with the kernel's shared styles
+        # and layouts but for pick's, blocks' and cancel's layouts (which change).
         toggles = _Toggles(profile)
-        described = DescriptionStyle()
+        described = kept(DescriptionStyle)
         self.amp_dtype = w.Dropdown(
             options=["bf16", "fp16"],
             value=default_amp(profile.device),
             style=described,
-            layout=w.Layout(width="72px"),
+            layout=kept(w.Layout, width="72px"),
             _dom_classes=("jv-rerun-amp-dtype",),
         )
         self.amp = toggles.make(
@@ -193,7 +194,7 @@ class RerunBar(w.VBox):  # type: ignore[misc]
             layout=w.Layout(width="420px", display="none"),
             _dom_classes=("jv-rerun-blocks",),
         )
-        button, text, plain = w.ButtonStyle(), HTMLStyle(), w.Layout()
+        button, text, plain = kept(w.ButtonStyle), kept(HTMLStyle), kept(w.Layout)
         self.button = w.Button(
             description="Rerun", icon="play", button_style="primary", disabled=True,
             tooltip="run the cell again with the changes switched on, and compare",
@@ -395,6 +396,8 @@ def rerun_bar(
     reason = rerun_unavailable(profile)
     if reason is not None:
         return w.HTML(
-            render(TEMPLATE, "unavailable", reason=reason), _dom_classes=("jv-rerun-unavailable",)
-        )
+            render(TEMPLATE, "unavailable", reason=reason),
+            style=kept(HTMLStyle), layout=kept(w.Layout),
+            _dom_classes=("jv-rerun-unavailable",),
+        )  # fmt: skip
     return RerunBar(handle, on_variant)
