@@ -163,7 +163,7 @@ class RerunBar(w.VBox):  # type: ignore[misc]
         self.pending = False  # handed to the main thread, not started yet
         # Each widget is a comm the page opens, each change after it is made one more
         # message: widgets are made in their final state, with the kernel's shared styles
-        # and layouts but for pick's, blocks' and cancel's layouts (which change).
+        # and layouts (the rows below the toggles, whose layouts change, have their own).
         toggles = _Toggles(profile)
         described = kept(DescriptionStyle)
         self.amp_dtype = w.Dropdown(
@@ -186,25 +186,16 @@ class RerunBar(w.VBox):  # type: ignore[misc]
             "rerun with activations saved to host memory (save_on_cpu)",
         )  # fmt: skip
         blocks = repeated_blocks(profile)
-        self.blocks = w.SelectMultiple(
-            options=[(AUTO_LABEL, AUTO)] + [(f"{p} ({k})" if k else p, p) for p, k in blocks],
-            value=(AUTO,),
-            rows=min(6, len(blocks) + 1),
-            style=described,
-            layout=w.Layout(width="420px", display="none"),
-            _dom_classes=("jv-rerun-blocks",),
-        )
-        button, text, plain = kept(w.ButtonStyle), kept(HTMLStyle), kept(w.Layout)
+        self._choices = [(AUTO_LABEL, AUTO)] + [(f"{p} ({k})" if k else p, p) for p, k in blocks]
+        self._rows: dict[str, w.Widget] = {}  # pick, blocks, cancel: made when first shown
         self.button = w.Button(
             description="Rerun", icon="play", button_style="primary", disabled=True,
             tooltip="run the cell again with the changes switched on, and compare",
-            style=button, layout=plain, _dom_classes=("jv-rerun-button",),
+            style=kept(w.ButtonStyle), layout=kept(w.Layout), _dom_classes=("jv-rerun-button",),
         )  # fmt: skip
+        text, plain = kept(HTMLStyle), kept(w.Layout)
         self.status = w.HTML(style=text, layout=plain, _dom_classes=("jv-rerun-status",))
-        self.cancel = w.HTML(
-            style=text, layout=w.Layout(display="none"), _dom_classes=("jv-rerun-cancel",)
-        )
-        for widget in (self.amp, self.amp_dtype, self.checkpoint, self.blocks, self.offload):
+        for widget in (self.amp, self.amp_dtype, self.checkpoint, self.offload):
             widget.observe(self._on_change, "value")
         self.button.on_click(lambda _: self.click())
         title = w.HTML(  # the bar's style sheet rides along with its title
@@ -215,21 +206,67 @@ class RerunBar(w.VBox):  # type: ignore[misc]
              self.status],
             layout=plain, _dom_classes=("jv-rerun-row",),
         )  # fmt: skip
-        # a block clicked in the flame graph is offered here (see link_flame)
-        self.pick = w.Button(
-            icon="plus", style=button, layout=w.Layout(display="none", width="auto"),
+        self._toggle_row = row
+        super().__init__([row], layout=plain, _dom_classes=("jv-rerun",))
+
+    # The rows under the toggles show only after a click (a block offered from the flame
+    # graph, checkpointing on, a rerun running): each is made when first asked for, so an
+    # app that is only looked at sends none of them (three widgets and their layouts, a
+    # message each way).
+    @property
+    def pick(self) -> w.Button:
+        """Offers the block clicked in the flame graph (see :func:`link_flame`)."""
+        return self._row("pick", self._make_pick)
+
+    @property
+    def blocks(self) -> w.SelectMultiple:
+        """The blocks to checkpoint; shown while checkpointing is on."""
+        return self._row("blocks", self._make_blocks)
+
+    @property
+    def cancel(self) -> w.HTML:
+        """The Cancel button and its hint, while a rerun runs."""
+        return self._row("cancel", self._make_cancel)
+
+    def _row(self, name: str, make: Callable[[], Any]) -> Any:
+        if name not in self._rows:
+            self._rows[name] = make()
+            order = [self._rows[n] for n in ("pick", "blocks", "cancel") if n in self._rows]
+            self.children = [self._toggle_row, *order]
+        return self._rows[name]
+
+    def _make_pick(self) -> w.Button:
+        pick = w.Button(
+            icon="plus", style=kept(w.ButtonStyle), layout=w.Layout(display="none", width="auto"),
             _dom_classes=("jv-rerun-pick",),
         )  # fmt: skip
-        self.pick.on_click(lambda _: self.add_block(self.pick.tooltip))
-        super().__init__(
-            [row, self.pick, self.blocks, self.cancel], layout=plain, _dom_classes=("jv-rerun",)
+        pick.on_click(lambda _: self.add_block(pick.tooltip))
+        return pick
+
+    def _make_blocks(self) -> w.SelectMultiple:
+        blocks = w.SelectMultiple(
+            options=self._choices,
+            value=(AUTO,),
+            rows=min(6, len(self._choices)),
+            style=kept(DescriptionStyle),
+            layout=w.Layout(width="420px", display="" if self.checkpoint.value else "none"),
+            _dom_classes=("jv-rerun-blocks",),
         )
+        blocks.observe(self._on_change, "value")
+        return blocks
+
+    @staticmethod
+    def _make_cancel() -> w.HTML:
+        return w.HTML(
+            style=kept(HTMLStyle), layout=w.Layout(display="none"),
+            _dom_classes=("jv-rerun-cancel",),
+        )  # fmt: skip
 
     def block_of(self, flame_path: tuple[str, ...]) -> str | None:
         """The checkpointable block a flame graph node lies in (``Blocks > blocks > 2 >
         addmm`` -> ``Blocks.blocks.2``), or None; backward / optimizer nodes count too."""
         names = [n for n in flame_path if not n.startswith("[")]
-        offered = {value for _, value in self.blocks.options}
+        offered = {value for _, value in self._choices}
         for end in range(len(names), 0, -1):
             path = ".".join(names[:end])
             if path in offered and path != AUTO:
@@ -240,6 +277,8 @@ class RerunBar(w.VBox):  # type: ignore[misc]
         """Offer to checkpoint the block under the flame graph node the user zoomed to."""
         block = self.block_of(flame_path)
         usable = block is not None and not self.checkpoint.disabled
+        if not usable and "pick" not in self._rows:
+            return  # nothing offered yet, nothing to hide
         self.pick.layout.display = "" if usable else "none"
         self.pick.description = f"checkpoint {block}" if usable else ""
         self.pick.tooltip = block if usable and block else ""
@@ -255,7 +294,7 @@ class RerunBar(w.VBox):  # type: ignore[misc]
 
     def options(self) -> dict[str, Any]:
         """The rerun's keyword arguments as the toggles are set now."""
-        picked = tuple(self.blocks.value)
+        picked = tuple(self.blocks.value) if "blocks" in self._rows else (AUTO,)
         checkpoint: str | list[str] | None = None
         if self.checkpoint.value:
             checkpoint = AUTO if AUTO in picked or not picked else list(picked)
@@ -266,7 +305,8 @@ class RerunBar(w.VBox):  # type: ignore[misc]
         }
 
     def _on_change(self, _: Any = None) -> None:
-        self.blocks.layout.display = "" if self.checkpoint.value else "none"
+        if self.checkpoint.value or "blocks" in self._rows:
+            self.blocks.layout.display = "" if self.checkpoint.value else "none"
         self._check()
 
     def _check(self, *, say: bool = True) -> str | None:
@@ -353,8 +393,9 @@ class RerunBar(w.VBox):  # type: ignore[misc]
             self.status.value = render(TEMPLATE, "raised", kind=kind, message=first)
         finally:
             self.running = False
-            self.cancel.layout.display = "none"
-            self.cancel.value = ""
+            if "cancel" in self._rows:
+                self.cancel.layout.display = "none"
+                self.cancel.value = ""
             self._check(say=False)
         if variant is not None:
             took = time.perf_counter() - started
