@@ -146,12 +146,12 @@ def test_apps_share_the_styles_and_layouts_that_never_change() -> None:
 
     ip = ipython_shell()
     ip.run_line_magic("load_ext", "jupyter_vram")
-    cell = "%%vram -q\nshare_model = torch.nn.Linear(8, 8)\nshare_out = share_model(torch.ones(2, 8))\n"
+    cell = "%%vram -q\nshare_model = torch.nn.Linear(8, 8)\nshare_y = share_model(torch.ones(2, 8))"
     assert ip.run_cell("import torch").success and ip.run_cell(cell).success
     profile = ip.user_ns["_vram"]
     # the shell is the test session's: leave no tensor in it (a later test's recording would
     # count it as held before its cell)
-    ip.run_cell("del share_model, share_out")
+    ip.run_cell("del share_model, share_y")
     first, second = ProfileApp(profile), ProfileApp(profile)
     bar = first.reruns
     assert isinstance(bar, RerunBar)  # the full first view: flame graph and rerun bar
