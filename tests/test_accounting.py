@@ -302,6 +302,43 @@ def test_every_tensor_the_notebook_holds_counts_once_before_the_cell() -> None:
     assert set(df["category"]) == {"other"} and (df["alloc_seq"] == -1).all()
 
 
+@pytest.mark.parametrize("odd_one", [False, True], ids=["all-plain", "one-on-meta"])
+def test_a_long_list_of_tensors_is_read_once_as_recording_starts(
+    odd_one: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A notebook's list of 5,000 tensors (longer than a list the walk samples): memory held
+    before the cell is each distinct storage once, by hand (4 bytes an element; a view adds
+    nothing; a tensor on the meta device nothing), the variables holding it are named with
+    their bytes, and each tensor's storage is asked for once while recording starts (the
+    baseline, the leak baseline and the variables' sizes share that read; a list with a
+    tensor elsewhere is read one by one, still once)."""
+    sizes = [1 + i % 7 for i in range(5000)]
+    batch = [torch.ones(n) for n in sizes]
+    batch.append(batch[0][:1])  # a view of the first: its storage, counted once
+    if odd_one:
+        batch.insert(100, torch.ones(9, device="meta"))
+    held = {"batch": batch, "one": torch.ones(300)}
+    ours = {id(t) for t in (*batch, held["one"])}
+    asked: list[int] = []
+    original = torch.Tensor.untyped_storage
+
+    def counted(self: torch.Tensor) -> torch.UntypedStorage:
+        if id(self) in ours:
+            asked.append(id(self))
+        return original(self)
+
+    rec = jv.record(namespace=held)
+    monkeypatch.setattr(torch.Tensor, "untyped_storage", counted)
+    rec.__enter__()
+    monkeypatch.undo()
+    rec.__exit__(None, None, None)
+    cpu_tensors = len(batch) + 1 - odd_one
+    assert len(asked) == len(set(asked)) == cpu_tensors
+    assert rec.profile.timeline.baseline_bytes == 4 * (sum(sizes) + 300)
+    assert dict(rec.profile.meta["held_before"]) == {"batch": 4 * sum(sizes), "one": 1200}
+    assert rec.profile.event_count == 0 and rec.profile.leaks().empty
+
+
 def test_the_storages_of_a_tensor_on_a_device() -> None:
     """What the recorder, the leak check and the memory-held list count for a tensor: its
     storages on the recorded device. By hand: a tensor, a parameter and a view each their

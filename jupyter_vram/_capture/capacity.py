@@ -36,7 +36,7 @@ from torch.utils._pytree import tree_leaves
 
 from .._model import MAX_BYTES
 from .._units import BYTE_UNITS
-from .tagging import device_test, reachable_objects, storages_of, storages_on
+from .tagging import bare_storages, device_test, reachable_objects, storages_of, storages_on
 
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 #: The largest capacity taken (1 PiB, what a saved profile holds at most): no device is larger.
@@ -146,7 +146,16 @@ def held_storages(
             for state in opt.state.values():
                 for value in state.values():
                     add(value)
-    for tensor in tensors[:limit]:
+    bare = tensors[:limit]
+    if not skip and bare:  # read once while a recording starts (see bare_storages)
+        held = bare_storages(namespace, device_type)
+        upto = held.entries_of_first(len(bare))
+        entries = zip(held.keys[:upto], held.storages[:upto], held.sizes[:upto], strict=True)
+        for key, storage, size in entries:
+            if size:
+                found.setdefault(key, storage)
+        bare = bare[len(held.ends) :]
+    for tensor in bare:
         add(tensor)
     return list(found.values())
 

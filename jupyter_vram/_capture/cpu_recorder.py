@@ -66,7 +66,15 @@ from .profiler_session import LogLevel, profiler_busy
 from .row_addresses import note_addresses
 from .stacks import FrameFilter, cell_name
 from .steady import copy_roles
-from .tagging import BASELINE_TENSORS, Tagger, device_test, reachable_objects, storages_on
+from .tagging import (
+    BASELINE_TENSORS,
+    BareStorages,
+    Tagger,
+    bare_storages,
+    device_test,
+    reachable_objects,
+    storages_on,
+)
 from .ticker import StackSamples, compiled_anything
 
 SOURCE = "allocator"
@@ -90,7 +98,7 @@ def compile_in_use(modules: Sequence[Any] = ()) -> bool:
 
 
 def held_by_variable(
-    tensors: Sequence[torch.Tensor],
+    bare: BareStorages,
     modules: Sequence[Any],
     optimizers: Sequence[Any],
     names: Mapping[int, str],
@@ -99,8 +107,8 @@ def held_by_variable(
 ) -> list[tuple[str, int]]:
     """The variables holding the most memory before recording: (name, bytes), largest first.
 
-    A variable's bytes are the distinct storages it reaches: tensors, and the parameters,
-    buffers, gradients or optimizer state of the modules and optimizers it holds.
+    A variable's bytes are the distinct storages it reaches: its tensors (``bare``), and the
+    parameters, buffers, gradients or optimizer state of the modules and optimizers it holds.
     """
     per_name: dict[str, dict[int, int]] = {}
     on_device = device_test(device_type)
@@ -110,8 +118,8 @@ def held_by_variable(
             for storage in storages_on(tensor, device_type, on_device):
                 per_name.setdefault(name, {})[storage._cdata] = storage.nbytes()
 
-    for tensor in tensors:
-        add(names.get(id(tensor), "?"), tensor)
+    for name, key, size in zip(bare.names, bare.keys, bare.sizes, strict=True):
+        per_name.setdefault(name, {})[key] = size
     for module in modules:
         with contextlib.suppress(Exception):
             name = names.get(id(module), "?")
@@ -234,11 +242,10 @@ class ProfilerRecorder:
         names: dict[int, str] = {}
         sampled: list[str] = []
         tensors, modules, optimizers = reachable_objects(namespace, names=names, sampled=sampled)
-        self._note_baseline(tensors, names, sampled)
-        self._held_before = held_by_variable(
-            tensors[:BASELINE_TENSORS], modules, optimizers, names, self._device_type
-        )
-        del tensors
+        bare = bare_storages(namespace, self._device_type)
+        self._note_baseline(bare, tensors, names, sampled)
+        self._held_before = held_by_variable(bare, modules, optimizers, names, self._device_type)
+        del tensors, bare
         self.tagger.adopt(modules, optimizers)
         compiling = not self._trace or compile_in_use(modules)
         traced = self._check_stacks(compiling)
@@ -259,11 +266,15 @@ class ProfilerRecorder:
         self._distributed.start()
 
     def _note_baseline(
-        self, tensors: list[torch.Tensor], names: Mapping[int, str], sampled: list[str]
+        self,
+        bare: BareStorages,
+        tensors: list[torch.Tensor],
+        names: Mapping[int, str],
+        sampled: list[str],
     ) -> None:
-        """Note the tensors the namespace holds (memory from before the cell), at most
-        ``BASELINE_TENSORS`` of them one by one; say what the walk left out."""
-        self._on_roles(tensors[:BASELINE_TENSORS], OTHER, 0)
+        """Note the storages of the tensors the namespace holds (memory from before the cell),
+        at most ``BASELINE_TENSORS`` tensors of it one by one; say what the walk left out."""
+        self._on_storages(bare, OTHER, 0)
         if len(tensors) > BASELINE_TENSORS:
             left = map(id, tensors[BASELINE_TENSORS:])
             where = sorted(set(map(names.get, left, itertools.repeat("?"))))
@@ -450,6 +461,30 @@ class ProfilerRecorder:
                         keys[ref] = key
             except Exception:  # noqa: BLE001 - never raise from a hook
                 pass
+
+    def _on_storages(self, bare: BareStorages, category: int, module: int) -> None:
+        """:meth:`_on_roles` for storages already read (the baseline: tens of thousands of
+        them, noted in C loops)."""
+        now = time.time_ns()
+        pairs = zip(bare.ptrs, bare.sizes, strict=True)
+        kept = [i for i, (ptr, size) in enumerate(pairs) if ptr and size]
+        keys = [bare.keys[i] for i in kept]
+        self._notes.extend(
+            zip(
+                itertools.repeat(now),
+                [bare.ptrs[i] for i in kept],
+                [bare.sizes[i] for i in kept],
+                itertools.repeat(category),
+                itertools.repeat(module),
+                keys,
+            )
+        )
+        watched = self._watched
+        storages = bare.storages
+        new = {k: storages[i] for k, i in zip(keys, kept, strict=True) if k not in watched}
+        refs = list(map(weakref.ref, new.values(), itertools.repeat(self._released)))
+        watched.update(zip(new, refs, strict=True))
+        self._keys.update(zip(refs, new, strict=True))
 
     def _released(self, ref: weakref.ref[torch.UntypedStorage]) -> None:
         """A weakref callback: when a noted storage's memory goes, remember when (the profiler

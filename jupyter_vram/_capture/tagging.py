@@ -17,6 +17,7 @@ KV-cache registry.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import itertools
 import operator
@@ -255,8 +256,10 @@ _END = object()
 Found = tuple[list[torch.Tensor], list[nn.Module], list[Optimizer]]
 #: a walk: what it found, the variable each was reached from, the variables it sampled
 _Walk = tuple[Found, dict[int, str], list[str]]
-#: the walks of the namespace a recording is starting with, shared by all that start
-_scans: ContextVar[dict[tuple[int, int, int], _Walk] | None] = ContextVar(
+#: what a recording's start read of the namespaces it walked, shared by all that start:
+#: (kind, id of the namespace, ...) -> (the namespace itself, what was read); the namespace is
+#: kept and compared, so a temporary dict made later at the same address is not taken for it
+_scans: ContextVar[dict[tuple[object, ...], tuple[object, Any]] | None] = ContextVar(
     "jv_namespace_scans", default=None
 )
 
@@ -300,20 +303,123 @@ def reachable_objects(
     """
     if namespace is None:
         return ([], [], [])
-    cache = _scans.get() if not skip else None
-    key = (id(namespace), max_depth, max_objects)
-    walk = cache.get(key) if cache is not None else None
-    if walk is None:
-        walk = ([], [], []), {}, []
-        _walk_namespace(namespace, max_depth, max_objects, walk, skip)
-        if cache is not None:
-            cache[key] = walk
-    found, found_names, found_sampled = walk
+    found, found_names, found_sampled = _walk_of(namespace, max_depth, max_objects, skip)
     if names is not None:
         names.update(found_names)
     if sampled is not None:
         sampled.extend(found_sampled)
     return found[0][:], found[1][:], found[2][:]
+
+
+def _walk_of(
+    namespace: Mapping[str, Any], max_depth: int, max_objects: int, skip: Collection[int]
+) -> _Walk:
+    """The namespace's walk: the one already made while this recording starts, if any."""
+    cache = _scans.get() if not skip else None
+    key = ("walk", id(namespace), max_depth, max_objects)
+    hit = cache.get(key) if cache is not None else None
+    if hit is not None and hit[0] is namespace:
+        return cast(_Walk, hit[1])
+    walk: _Walk = ([], [], []), {}, []
+    _walk_namespace(namespace, max_depth, max_objects, walk, skip)
+    if cache is not None:
+        cache[key] = (namespace, walk)
+    return walk
+
+
+@dataclasses.dataclass
+class BareStorages:
+    """The storages on one device of the first ``BASELINE_TENSORS`` tensors a namespace holds
+    outside modules and optimizers (walk order; one entry per storage, ``ends[i]`` entries for
+    the first i + 1 tensors). A recording's start reads them once: its baseline, the leak
+    baseline and the variables' sizes share them (each read a few microseconds a tensor)."""
+
+    storages: list[torch.UntypedStorage] = dataclasses.field(default_factory=list)
+    keys: list[int] = dataclasses.field(default_factory=list)  # one per storage, not per view
+    ptrs: list[int] = dataclasses.field(default_factory=list)
+    sizes: list[int] = dataclasses.field(default_factory=list)
+    names: list[str] = dataclasses.field(default_factory=list)  # the variable reaching it
+    ends: list[int] = dataclasses.field(default_factory=list)
+
+    def entries_of_first(self, tensors: int) -> int:
+        """How many entries the first ``tensors`` tensors have."""
+        n = min(tensors, len(self.ends))
+        return self.ends[n - 1] if n > 0 else 0
+
+
+def bare_storages(namespace: Mapping[str, Any] | None, device_type: str) -> BareStorages:
+    """:class:`BareStorages` of ``namespace`` (read once while a recording starts)."""
+    if namespace is None:
+        return BareStorages()
+    cache = _scans.get()
+    key = ("storages", id(namespace), device_type)
+    hit = cache.get(key) if cache is not None else None
+    if hit is not None and hit[0] is namespace:
+        return cast(BareStorages, hit[1])
+    (tensors, _, _), names, _ = _walk_of(namespace, 3, 200_000, ())
+    tensors = tensors[:BASELINE_TENSORS]
+    held = _plain_storages(tensors, device_type)
+    if held is None:
+        held = _each_tensors_storages(tensors, device_type)
+    held.names = _names_of_entries(tensors, held.ends, names)
+    if cache is not None:
+        cache[key] = (namespace, held)
+    return held
+
+
+def _plain_storages(tensors: list[torch.Tensor], device_type: str) -> BareStorages | None:
+    """The storages of tensors that are all plain, dense and on ``device_type`` (nearly every
+    list of them), read in C loops; None where one is not."""
+    plain = {torch.Tensor, nn.Parameter}
+    try:
+        if not set(map(type, tensors)) <= plain:
+            return None
+        if set(map(operator.attrgetter("layout"), tensors)) - {torch.strided}:
+            return None
+        if not all(map(device_test(device_type), tensors)):
+            return None
+        storages = list(map(torch.Tensor.untyped_storage, tensors))
+        return BareStorages(
+            storages,
+            list(map(operator.attrgetter("_cdata"), storages)),
+            list(map(torch.UntypedStorage.data_ptr, storages)),
+            list(map(torch.UntypedStorage.nbytes, storages)),
+            ends=list(range(1, len(storages) + 1)),
+        )
+    except Exception:  # noqa: BLE001 - a functorch wrapper (no storage of its own): one by one
+        return None
+
+
+def _each_tensors_storages(tensors: list[torch.Tensor], device_type: str) -> BareStorages:
+    held = BareStorages()
+    on_device = device_test(device_type)
+    for tensor in tensors:
+        for storage in storages_on(tensor, device_type, on_device):
+            try:
+                key, ptr, size = storage._cdata, storage.data_ptr(), storage.nbytes()
+            except Exception:  # noqa: BLE001 - nothing we can count
+                continue
+            held.storages.append(storage)
+            held.keys.append(key)
+            held.ptrs.append(ptr)
+            held.sizes.append(size)
+        held.ends.append(len(held.keys))
+    return held
+
+
+def _names_of_entries(
+    tensors: list[torch.Tensor], ends: list[int], names: Mapping[int, str]
+) -> list[str]:
+    """The variable each entry's tensor was reached from."""
+    per_tensor = list(map(names.get, map(id, tensors), itertools.repeat("?")))
+    if ends == list(range(1, len(ends) + 1)):  # a storage each
+        return per_tensor
+    out: list[str] = []
+    start = 0
+    for name, end in zip(per_tensor, ends, strict=True):
+        out.extend([name] * (end - start))
+        start = end
+    return out
 
 
 def _walk_namespace(
