@@ -394,11 +394,13 @@ def _each_tensors_storages(tensors: list[torch.Tensor], device_type: str) -> Bar
     held = BareStorages()
     on_device = device_test(device_type)
     for tensor in tensors:
-        for storage in storages_on(tensor, device_type, on_device):
-            try:
-                key, ptr, size = storage._cdata, storage.data_ptr(), storage.nbytes()
-            except Exception:  # noqa: BLE001 - nothing we can count
-                continue
+        try:
+            read = [(s, s._cdata, s.data_ptr(), s.nbytes()) for s in storages_on(
+                tensor, device_type, on_device
+            )]  # fmt: skip
+        except Exception:  # noqa: BLE001 - an odd tensor: nothing we can count
+            read = []
+        for storage, key, ptr, size in read:
             held.storages.append(storage)
             held.keys.append(key)
             held.ptrs.append(ptr)
