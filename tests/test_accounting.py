@@ -339,6 +339,73 @@ def test_a_long_list_of_tensors_is_read_once_as_recording_starts(
     assert rec.profile.event_count == 0 and rec.profile.leaks().empty
 
 
+def test_past_the_baseline_cap_the_profile_says_what_it_left_out() -> None:
+    """Over 50,000 bare tensors: the first 50,000 the walk meets (the newest variable first)
+    count as memory held before the cell, 4 bytes each by hand, and one warning line names
+    the variables holding the others; a long list whose sample holds no tensor is not looked
+    into, and another line says so. Both lines are in ``meta`` and in the summary."""
+    from jupyter_vram._render.text import summary
+
+    n = 30_000
+    namespace = {
+        "a": [torch.ones(1) for _ in range(n)],
+        "b": [torch.ones(1) for _ in range(n)],
+        "c": [torch.ones(1) for _ in range(n)],
+        "numbers": list(range(100_000)),
+    }  # walked: numbers (a sample), c (30,000), b (20,000 of its 30,000), then a (none)
+    with jv.record(namespace=namespace) as rec:
+        pass
+    assert rec.profile.timeline.baseline_bytes == 4 * 50_000
+    assert (rec.profile.to_dataframe()["alloc_seq"] == -1).sum() == 50_000
+    capped = (
+        "the notebook holds over 50,000 tensors outside modules and optimizers: 50,000 count "
+        "as memory held before the cell, the others (in a, b) are not in this profile unless "
+        "it uses them"
+    )
+    sampled = (
+        "large containers with no tensor in a sample of their items were not looked into: numbers"
+    )
+    assert rec.profile.meta["warnings"] == [capped, sampled]
+    text = summary(rec.profile)
+    assert f"warning: {capped}" in text and f"warning: {sampled}" in text
+
+
+def test_the_variables_past_the_cap_are_found_run_by_run() -> None:
+    """``names_from`` looks up a few tensors a variable; it finds the same variables as
+    looking up every tensor from the start index on, for runs of every length (1, 2, 3, ...
+    and long ones) and start indices anywhere in a run."""
+    import random
+
+    from jupyter_vram._capture.tagging import names_from
+
+    rng = random.Random(7)
+    lengths = [1, 1, 2, 3, 1, 4, 5, 8, 9, 16, 17, 1, 100, 2, 1000, 1, 3]
+    tensors: list[object] = []
+    names: dict[int, str] = {}
+    for number, length in enumerate(lengths):
+        for _ in range(length):
+            tensors.append(item := object())
+            names[id(item)] = f"v{number}"
+    starts = [0, 1, 2, len(tensors) - 1, len(tensors), *rng.sample(range(len(tensors)), 40)]
+    for start in starts:
+        every = {names[id(t)] for t in tensors[start:]}
+        assert names_from(tensors, start, names) == every, start
+
+    class Counted(dict[int, str]):
+        asked = 0
+
+        def get(self, key: int, default: str | None = None) -> str | None:  # type: ignore[override]
+            Counted.asked += 1
+            return super().get(key, default)
+
+    # three variables of 100,000 tensors from the middle of the first: under 40 lookups
+    # each (doubling, then halving, over 100,000: 2 x 17), not one a tensor
+    many = [object() for _ in range(300_000)]
+    counted = Counted({id(t): f"x{i // 100_000}" for i, t in enumerate(many)})
+    assert names_from(many, 50_000, counted) == {"x0", "x1", "x2"}
+    assert Counted.asked < 3 * 40
+
+
 def test_the_storages_of_a_tensor_on_a_device() -> None:
     """What the recorder, the leak check and the memory-held list count for a tensor: its
     storages on the recorded device. By hand: a tensor, a parameter and a view each their

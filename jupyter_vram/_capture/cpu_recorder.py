@@ -72,6 +72,7 @@ from .tagging import (
     Tagger,
     bare_storages,
     device_test,
+    names_from,
     reachable_objects,
     storages_on,
 )
@@ -276,8 +277,7 @@ class ProfilerRecorder:
         at most ``BASELINE_TENSORS`` tensors of it one by one; say what the walk left out."""
         self._on_storages(bare, OTHER, 0)
         if len(tensors) > BASELINE_TENSORS:
-            left = map(id, tensors[BASELINE_TENSORS:])
-            where = sorted(set(map(names.get, left, itertools.repeat("?"))))
+            where = sorted(names_from(tensors, BASELINE_TENSORS, names))
             self._warnings.append(
                 f"the notebook holds over {BASELINE_TENSORS:,} tensors outside modules and "
                 f"optimizers: {BASELINE_TENSORS:,} count as memory held before the cell, the "

@@ -424,6 +424,36 @@ def _names_of_entries(
     return out
 
 
+def names_from(tensors: Sequence[Any], start: int, names: Mapping[int, str]) -> set[str]:
+    """The variables the walk reached ``tensors[start:]`` from (``tensors`` and ``names`` as
+    :func:`reachable_objects` gives them). The walk takes one variable whole before the next,
+    so each variable's tensors are one run: found by doubling steps, then halving, a few
+    lookups a variable (one by one, a list of 250,000 tensors past the cap took 30 ms)."""
+
+    def name_at(i: int) -> str:
+        return names.get(id(tensors[i]), "?")
+
+    found: set[str] = set()
+    n = len(tensors)
+    i = start
+    while i < n:
+        name = name_at(i)
+        found.add(name)
+        last, step = i, 1  # name_at(last) == name
+        while last + step < n and name_at(last + step) == name:
+            last += step
+            step *= 2
+        end = min(last + step, n)  # past the run: another name there, or the end
+        while end - last > 1:
+            middle = (last + end) // 2
+            if name_at(middle) == name:
+                last = middle
+            else:
+                end = middle
+        i = end
+    return found
+
+
 def _walk_namespace(
     namespace: Mapping[str, Any],
     max_depth: int,
