@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -337,6 +339,27 @@ def test_a_long_list_of_tensors_is_read_once_as_recording_starts(
     assert rec.profile.timeline.baseline_bytes == 4 * (sum(sizes) + 300)
     assert dict(rec.profile.meta["held_before"]) == {"batch": 4 * sum(sizes), "one": 1200}
     assert rec.profile.event_count == 0 and rec.profile.leaks().empty
+
+
+def test_the_storages_a_namespace_holds_take_one_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``held_storages`` (the capacity guard's and the leak check's reading of a namespace)
+    walks it once, also outside a recording's start, and counts each storage once: by hand,
+    5,000 tensors of 2 floats and a Linear(2, 2)'s weight and bias."""
+    from jupyter_vram._capture import tagging
+    from jupyter_vram._capture.capacity import held_storages
+
+    walks: list[int] = []
+    walk = tagging._walk_namespace
+
+    def counted(*args: Any) -> None:
+        walks.append(1)
+        walk(*args)
+
+    monkeypatch.setattr(tagging, "_walk_namespace", counted)
+    namespace = {"batch": [torch.ones(2) for _ in range(5000)], "layer": nn.Linear(2, 2)}
+    storages = held_storages(namespace, "cpu")
+    assert len(walks) == 1
+    assert sum(s.nbytes() for s in storages) == 4 * 2 * 5000 + 4 * (2 * 2 + 2)
 
 
 def test_past_the_baseline_cap_the_profile_says_what_it_left_out() -> None:

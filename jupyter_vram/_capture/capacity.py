@@ -36,7 +36,14 @@ from torch.utils._pytree import tree_leaves
 
 from .._model import MAX_BYTES
 from .._units import BYTE_UNITS
-from .tagging import bare_storages, device_test, reachable_objects, storages_of, storages_on
+from .tagging import (
+    bare_storages,
+    device_test,
+    one_scan,
+    reachable_objects,
+    storages_of,
+    storages_on,
+)
 
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 #: The largest capacity taken (1 PiB, what a saved profile holds at most): no device is larger.
@@ -124,6 +131,16 @@ def held_storages(
     parameters, buffers, gradients and optimizer state of its modules and optimizers (not
     through the objects whose id is in ``skip``); of the namespace's bare tensors, the first
     ``limit`` (the state of modules and optimizers always)."""
+    with one_scan():  # the bare tensors' storages below read the same walk
+        return _held_storages(namespace, device_type, skip, limit)
+
+
+def _held_storages(
+    namespace: Mapping[str, Any] | None,
+    device_type: str,
+    skip: Collection[int],
+    limit: int | None,
+) -> list[Any]:
     tensors, modules, optimizers = reachable_objects(namespace, skip=skip)
     found: dict[int, Any] = {}
     on_device = device_test(device_type)

@@ -254,6 +254,9 @@ _ATOMS = frozenset(
 _OPAQUE = (type, types.ModuleType, types.FunctionType, types.MethodType, str, bytes)
 _END = object()
 Found = tuple[list[torch.Tensor], list[nn.Module], list[Optimizer]]
+#: how deep and how far a namespace walk goes by default (the walk every recording shares)
+WALK_DEPTH = 3
+WALK_OBJECTS = 200_000
 #: a walk: what it found, the variable each was reached from, the variables it sampled
 _Walk = tuple[Found, dict[int, str], list[str]]
 #: what a recording's start read of the namespaces it walked, shared by all that start:
@@ -281,8 +284,8 @@ def one_scan() -> Iterator[None]:
 def reachable_objects(
     namespace: Mapping[str, Any] | None,
     *,
-    max_depth: int = 3,
-    max_objects: int = 200_000,
+    max_depth: int = WALK_DEPTH,
+    max_objects: int = WALK_OBJECTS,
     names: dict[int, str] | None = None,
     skip: Collection[int] = (),
     sampled: list[str] | None = None,
@@ -356,7 +359,7 @@ def bare_storages(namespace: Mapping[str, Any] | None, device_type: str) -> Bare
     hit = cache.get(key) if cache is not None else None
     if hit is not None and hit[0] is namespace:
         return cast(BareStorages, hit[1])
-    (tensors, _, _), names, _ = _walk_of(namespace, 3, 200_000, ())
+    (tensors, _, _), names, _ = _walk_of(namespace, WALK_DEPTH, WALK_OBJECTS, ())
     tensors = tensors[:BASELINE_TENSORS]
     held = _plain_storages(tensors, device_type)
     if held is None:
@@ -395,9 +398,8 @@ def _each_tensors_storages(tensors: list[torch.Tensor], device_type: str) -> Bar
     on_device = device_test(device_type)
     for tensor in tensors:
         try:
-            read = [(s, s._cdata, s.data_ptr(), s.nbytes()) for s in storages_on(
-                tensor, device_type, on_device
-            )]  # fmt: skip
+            storages = storages_on(tensor, device_type, on_device)
+            read = [(s, s._cdata, s.data_ptr(), s.nbytes()) for s in storages]
         except Exception:  # noqa: BLE001 - an odd tensor: nothing we can count
             read = []
         for storage, key, ptr, size in read:
