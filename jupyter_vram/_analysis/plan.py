@@ -35,9 +35,10 @@ NEEDS_OTHER_OPTIMIZER = "changes the optimizer the notebook builds (bitsandbytes
 
 AMP_NOTE = (
     "AMP: the profile has no dtypes, so which outputs autocast makes in 16 bits is inferred "
-    "from the order of ops, and casts a model makes in its own code are not seen (AMP alone "
-    "measured 2-14 % off on three small models, combined with other changes up to 28 %, "
-    "either way: verify before relying on it)"
+    "from the order of ops, and casts a model makes in its own code are not seen; on the CPU, "
+    "oneDNN computes 16-bit convolutions channels-last and copies an NCHW net's outputs and "
+    "gradients between layouts (AMP alone measured 2-14 % off on three small models, "
+    "combined with other changes up to 28 %, either way: verify before relying on it)"
 )
 
 CANNOT_PREDICT = (
