@@ -394,6 +394,29 @@ def test_stack_samples_place_exactly_by_common_calls_or_not_at_all() -> None:
     assert placed[4] == ()  # no sample after
 
 
+def test_after_a_way_out_of_a_module_call_its_line_is_not_kept() -> None:
+    """A sample taken as a top-level module call returns is a way out: what is made after it
+    is placed in the calling function on no line (the caller went on, maybe round a loop to
+    the same line again), and torch's frames below the caller go with the line; what is made
+    inside the call keeps the line. A report with no op around it (span 0) is placed by its
+    own time, not as if its op had run since time 0."""
+    samples = StackSamples()
+    cell = ("<cell>", 5, "<module>")
+    call = (cell, (torch.nn.modules.module.__file__, 1821, "inner"))
+    entry = samples.add(100, call)
+    samples.again(200, entry, leaving=True)  # the call returns
+    samples.again(300, entry)  # the next iteration calls it again
+    times = np.array([150, 250, 250], np.int64)
+    starts = np.array([140, 240, 0], np.int64)
+    ends = np.array([160, 260, 0], np.int64)
+    found, which, exact = samples.place(times, starts, ends)
+    placed = [found[k] for k in which]
+    assert placed[0] == call  # inside the call: on its line
+    assert placed[1] == (("<cell>", 0, "<module>"),)  # after it: somewhere in the cell
+    assert placed[2] == (("<cell>", 0, "<module>"),)  # no op around it: by its own time
+    assert not exact.any()
+
+
 def test_sequence_windows_name_the_innermost_call() -> None:
     windows = SeqWindows()
     windows.starts.extend([0, 2, 5, 9])

@@ -9,9 +9,11 @@ step in detail, and the CPU allocator's own reports under ``torch.profiler``.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -359,3 +361,45 @@ def test_a_transformers_training_loop_and_generate() -> None:
         assert light.meta.get("steady_steps") == repeated
         frames = [rows(detail), rows(light)]
         assert frames[0].equals(frames[1]), _differences(frames, [detail.meta, light.meta])
+
+
+def test_repeated_steps_take_the_stacks_of_the_steps_they_repeat() -> None:
+    """A repeated step's allocations get their template's stacks, which samples and module
+    calls placed while it ran in detail: every forward allocation of the model names the
+    line that calls it, in every step. What runs after the model returns (backward, the
+    optimizer step, round the loop to that line again) is never said to be on that line.
+    While steps repeat the helper thread takes no sample (none would be used)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(16, 64)
+    calls_model = sys._getframe().f_lineno + 3  # the line of ``out = model(x)`` below
+
+    def step() -> None:
+        out = model(x)
+        out.sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    recording = jv.record("cpu")
+    with recording:
+        recorder = recording.recorder
+        for _ in range(150):
+            step()
+    profile = recording.profile
+    assert profile.meta["steady_steps"] == 148
+    frame = profile.to_dataframe()
+    forward = frame[(frame["op"] == "addmm") & (frame["phase"] == "forward")]
+    assert len(forward) == 2 * 150  # two Linear layers a step
+    on_the_call = f"step ({os.path.basename(__file__)}:{calls_model})"
+    assert set(forward["site"]) == {on_the_call}
+    after = frame[frame["phase"].isin(["backward", "optimizer"])]
+    assert len(after) and on_the_call not in set(after["site"])
+    # no sample of the helper thread between the fourth step's model call (its steps repeat
+    # from the third on) and the last step's
+    assert recorder is not None
+    t0 = recorder._t0  # type: ignore[attr-defined]  # the rows' times count from it
+    first, last = (t0 + int(forward["alloc_ms"].iloc[i] * 1e6) for i in (6, -1))
+    times = np.frombuffer(recorder._chunks.ticker.samples.times, np.int64)  # type: ignore[attr-defined]
+    assert len(times) and not np.any((times > first) & (times < last))

@@ -355,10 +355,10 @@ class ProfilerRecorder:
         chunks = self._chunks
         reports = chunks.reports
         steady = chunks.steady
-        repeated, template = steady.label(reports) if steady is not None else (_NONE, _NONE)
-        if chunks.ticker is not None:
+        if chunks.ticker is not None:  # first: a repeated step takes its template's stacks
             chunks.ticker.settle()
             place_stacks(reports, chunks.ticker.samples, self._builder)
+        repeated, template = steady.label(reports) if steady is not None else (_NONE, _NONE)
         builder = self._builder
         first = len(builder)
         rows = build_rows(

@@ -186,6 +186,7 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.jv_steady.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64]
     lib.jv_steady.restype = ctypes.c_int64
     lib.jv_diverged.restype = ctypes.c_int64
+    lib.jv_raises.restype = ctypes.c_int
     lib.jv_name_count.restype = ctypes.c_int32
     lib.jv_name.argtypes = [ctypes.c_int32]
     lib.jv_name.restype = ctypes.c_char_p
@@ -315,6 +316,11 @@ class NativeSession(ProfilerSession):
     def diverged(self) -> int:
         """The index of the first report that did not repeat the step (-1: none)."""
         return int(self._lib.jv_diverged())
+
+    def raises(self) -> bool:
+        """Whether the first report that does not repeat the step raises the signal itself
+        (else only the ticker's requests find it)."""
+        return bool(self._lib.jv_raises())
 
     def stop(self) -> Any:
         self.close_ranges()

@@ -331,6 +331,12 @@ void add_callback() {
       at::RecordFunctionCallback(&on_start, &on_end).needsInputs(false).needsIds(true));
 }
 
+void find_interrupt() {
+  if (g_interrupt == nullptr) {
+    g_interrupt = reinterpret_cast<int (*)(int)>(dlsym(RTLD_DEFAULT, "PyErr_SetInterruptEx"));
+  }
+}
+
 bool g_paused = false;  // a profiler took the reports (jv_pause) and has not given them back
 
 }  // namespace
@@ -457,9 +463,7 @@ void jv_mark(int64_t module, int64_t shortest, int64_t* out) {
 // the callback again, and steps counted afresh. Returns the next report's index.
 int64_t jv_steady(int on, int signum, int64_t period) {
   if (!g_active.load()) return -1;
-  if (g_interrupt == nullptr) {
-    g_interrupt = reinterpret_cast<int (*)(int)>(dlsym(RTLD_DEFAULT, "PyErr_SetInterruptEx"));
-  }
+  find_interrupt();
   if (on && g_handle != 0) {
     at::removeCallback(g_handle);
     g_handle = 0;
@@ -487,6 +491,13 @@ int64_t jv_steady(int on, int signum, int64_t period) {
   }
   if (!on && g_handle == 0) add_callback();
   return total;
+}
+
+// Whether a report that does not repeat the step raises the signal itself (Python's
+// PyErr_SetInterruptEx is here); where not, only the helper thread's requests notice it.
+int jv_raises() {
+  find_interrupt();
+  return g_interrupt != nullptr ? 1 : 0;
 }
 
 // Steady: the index of the first report that did not repeat the step (-1: none yet).

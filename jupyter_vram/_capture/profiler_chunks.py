@@ -155,6 +155,7 @@ class ChunkedProfiler:
         self._detail_back = detail_back
         self.steady: SteadySteps | None = None
         self._chunk_due_ns = 0  # when the next chunk is due (the ticker's due_ns may be sooner)
+        self._library_raises = False  # a step that stops repeating raises the signal itself
         self._flushing = False
         self._t0 = 0
         self._call_samples: list[int] = []  # the sample of each module call open now
@@ -181,6 +182,7 @@ class ChunkedProfiler:
             self.state.windows = self.session.windows
             if self._detail_back is not None and self.budget.ops != "all":
                 self.steady = SteadySteps(self.session)
+                self._library_raises = self.session.raises()
         self.session.start(stacks=traced)
         self._t0 = time.time_ns()
         chunk = LIGHT_CHUNK_REPORTS if lib is not None else CHUNK_REPORTS
@@ -217,16 +219,27 @@ class ChunkedProfiler:
             return False
         if not steady.step_begins(module_id, CHUNK_SIGNAL or 0):
             return False
+        ticker.steady = True
         if ticker.due_ns:
             ticker.due_ns = self._next_due()
         return True
 
     def _next_due(self) -> int:
-        """When the ticker asks next: the next chunk, or, while steps are steady, at every
-        tick and whenever the library says a step stopped repeating."""
-        if self.steady is not None and self.steady.on:
+        """When the ticker asks next: the next chunk. While steps are steady the library's
+        signal says when one stopped repeating; where it cannot raise it, the ticker asks at
+        every tick instead."""
+        if self.steady is not None and self.steady.on and not self._library_raises:
             return 1
         return self._chunk_due_ns
+
+    def _resume(self) -> None:
+        """Detail back on: the ticker samples again."""
+        assert self.steady is not None
+        self.steady.resume()
+        if self.ticker is not None:
+            self.ticker.steady = False
+            if self.ticker.due_ns:
+                self.ticker.due_ns = self._next_due()
 
     def enter(self, module_id: int, frame: Any) -> None:
         """A module call begins (``frame``: its caller's): read a chunk if one is due, take a
@@ -262,13 +275,14 @@ class ChunkedProfiler:
 
     def exit(self) -> None:
         """A module call returns: a sample closes what it made (a short cell's last call).
-        Its caller is on the line that made the call still: the call's own sample again."""
+        Its caller is on the line that made the call still: the call's own sample again, a
+        way out of it when no other call is open (the caller goes on from there)."""
         ticker = self.ticker
         if ticker is not None and self._call_samples:
             chain = self._call_samples.pop()
             self._call_frames.pop()
             if chain >= 0:
-                ticker.samples.again(time.time_ns(), chain)
+                ticker.samples.again(time.time_ns(), chain, leaving=not self._call_samples)
         self.session.exit()
 
     # -- chunks --------------------------------------------------------------------------------
@@ -301,8 +315,7 @@ class ChunkedProfiler:
         next module call outside any other."""
         safe = not _unsafe_to_restart(frame) and not _inside_a_call(frame)
         if safe:
-            assert self.steady is not None
-            self.steady.resume()
+            self._resume()
         if self._detail_back is not None:
             self._detail_back(safe)
 
@@ -318,9 +331,7 @@ class ChunkedProfiler:
         outer = frame.f_back if frame is not None else None
         if _unsafe_to_restart(outer) or _inside_a_call(outer):
             return False
-        steady.resume()
-        if self.ticker is not None and self.ticker.due_ns:
-            self.ticker.due_ns = self._next_due()
+        self._resume()
         return True
 
     def _allowed(self) -> bool:

@@ -70,11 +70,17 @@ class StackSamples:
       kept, and the innermost common frame's line only if both samples were on it (else line
       0: somewhere in that function);
     * no sample on one side: no stack.
+
+    A sample taken as a top-level module call returns is a way out: its caller goes on past
+    that line (to the loss, backward, the optimizer step, and round a loop to the same line
+    again), so an allocation after it is placed at no line of the caller's function unless a
+    sample fell while its op ran.
     """
 
     def __init__(self) -> None:
         self.times = array("q")
         self.chains = array("i")
+        self.leaving = array("b")  # 1: taken as a top-level module call returned
         self._chains: list[Chain] = []
         self._index: dict[Chain, int] = {}
         #: the helper thread's samples, as faulthandler printed them (parsed by ``settle``)
@@ -92,16 +98,19 @@ class StackSamples:
             self._chains.append(chain)
         self.times.append(t)
         self.chains.append(cid)
+        self.leaving.append(0)
         return cid
 
     def chain(self, cid: int) -> Chain:
         """The frames of chain ``cid`` (outermost first)."""
         return self._chains[cid]
 
-    def again(self, t: int, cid: int) -> None:
-        """A sample at ``t`` of a stack already added (id ``cid``)."""
+    def again(self, t: int, cid: int, *, leaving: bool = False) -> None:
+        """A sample at ``t`` of a stack already added (id ``cid``); ``leaving``: taken as a
+        top-level module call returns (see the class)."""
         self.times.append(t)
         self.chains.append(cid)
+        self.leaving.append(int(leaving))
 
     def add_raw(self, t: int, text: bytes) -> None:
         """A sample as printed (the helper thread adds these: bytes and ints only, which the
@@ -137,38 +146,53 @@ class StackSamples:
         order = np.argsort(np.frombuffer(self.times, np.int64), kind="stable")
         at = np.frombuffer(self.times, np.int64)[order]  # two threads add: nearly in order
         chains = np.frombuffer(self.chains, np.int32).astype(np.int64)[order]
-        starts = np.minimum(starts, times)
+        leaving = np.frombuffer(self.leaving, np.int8).astype(np.int64)[order]
+        starts = np.where(starts > 0, np.minimum(starts, times), times)  # 0: no op around it
         ends = np.maximum(ends, times)
         first = np.searchsorted(at, starts, "left")  # the first sample at or after the start
         after = np.searchsorted(at, ends, "right")  # the first sample after the end
         inside = after > first  # some sample fell while the op ran
         both = ~inside & (first > 0) & (after < n)
-        # a pair of chain ids per allocation: (exact chain, -1), (before, after) or (-1, -1)
+        # per allocation: (exact chain, -1), (before, after) or (-1, -1), and whether the
+        # sample before is a way out of a module call
         a = np.full(len(times), -1, np.int64)
         b = np.full(len(times), -1, np.int64)
+        out = np.zeros(len(times), np.int64)
         a[inside] = chains[first[inside]]
         a[both] = chains[first[both] - 1]
         b[both] = chains[after[both]]
+        out[both] = leaving[first[both] - 1]
         width = len(self._chains) + 1
-        keys, which = np.unique(a * width + (b + 1), return_inverse=True)
+        keys, which = np.unique((a * width + (b + 1)) * 2 + out, return_inverse=True)
         found = []
+        keep = FrameFilter().keep
         for key in keys.tolist():
-            one, other = divmod(key, width)
-            found.append(self._frames(one, other - 1) if one >= 0 else ())
+            pair, left = divmod(key, 2)
+            one, other = divmod(pair, width)
+            found.append(self._frames(one, other - 1, keep if left else None) if one >= 0 else ())
         return found, which.reshape(-1), inside
 
-    def _frames(self, a: int, b: int) -> Chain:
+    def _frames(self, a: int, b: int, keep: Callable[[str], bool] | None = None) -> Chain:
+        """What samples ``a`` (before) and ``b`` (after; -1: ``a`` fell inside the op) agree
+        on. ``keep``: ``a`` is a way out of a module call, so the frame that made the call
+        (the innermost that ``keep`` keeps: torch's own frames lie below it) is not on the
+        call's line any more."""
         one = self._chains[a]
-        if b < 0 or a == b:
-            return one
-        common: list[Site] = []
-        for site, (file, line, function) in zip(one, self._chains[b], strict=False):
-            if (site[0], site[2]) != (file, function):
-                break
-            common.append(site)
-            if site[1] != line:
-                common[-1] = (file, 0, function)
-                break
+        common: list[Site] = list(one)
+        if b >= 0:
+            common = []
+            for site, (file, line, function) in zip(one, self._chains[b], strict=False):
+                if (site[0], site[2]) != (file, function):
+                    break
+                common.append(site)
+                if site[1] != line:
+                    common[-1] = (file, 0, function)
+                    break
+        if keep is not None:
+            caller = max((i for i, site in enumerate(one) if keep(site[0])), default=-1)
+            if 0 <= caller < len(common) and common[caller] == one[caller]:
+                common[caller + 1 :] = []
+                common[caller] = (one[caller][0], 0, one[caller][2])
         return tuple(common)
 
 
@@ -207,6 +231,10 @@ class Ticker:
         self.due_ns = 0  # 0: nothing due
         self.signals = False  # chunks can be read between bytecodes (our handler is on)
         self.sampling = sample
+        #: a loop's steps repeat (see ``steady``): no samples (a repeated step takes the
+        #: stacks of the step it repeats), and a signal that comes before ``due_ns`` is the
+        #: light recorder's own (a step stopped repeating), handled at once
+        self.steady = False
         self._boundary = boundary
         self._on_due = on_due
         self._interval = interval_s
@@ -263,7 +291,7 @@ class Ticker:
 
     def _handle(self, signum: int, frame: Any) -> None:
         self._asked = False
-        if self.due_ns and time.monotonic_ns() >= self.due_ns:
+        if self.due_ns and (self.steady or time.monotonic_ns() >= self.due_ns):
             self._on_due(frame)
 
     def _run(self) -> None:
@@ -279,7 +307,7 @@ class Ticker:
                 break
             if samples and compiled_anything():
                 samples = False
-            if samples:
+            if samples and not self.steady:
                 began = time.perf_counter()
                 self._take_sample(header)
                 # the recording thread waits while a sample is taken: at most SAMPLE_SHARE
