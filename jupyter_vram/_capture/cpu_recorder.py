@@ -510,8 +510,10 @@ def place_stacks(reports: Reports, samples: StackSamples, builder: ProfileBuilde
     def column(name: str) -> np.ndarray:
         return np.frombuffer(getattr(reports, name), np.int64)[todo]
 
-    found, which, exact = samples.place(column("time_ns"), column("span_start"), column("span_end"))
     keep = FrameFilter().keep
+    found, which, exact = samples.place(
+        column("time_ns"), column("span_start"), column("span_end"), keep
+    )
     ids = np.empty(len(found), np.int32)
     for k, sites in enumerate(found):
         kept = tuple(
