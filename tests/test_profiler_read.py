@@ -188,3 +188,39 @@ def _walked(
         step = steps[-1] if steps else 0
         rows.append([len(modules), top, len(steps), step, until, recompute, int(sticky), node])
     return [list(column) for column in zip(*rows, strict=True)], seq_module
+
+
+def test_a_light_chunk_of_interleaved_threads_is_read_in_time_order() -> None:
+    """Two threads' reports, taken out of time order (as the library may append them), are
+    read in time order, each keeping its own pointer, size, op name and outermost op's span;
+    a report with no span (or one outside the chunk's) gets none. The expected rows are
+    written out by hand."""
+    from jupyter_vram._capture.builder import Interner
+    from jupyter_vram._capture.native import NativeChunk
+    from jupyter_vram._capture.profiler_read import ReadState, read_native
+
+    names = ["", "aten::empty", "aten::mm", "aten::add"]
+    # time, ptr, size, op name id, backward seq, span slot (base 10: slots 10 and 11 here)
+    reports = np.array(
+        [
+            [300, 0x3000, 48, 2, -2, 11],
+            [100, 0x1000, 16, 1, -2, 10],
+            [400, 0x3000, -48, 0, -2, -1],
+            [200, 0x2000, 32, 3, -2, 12],  # slot 12: not in this chunk
+        ],
+        np.int64,
+    )
+    spans = np.array([[90, 150], [290, 350]], np.int64)
+    chunk = NativeChunk(reports, np.zeros((0, 4), np.int64), spans, 10, names)
+    state = ReadState()
+    read = read_native(chunk, Interner(), state)
+    e = read.events
+    ops = read.ops
+    assert list(e.time_ns) == [100, 200, 300, 400]
+    assert list(e.ptr) == [0x1000, 0x2000, 0x3000, 0x3000]
+    assert list(e.size) == [16, 32, 48, -48]
+    assert [ops[i] if i else "" for i in e.op] == ["aten::empty", "aten::add", "aten::mm", ""]
+    assert list(e.span_start) == [90, 0, 290, 0]
+    assert list(e.span_end) == [150, 0, 350, 0]
+    assert list(e.stack) == [-1, -1, -1, -1]
+    assert list(e.recompute_end) == [0, 0, 0, 0]

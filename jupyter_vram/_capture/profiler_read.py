@@ -346,7 +346,7 @@ def read_events(
     first_op = state.ops(LEAN_OP) if lean else 0
     _walk(roots, device_type, modules, stacks, state.ops, allocs, points, first_op)
     allocs.sort(key=_first)
-    table = np.array(allocs, np.int64).reshape(len(allocs), len(_ROW))
+    table = np.asfortranarray(np.array(allocs, np.int64).reshape(len(allocs), len(_ROW)))
     return _swept(table, points, state, into, lean)
 
 
@@ -357,13 +357,14 @@ def _swept(
     into: Reports | None,
     lean: bool,
 ) -> EventRead:
-    """Sweep a chunk's reports (rows of ``table`` in time order, see ``_ROW``) through its
-    points, onto ``into``."""
+    """Sweep a chunk's reports (rows of ``table`` in time order, see ``_ROW``; column-major,
+    so each column is one block of memory) through its points, onto ``into``."""
     read = EventRead(into if into is not None else Reports(), state.ops.names)
     seed_op = -1 if lean else state.ops.index.get("ones_like", -2)
     _sweep(table, points, seed_op, state, read.events)
     for j, (name, code) in enumerate(_COLUMNS):  # not the backward seq
-        getattr(read.events, name).frombytes(table[:, j].astype(_DTYPES[code]).tobytes())
+        column = np.ascontiguousarray(table[:, j], _DTYPES[code])  # a copy only to narrow
+        getattr(read.events, name).frombytes(column.data.cast("B"))
     return read
 
 
@@ -380,19 +381,18 @@ def read_native(
         if ops[i] < 0:  # reports: the library names every op the process ever ran
             ops[i] = state.ops(chunk.names[i]) if i else 0
     reports = chunk.reports
-    if len(reports):
+    if len(reports) > 1 and not (reports[1:, 0] >= reports[:-1, 0]).all():
         reports = reports[np.argsort(reports[:, 0], kind="stable")]  # threads interleave
+    table = np.zeros((len(reports), len(_ROW)), np.int64, order="F")  # see _ROW
+    for j, column in ((_T, 0), (_PTR, 1), (_SIZE, 2), (_BSEQ, 4)):  # library's columns
+        table[:, j] = reports[:, column]
+    if len(reports):
+        table[:, _OP] = np.asarray(ops, np.int64)[reports[:, 3]]
+    table[:, _STACK] = -1
     span = reports[:, 5] - chunk.span_base
-    known = (reports[:, 5] >= 0) & (span >= 0) & (span < len(chunk.spans))
-    s0 = np.zeros(len(reports), np.int64)
-    s1 = np.zeros(len(reports), np.int64)
-    s0[known], s1[known] = chunk.spans[span[known], 0], chunk.spans[span[known], 1]
-    zero = np.zeros(len(reports), np.int64)
-    op = np.asarray(ops, np.int64)[reports[:, 3]] if len(reports) else zero
-    table = np.column_stack(
-        [reports[:, 0], reports[:, 1], reports[:, 2], op, zero, zero, zero - 1, zero, s0, s1,
-         reports[:, 4]]
-    )  # fmt: skip
+    known = np.flatnonzero((reports[:, 5] >= 0) & (span >= 0) & (span < len(chunk.spans)))
+    table[known, _SPAN_START] = chunk.spans[span[known], 0]
+    table[known, _SPAN_END] = chunk.spans[span[known], 1]
     points = [
         (t, kind, modules(chunk.names[value]) if kind in (_OPEN_STEP, _CLOSE_STEP)
          else value, end)
@@ -519,7 +519,11 @@ def _range_or_node(
 _OPEN_MODULE, _CLOSE_MODULE, _OPEN_STEP, _CLOSE_STEP, _BACKWARD, _FORWARD_OP, _ALLOC = range(7)
 #: a report row: the columns of ``Reports``, then the backward node's sequence number
 _ROW = (*(name for name, _ in _COLUMNS), "backward_seq")
-_T, _SIZE, _OP, _MODULE, _PHASE, _RECOMPUTE, _BSEQ = 0, 2, 3, 4, 5, 7, 10
+_T, _PTR, _SIZE, _OP, _MODULE, _PHASE, _STACK, _RECOMPUTE, _SPAN_START, _SPAN_END, _BSEQ = (
+    _ROW.index(name)
+    for name in ("time_ns", "ptr", "size", "op", "module", "phase", "stack", "recompute_end",
+                 "span_start", "span_end", "backward_seq")
+)  # fmt: skip
 _DTYPES = {"q": np.int64, "i": np.int32, "b": np.int8}
 
 
