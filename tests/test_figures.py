@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import random
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from bokeh.models import ColumnDataSource
 from bokeh.models.annotations import Label, Span
@@ -253,3 +255,103 @@ def test_zoomed_timeline_draws_each_pixel_of_the_range() -> None:
     empty = timeline_data(t, buckets=200, start=600.5, end=600.9)  # nothing happens there
     assert empty["x"] == [600.5, 600.9] and empty["x_end"][-1] == 600.9
     assert empty["total"][0] * 2**20 == t.total_at(max(i for i, x in enumerate(xs) if x < 600.5))
+
+
+def _random_timeline_profile(rng: random.Random) -> Profile:
+    """Allocations of few distinct sizes (ties in level are common) at times that repeat."""
+    b = ProfileBuilder()
+    dev, op = b.devices("cpu"), b.ops("mm")
+    s = b.intern_stack((Frame("/u/a.py", 1, "f"),))
+    tmp = CATEGORY_INDEX["temporary"]
+    live: list[int] = []
+    ns = 0
+    for seq in range(rng.randint(1, 300)):
+        ns += rng.choice([0, 0, 1_000, 250_000, 3_000_000])
+        if live and rng.random() < 0.45:
+            b.free(live.pop(rng.randrange(len(live))), seq, ns)
+        else:
+            live.append(b.add(rng.choice([64, 128, 256]), seq, ns, dev, op, 0, s, 1, tmp))
+    return b.build(device="cpu", source="test", wall_ns=max(ns, 1))
+
+
+def _bucket_peaks_by_hand(
+    xs: list[float], totals: list[int], buckets: int, lo: float, hi: float
+) -> tuple[list[float], list[int]]:
+    """``Timeline.bucket_peaks`` as its docstring says, event by event: each slice with events
+    is drawn at its highest event (the earliest of equals) from the slice's start; where the
+    next slice with events is not the next slice (or at the end), its last event's level
+    follows from the next slice's start."""
+    width = (hi - lo) / buckets
+    inside = [i for i, x in enumerate(xs) if lo <= x <= hi]
+    slices: dict[int, list[int]] = {}
+    for i in inside:
+        slices.setdefault(min(int((xs[i] - lo) / width), buckets - 1), []).append(i)
+    used = sorted(slices)
+    x: list[float] = []
+    index: list[int] = []
+    if used[0] > 0:
+        x.append(lo)
+        index.append(inside[0] - 1)
+    for k, b in enumerate(used):
+        events = slices[b]
+        best = events[0]
+        for i in events:
+            if totals[i] > totals[best]:
+                best = i
+        x.append(lo + b * width)
+        index.append(best)
+        following = used[k + 1] if k + 1 < len(used) else buckets
+        if following > b + 1 or (k + 1 == len(used) and events[-1] != best):
+            x.append(min(lo + (b + 1) * width, hi))
+            index.append(events[-1])
+    if x[-1] < hi:
+        x.append(hi)
+        index.append(index[-1])
+    return x, index
+
+
+def test_bucket_peaks_match_a_slice_by_slice_walk() -> None:
+    rng = random.Random(11)
+    for trial in range(200):
+        t = _random_timeline_profile(rng).timeline
+        if len(t) == 0:
+            continue
+        buckets = rng.choice([1, 3, 17, 300])
+        xs = [float(v) for v in t.x_values("time")]
+        totals = [t.total_at(i) for i in range(len(t))]
+        hi = xs[-1] if xs[-1] > 0 else 1.0  # (bucket_peaks widens an empty range to 1)
+        x, index = t.bucket_peaks(buckets, axis="time")
+        want_x, want_index = _bucket_peaks_by_hand(xs, totals, buckets, 0.0, hi)
+        assert index.tolist() == want_index, trial
+        assert x.tolist() == pytest.approx(want_x), trial
+
+
+def test_live_bytes_per_category_at_chosen_events_match_a_running_sum() -> None:
+    """``by_category(indices)`` (what the timeline charts ask for: a few hundred events, -1 for
+    before the first, in any order, repeated) equals a running sum kept event by event."""
+    rng = random.Random(3)
+    for trial in range(100):
+        b = ProfileBuilder()
+        dev, op = b.devices("cpu"), b.ops("mm")
+        s = b.intern_stack((Frame("/u/a.py", 1, "f"),))
+        cats = [CATEGORY_INDEX[c] for c in ("activation", "temporary", "gradient")]
+        b.add(1000, -1, 0, dev, op, 0, s, 1, cats[2])  # alive before the run
+        live: list[int] = []
+        for seq in range(rng.randint(1, 200)):
+            if live and rng.random() < 0.4:
+                b.free(live.pop(rng.randrange(len(live))), seq, seq * 10)
+            else:
+                size = rng.choice([8, 100, 2**40])
+                live.append(b.add(size, seq, seq * 10, dev, op, 0, s, 1, rng.choice(cats)))
+        t = b.build(device="cpu", source="test", wall_ns=10**6).timeline
+        a = t.allocations
+        level = [0] * len(CATEGORIES)
+        level[cats[2]] = 1000
+        walked = [list(level)]  # walked[i + 1]: after event i
+        for i in range(len(t)):
+            row = int(t.alloc_index[i])
+            level[int(a.category[row])] += int(t.delta[i])
+            walked.append(list(level))
+        asked = [rng.randrange(-1, len(t)) for _ in range(rng.randint(1, 40))]
+        got = t.by_category(np.asarray(asked, np.int64))
+        assert got.tolist() == [walked[i + 1] for i in asked], trial

@@ -79,18 +79,33 @@ class Timeline:
     def by_category(self, indices: npt.NDArray[np.int64] | None = None) -> npt.NDArray[np.int64]:
         """Live bytes per category after each event (or after the events at ``indices``):
         shape (events, categories)."""
-        a = self.allocations
         n_cat = len(CATEGORIES)
-        rows = len(self.seq) if indices is None else len(indices)
-        out = np.zeros((rows, n_cat), np.int64)
-        cats = a.category[self.alloc_index]
+        cats = self.allocations.category[self.alloc_index]
+        if indices is not None:
+            return self._by_category_at(np.asarray(indices, np.int64), cats)
+        out = np.zeros((len(self.seq), n_cat), np.int64)
         for c in range(n_cat):
-            running = np.cumsum(np.where(cats == c, self.delta, 0))
-            if indices is None:
-                out[:, c] = running
-            else:  # index -1: before the first event, nothing but the baseline
-                at = np.asarray(indices, np.int64)
-                out[:, c] = np.where(at >= 0, running[np.maximum(at, 0)] if len(running) else 0, 0)
+            out[:, c] = np.cumsum(np.where(cats == c, self.delta, 0))
+        return out + self.baseline_by_category()[None, :]
+
+    def _by_category_at(
+        self, at: npt.NDArray[np.int64], cats: npt.NDArray[np.int8]
+    ) -> npt.NDArray[np.int64]:
+        """:meth:`by_category` after the events ``at`` only (index -1: before the first
+        event, the baseline): the deltas are summed per category between consecutive asked
+        events, and those sums accumulated, so a chart's few hundred points cost a pass over
+        the events, not one per category."""
+        n_cat = len(CATEGORIES)
+        out = np.zeros((len(at), n_cat), np.int64)
+        ends = np.unique(at[at >= 0])  # the events asked for, in order
+        if len(ends):
+            stop = int(ends[-1]) + 1
+            segment = np.repeat(np.arange(len(ends)), np.diff(np.r_[-1, ends]))
+            # summed as floats, exact while a segment moves under 2**53 bytes (8 PiB)
+            sums = np.bincount(segment * n_cat + cats[:stop], self.delta[:stop], len(ends) * n_cat)
+            running = np.cumsum(np.rint(sums).astype(np.int64).reshape(-1, n_cat), axis=0)
+            asked = at >= 0
+            out[asked] = running[np.searchsorted(ends, at[asked])]
         return out + self.baseline_by_category()[None, :]
 
     def sample(self, max_points: int = 2000) -> npt.NDArray[np.int64]:
@@ -156,13 +171,15 @@ class Timeline:
         width = (hi - lo) / buckets
         if stop <= first:  # no event in the range: the level held across it
             return np.asarray([lo, hi]), np.asarray([first - 1, first - 1], np.int64)
+        # x never decreases, so each slice's events are one run of ``slot``
         slot = np.minimum(((xs[first:stop] - lo) / width).astype(np.int64), buckets - 1)
         total = self.total[first:stop]
-        order = np.lexsort((-total, slot))  # by slice, highest first, earliest on ties
-        starts = np.flatnonzero(np.r_[True, slot[order][1:] != slot[order][:-1]])
-        highest = order[starts] + first
-        used = slot[highest - first]
-        last = np.r_[np.flatnonzero(slot[1:] != slot[:-1]), len(slot) - 1] + first
+        starts = np.flatnonzero(np.r_[True, slot[1:] != slot[:-1]])  # each run's first event
+        level = np.maximum.reduceat(total, starts)  # each run's highest level
+        at_level = np.flatnonzero(total == np.repeat(level, np.diff(np.r_[starts, len(slot)])))
+        highest = at_level[np.searchsorted(at_level, starts)] + first  # earliest on ties
+        used = slot[starts]
+        last = np.r_[starts[1:] - 1, len(slot) - 1] + first
         x: list[float] = []
         index: list[int] = []
         if used[0] > 0:
