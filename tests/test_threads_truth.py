@@ -61,6 +61,14 @@ def _free_elsewhere(box: list[torch.Tensor]) -> None:
     thread.join()
 
 
+def _until_a_map_is_due(rec: Any) -> None:
+    """Wait until the next module call reads the memory map: at most every 50 ms, or 100
+    times what the last read took (on a loaded machine, longer than any fixed sleep)."""
+    threads = rec.recorder._threads
+    while time.monotonic_ns() <= threads.next_map:
+        time.sleep(0.005)
+
+
 def _end_bytes(prof: jv.Profile) -> int:
     t = prof.timeline
     return int(t.total_at(len(t) - 1) - t.baseline_bytes)
@@ -163,7 +171,7 @@ def test_unnoted_memory_freed_on_another_thread_is_gone_by_the_next_module_call(
         inp = torch.ones(1024, 256)
         box = [torch.empty(16 * MIB)]
         _free_elsewhere(box)
-        time.sleep(0.2)  # the map is read at module calls at most every 50 ms
+        _until_a_map_is_due(rec)
         out = lin(inp)
         y = torch.empty(16 * MIB)
     prof = rec.profile
