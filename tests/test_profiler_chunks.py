@@ -26,6 +26,7 @@ from jupyter_vram._capture import profiler_chunks
 from jupyter_vram._capture.cpu_rows import SortedInts
 from jupyter_vram._capture.profiler_read import LEAN_OP
 from jupyter_vram._capture.profiler_session import SeqWindows
+from jupyter_vram._capture.stacks import FrameFilter
 from jupyter_vram._capture.ticker import CHUNK_SIGNAL, StackSamples
 from jupyter_vram._model import PHASE_INDEX
 
@@ -384,7 +385,7 @@ def test_stack_samples_place_exactly_by_common_calls_or_not_at_all() -> None:
     times = np.array([190, 150, 250, 50, 450], np.int64)
     starts = np.array([180, 150, 250, 50, 450], np.int64)
     ends = np.array([210, 150, 250, 50, 450], np.int64)
-    found, which, exact = samples.place(times, starts, ends)
+    found, which, exact = samples.place(times, starts, ends, FrameFilter().keep)
     assert list(exact) == [True, False, False, False, False]
     placed = [found[k] for k in which]
     assert placed[0] == (cell, ("a.py", 12, "f"))  # sampled while the op ran: exact
@@ -409,7 +410,7 @@ def test_after_a_way_out_of_a_module_call_its_line_is_not_kept() -> None:
     times = np.array([150, 250, 250], np.int64)
     starts = np.array([140, 240, 0], np.int64)
     ends = np.array([160, 260, 0], np.int64)
-    found, which, exact = samples.place(times, starts, ends)
+    found, which, exact = samples.place(times, starts, ends, FrameFilter().keep)
     placed = [found[k] for k in which]
     assert placed[0] == call  # inside the call: on its line
     assert placed[1] == (("<cell>", 0, "<module>"),)  # after it: somewhere in the cell

@@ -139,7 +139,7 @@ class StackSamples:
         times: np.ndarray,
         starts: np.ndarray,
         ends: np.ndarray,
-        keep: Callable[[str], bool] | None = None,
+        keep: Callable[[str], bool],
     ) -> tuple[list[Chain], np.ndarray, np.ndarray]:
         """Each allocation's frames (see the class): the distinct stacks found, outermost
         frame first, for each allocation the index of its stack, and whether its stack is
@@ -169,7 +169,6 @@ class StackSamples:
         width = len(self._chains) + 1
         keys, which = np.unique((a * width + (b + 1)) * 2 + out, return_inverse=True)
         found = []
-        keep = keep if keep is not None else FrameFilter().keep
         for key in keys.tolist():
             pair, left = divmod(key, 2)
             one, other = divmod(pair, width)
