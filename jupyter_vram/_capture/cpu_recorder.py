@@ -42,10 +42,8 @@ unrecorded. The profile says what it left out.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import sys
 import time
-import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from types import FrameType
@@ -66,6 +64,7 @@ from .profiler_session import LogLevel, profiler_busy
 from .row_addresses import note_addresses
 from .stacks import FrameFilter, cell_name
 from .steady import copy_roles
+from .storage_watch import StorageWatch
 from .tagging import (
     BASELINE_TENSORS,
     BareStorages,
@@ -74,6 +73,7 @@ from .tagging import (
     device_test,
     names_from,
     reachable_objects,
+    storage_watch,
     storages_on,
 )
 from .ticker import StackSamples, compiled_anything
@@ -205,9 +205,10 @@ class ProfilerRecorder:
             tag_graph=False,
         )
         self._notes: list[Note] = []
-        self._watched: dict[int, weakref.ref[torch.UntypedStorage]] = {}
-        self._keys: dict[weakref.ref[torch.UntypedStorage], int] = {}  # what _released reads
-        self._freed: dict[int, int] = {}  # storage key -> time its memory was released
+        #: the namespace's storages, noted first as the recording starts: (n, 6) like notes
+        self._baseline_notes = np.zeros((0, 6), np.int64)
+        #: each noted storage, weakly: its death is when memory no report frees went
+        self._watch = StorageWatch()
         self._boundary: tuple[str, str] | None = None
         self._active = False
         self._t0 = 0
@@ -238,6 +239,7 @@ class ProfilerRecorder:
         if entry_frame is not None:
             self._boundary = (entry_frame.f_code.co_filename, entry_frame.f_code.co_name)
         self._active = True
+        self._watch = storage_watch()  # the leak baseline's references, when it made them
         if namespace is None and entry_frame is not None:
             namespace = entry_frame.f_globals
         names: dict[int, str] = {}
@@ -336,21 +338,29 @@ class ProfilerRecorder:
             if self._log_level is not None:
                 self._log_level.restore()
                 self._log_level = None
-            self._watched.clear()  # dropping the weakrefs cancels their callbacks
-            self._keys.clear()
-        freed, self._freed = self._freed, {}
-        notes, self._notes = self._notes, []
+            freed = self._watch.freed
+            self._watch.close()  # dropping the weakrefs cancels their callbacks
+            self._watch = StorageWatch()
+        notes = self._notes_table()
         if error is not None and _DISCARD_ON_ERROR.get():
             # nobody will look at this profile (a cancelled rerun): reading it would keep the
             # kernel busy for seconds with Python stacks
             self._warnings.append(NOT_READ)
-            events, notes, chunks.reports = (), [], Reports()
+            events, notes, chunks.reports = (), notes[:0], Reports()
         chunks.read(events, lean)
         del events
         with gc_paused():
             return self._rows(error, notes, freed)
 
-    def _rows(self, error: str | None, notes: list[Note], freed: dict[int, int]) -> Profile:
+    def _notes_table(self) -> np.ndarray:
+        """Every note so far, in order, as rows of six integers (and none kept here)."""
+        notes, self._notes = self._notes, []
+        baseline, self._baseline_notes = self._baseline_notes, self._baseline_notes[:0]
+        if not notes:
+            return baseline
+        return np.concatenate([baseline, np.array(notes, np.int64).reshape(-1, 6)])
+
+    def _rows(self, error: str | None, notes: np.ndarray, freed: dict[int, int]) -> Profile:
         """The rows of everything read, with sampled stacks placed, as a Profile."""
         chunks = self._chunks
         reports = chunks.reports
@@ -442,9 +452,8 @@ class ProfilerRecorder:
         storage for when its memory goes. Never raises: the tagger's hooks call this."""
         if not self._active:
             return
-        notes, watched, keys = self._notes, self._watched, self._keys
-        released, device_type = self._released, self._device_type
-        on_device = self._on_device
+        notes, watch, timed = self._notes, self._watch, self._watch.timed
+        device_type, on_device = self._device_type, self._on_device
         now = time.time_ns()
         for tensor in tensors:
             try:
@@ -455,45 +464,30 @@ class ProfilerRecorder:
                         continue
                     key = storage._cdata
                     notes.append((now, ptr, size, category, module, key))
-                    if key not in watched:
-                        ref = weakref.ref(storage, released)
-                        watched[key] = ref
-                        keys[ref] = key
+                    if key not in timed:
+                        watch.add_timed(storage, key)
             except Exception:  # noqa: BLE001 - never raise from a hook
                 pass
 
     def _on_storages(self, bare: BareStorages, category: int, module: int) -> None:
-        """:meth:`_on_roles` for storages already read (the baseline: tens of thousands of
-        them, noted in C loops)."""
-        now = time.time_ns()
-        pairs = zip(bare.ptrs, bare.sizes, strict=True)
-        kept = [i for i, (ptr, size) in enumerate(pairs) if ptr and size]
-        keys = [bare.keys[i] for i in kept]
-        self._notes.extend(
-            zip(
-                itertools.repeat(now),
-                [bare.ptrs[i] for i in kept],
-                [bare.sizes[i] for i in kept],
-                itertools.repeat(category),
-                itertools.repeat(module),
-                keys,
-            )
-        )
-        watched = self._watched
+        """:meth:`_on_roles` for the namespace's storages as the recording starts (tens of
+        thousands: noted as one block of rows, watched in C loops)."""
+        ptrs = np.array(bare.ptrs, np.int64)
+        sizes = np.array(bare.sizes, np.int64)
+        kept = np.flatnonzero((ptrs != 0) & (sizes != 0))
+        keys = np.array(bare.keys, np.int64)[kept]
+        block = np.empty((len(kept), 6), np.int64)
+        block[:, 0] = time.time_ns()
+        block[:, 1] = ptrs[kept]
+        block[:, 2] = sizes[kept]
+        block[:, 3] = category
+        block[:, 4] = module
+        block[:, 5] = keys
+        self._baseline_notes = np.concatenate([self._baseline_notes, block])
         storages = bare.storages
-        new = {k: storages[i] for k, i in zip(keys, kept, strict=True) if k not in watched}
-        refs = list(map(weakref.ref, new.values(), itertools.repeat(self._released)))
-        watched.update(zip(new, refs, strict=True))
-        self._keys.update(zip(refs, new, strict=True))
-
-    def _released(self, ref: weakref.ref[torch.UntypedStorage]) -> None:
-        """A weakref callback: when a noted storage's memory goes, remember when (the profiler
-        does not report frees of memory allocated before it started). A Ctrl-C landing in here
-        is dropped by the interpreter: ``jv.record`` sends it again (``resent_interrupts``)."""
-        key = self._keys.pop(ref, None)
-        if key is not None:
-            self._freed[key] = time.time_ns()
-            self._watched.pop(key, None)
+        kept_keys = keys.tolist()
+        self._watch.watch([storages[i] for i in kept.tolist()], kept_keys)
+        self._watch.time_frees(kept_keys)
 
 
 def place_stacks(reports: Reports, samples: StackSamples, builder: ProfileBuilder) -> None:

@@ -40,7 +40,7 @@ _TOLERANCE_NS = 20_000
 def build_rows(
     builder: ProfileBuilder,
     read: EventRead,
-    notes: Sequence[tuple[int, int, int, int, int, int]],
+    notes: Sequence[tuple[int, int, int, int, int, int]] | np.ndarray,
     freed: dict[int, int],
     *,
     t0: int,
@@ -88,9 +88,10 @@ def build_rows(
     for name in read.ops[1:]:
         builder.ops(name)
     cpu = builder.devices("cpu")
-    r = _replay_reports(builder, read.events, cpu, t0, {note[1] for note in notes})
+    table = np.asarray(notes, np.int64).reshape(-1, 6)
+    r = _replay_reports(builder, read.events, cpu, t0, set(table[:, 1].tolist()))
     space = _Space(r.blocks, r.orphans, r.alloc_time, r.free_time)
-    unreported = _place_notes(builder, r, space, notes, freed, cpu, t0, threads_ran_from, maps)
+    unreported = _place_notes(builder, r, space, table, freed, cpu, t0, threads_ran_from, maps)
     _kept_for_backward(builder, r)
     if maps:
         _unmapped_ends(r, unreported, maps)
@@ -301,7 +302,7 @@ def _place_notes(
     builder: ProfileBuilder,
     r: _Replay,
     space: _Space,
-    notes: Sequence[tuple[int, int, int, int, int, int]],
+    notes: np.ndarray,
     freed: dict[int, int],
     cpu: int,
     t0: int,
@@ -321,7 +322,7 @@ def _place_notes(
     at_once = _notes_at_once(builder, r, space, later, baseline, unreported)
     skip = (at_once.rows >= 0).tolist()
     named: list[tuple[int, int, int]] = []  # (note, row, module) of the others
-    for i, (t, ptr, size, category, module, key) in enumerate(later):
+    for i, (t, ptr, size, category, module, key) in enumerate(later.tolist()):
         if skip[i]:
             continue
         row_or_none = _holder(r.made_at(ptr), t, free_time)
@@ -419,7 +420,7 @@ def _notes_at_once(
     builder: ProfileBuilder,
     r: _Replay,
     space: _Space,
-    notes: Sequence[tuple[int, int, int, int, int, int]],
+    notes: np.ndarray,
     baseline: dict[int, int],
     unreported: dict[int, tuple[int, int, int]],
 ) -> _AtOnce:
@@ -440,8 +441,7 @@ def _notes_at_once(
     decided = np.full(len(notes), -1, np.int64)
     if not len(notes):
         return _AtOnce(decided, np.zeros(0, np.int64), {})
-    table = np.array(notes, np.int64).reshape(-1, 6)
-    t, ptr, size, category, modules, key = table.T
+    t, ptr, size, category, modules, key = notes.T
     starts, times, rows = r.noted
     made_there = np.zeros(len(notes), bool)
     if len(starts):
@@ -521,7 +521,7 @@ def _first_modules(
 
 def _early_notes(
     builder: ProfileBuilder,
-    notes: Sequence[tuple[int, int, int, int, int, int]],
+    notes: np.ndarray,
     first_made: int,
     t0: int,
     cpu: int,
@@ -533,9 +533,9 @@ def _early_notes(
     memory from before the cell per storage, with what :func:`_place_notes` would give it
     one note at a time (its first note's size, its strongest role, its first module, its
     last note). Returns how many notes that took."""
-    if not notes:
+    if not len(notes):
         return 0
-    table = np.array(notes[:_EARLY_MAX], np.int64).reshape(-1, 6)
+    table = notes[:_EARLY_MAX]
     early = (table[:, 0] + _TOLERANCE_NS < first_made) & (table[:, 0] <= t0)
     taken = len(early) if early.all() else int(np.argmin(early))
     if not taken:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import itertools
+import operator
 import sys
 import traceback
 import types
@@ -27,7 +28,13 @@ import torch
 
 from .capacity import held_storages
 from .stacks import FrameFilter, cell_name
-from .tagging import BASELINE_TENSORS, one_scan, reachable_objects, storages_of
+from .tagging import (
+    BASELINE_TENSORS,
+    one_scan,
+    reachable_objects,
+    storage_watch,
+    storages_of,
+)
 
 #: Garbage-collected tensors looked at for storages the notebook's names do not reach (a
 #: notebook rarely holds this many; each costs microseconds).
@@ -133,18 +140,18 @@ def storage_keys(namespace: Mapping[str, Any] | None, device_type: str) -> dict[
     Every recording calls this, so it reads no frame's locals (``frame.f_locals`` leaves a
     cached copy on the frame): memory only an old traceback holds is not in it. The namespace
     is walked as the recorder walks it (one walk, shared while a recording starts; as many
-    bare tensors as it notes); the closures of its functions are walked apart."""
-    out: dict[int, Any] = {}
+    bare tensors as it notes), and the references are the recorder's (one per storage); the
+    closures of its functions are walked apart."""
     closures = {
         name: value for kind, name, value in roots(namespace, tracebacks=False) if kind == "closure"
     }
-    for reach in (namespace, closures):
-        for storage in held_storages(reach, device_type, limit=BASELINE_TENSORS):
-            try:  # (not contextlib.suppress: a context manager each cost more than the rest)
-                out.setdefault(storage._cdata, weakref.ref(storage))
-            except TypeError:
-                continue
-    return out
+    storages = [*held_storages(namespace, device_type, limit=BASELINE_TENSORS)]
+    storages += held_storages(closures, device_type, limit=BASELINE_TENSORS)
+    keys = list(map(operator.attrgetter("_cdata"), storages))
+    watch = storage_watch()
+    watch.watch(storages, keys)
+    refs = watch.refs
+    return {key: refs[key] for key in keys if key in refs}
 
 
 def _tracebacks() -> list[types.TracebackType]:

@@ -39,6 +39,7 @@ from torch.utils.hooks import RemovableHandle
 from .._model import CATEGORY_INDEX, PHASE_INDEX
 from .builder import Interner
 from .distributed_roles import local_tensor
+from .storage_watch import StorageWatch
 
 PARAMETER = CATEGORY_INDEX["parameter"]
 FROZEN_PARAMETER = CATEGORY_INDEX["frozen_parameter"]
@@ -279,6 +280,18 @@ def one_scan() -> Iterator[None]:
         yield
     finally:
         _scans.reset(token)
+
+
+def storage_watch() -> StorageWatch:
+    """The weak references to storages that a recording's start makes, shared by all that
+    start (the leak baseline's and the recorder's); a new watch outside :func:`one_scan`."""
+    cache = _scans.get()
+    if cache is None:
+        return StorageWatch()
+    hit = cache.get(("watch",))
+    if hit is None:
+        hit = cache[("watch",)] = (None, StorageWatch())
+    return cast(StorageWatch, hit[1])
 
 
 def reachable_objects(
