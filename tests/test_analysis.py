@@ -125,6 +125,36 @@ def test_top_sites(profile: Profile) -> None:
     )
 
 
+@pytest.mark.parametrize("first_seen", ["late stack first", "early stack first"])
+def test_sites_with_the_same_bytes_come_in_the_order_of_their_op_names(first_seen: str) -> None:
+    """Four sites of 64 B each (ops "mm", "clone", "addmm", "_softmax", all live at the peak)
+    and one of 64 B freed before it: the tied ones list by op name whatever order their stacks
+    were first seen in (a sampled line changes that order from run to run), after the
+    larger site and before the freed one."""
+    b = ProfileBuilder()
+    lines = (1, 2, 3, 4) if first_seen == "early stack first" else (4, 3, 2, 1)
+    at = {line: b.intern_stack((Frame("/u/m.py", line, "forward"),)) for line in lines}
+    dev, net = b.devices("cpu"), b.modules("net")
+    gone = b.add(64, 0, 0, dev, b.ops("bmm"), net, at[1], FWD, T)
+    b.free(gone, 1, 1)
+    big = b.add(128, 2, 2, dev, b.ops("ones"), net, at[4], FWD, A)
+    for seq, (op, line) in enumerate((("mm", 1), ("clone", 2), ("addmm", 3), ("_softmax", 4)), 3):
+        b.add(64, seq, seq, dev, b.ops(op), net, at[line], FWD, A)
+    b.add(1, 7, 7, dev, b.ops("zeros"), net, at[2], FWD, A)  # the peak: after the free
+    prof = b.build(device="cpu", source="test", wall_ns=10)
+    assert big == 1 and prof.peak_bytes == 128 + 4 * 64 + 1
+    sites = top_sites(prof)
+    assert list(zip(sites["op"], sites["site"], strict=True)) == [
+        ("ones", "forward (m.py:4)"),
+        ("_softmax", "forward (m.py:4)"),
+        ("addmm", "forward (m.py:3)"),
+        ("clone", "forward (m.py:2)"),
+        ("mm", "forward (m.py:1)"),
+        ("zeros", "forward (m.py:2)"),
+        ("bmm", "forward (m.py:1)"),
+    ]
+
+
 def test_a_site_is_named_by_the_category_of_its_bytes_at_the_peak() -> None:
     """One site (same stack and op) makes two 4000 B temporaries, then a 100 B tensor that
     becomes a gradient; the peak (seq 5: 100 + 5000) holds only the gradient of it: its row
@@ -185,6 +215,20 @@ def test_summary_mentions_the_numbers(profile: Profile) -> None:
     text = summary(profile)
     assert "peak 2.4 KiB" in text and "backward phase" in text
     assert "gradient" in text and "net.fc1" in text
+
+
+def test_summary_keeps_sites_aligned_after_a_long_op_name() -> None:
+    """A 26-letter op name (``_log_softmax_backward_data``) pushes every site of the list to
+    the same column, one space after it."""
+    b = ProfileBuilder()
+    dev, net = b.devices("cpu"), b.modules("net")
+    here = b.intern_stack((Frame("/u/train.py", 3, "<module>"),))
+    for seq, op in enumerate(("_log_softmax_backward_data", "mm")):
+        b.add(100 - seq, seq, seq, dev, b.ops(op), net, here, BWD, T)
+    lines = summary(b.build(device="cpu", source="test", wall_ns=10)).splitlines()
+    start = lines.index("top allocation sites (live at the peak):")
+    rows = lines[start + 1 : start + 3]
+    assert [row.index("<module>") for row in rows] == [2 + 12 + 2 + 26 + 1] * 2, rows
 
 
 def test_timeline_is_sorted_by_sequence(profile: Profile) -> None:

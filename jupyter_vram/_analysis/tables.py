@@ -67,7 +67,8 @@ def top_sites(profile: Profile, limit: int = 20, *, by: str = "peak") -> pd.Data
     Only allocations made during the run count: the baseline has no site. Columns: site
     (innermost user frame), op, live_at_peak_bytes, allocated_bytes, allocations,
     largest_bytes, category (the one holding most of the site's bytes live at the peak, or of
-    its allocated bytes when none are live then), stack (full).
+    its allocated bytes when none are live then), stack (full). Sites with the same bytes
+    come in the order of their op's name.
     """
     a = profile.allocations
     t = profile.timeline
@@ -87,7 +88,10 @@ def top_sites(profile: Profile, limit: int = 20, *, by: str = "peak") -> pd.Data
     np.maximum.at(largest, inverse, sizes)
     main_cat = _main_category(inverse * len(CATEGORIES) + a.category[rows], sizes, live, n)
     primary, secondary = (peak_bytes, allocated) if by == "peak" else (allocated, peak_bytes)
-    top = np.lexsort((-secondary, -primary))[:limit]
+    # ties by op name, then by stack: not by the order stacks were first seen, which changes
+    # with whether a sampled line landed (a report's rows would swap from run to run)
+    op_rank = np.argsort(np.argsort(np.array(profile.ops, dtype=object), kind="stable"))
+    top = np.lexsort((uniq // n_ops, op_rank[uniq % n_ops], -secondary, -primary))[:limit]
     stacks = uniq[top] // n_ops - 1
     return pd.DataFrame(
         {

@@ -86,9 +86,11 @@ def summary(profile: Profile, *, top: int = 5) -> str:
     sites = sites[sites["live_at_peak_bytes"] > 0]
     if len(sites):
         lines.append("top allocation sites (live at the peak):")
+        width = max(20, *map(len, sites["op"]))  # a long op name keeps the sites aligned
         for _, s in sites.iterrows():
             lines.append(
-                f"  {format_bytes(int(s['live_at_peak_bytes'])):>12}  {s['op']:<20} {s['site']}"
+                f"  {format_bytes(int(s['live_at_peak_bytes'])):>12}  {s['op']:<{width}} "
+                f"{s['site']}"
             )
     lines.extend(device_lines(profile.device_info))
     made = profile.meta.get("blas_workspaces")
