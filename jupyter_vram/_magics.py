@@ -334,11 +334,17 @@ class VramMagics(Magics):
             return
         from IPython.display import display
 
-        from ._app import ProfileApp
-        from ._session import matching_estimate
+        from ._session import matching_estimate, saved_view_first
 
         estimate = matching_estimate(profile)
         comparison = estimate.compare(profile) if estimate is not None else None
+        if saved_view_first():  # the page draws it; the live app is built when asked for
+            from ._app.first_view import show_saved
+
+            show_saved(profile, comparison)
+            return
+        from ._app import ProfileApp
+
         display(ProfileApp(profile, comparison=comparison))
 
     # -- cells with top-level await (see async_cells): IPython runs the body itself ----------

@@ -27,6 +27,36 @@ def remember(profile: Profile) -> None:
     _last_profile = profile
 
 
+#: ``app``: every profile output builds the live app at once; ``saved``: every output is
+#: the saved view first; unset or ``auto``: the saved view where the page draws it
+FIRST_VIEW_ENV = "JUPYTER_VRAM_FIRST_VIEW"
+#: what the lab extension asks an idle kernel to evaluate (a user expression: no output, no
+#: history); it finds this module only where jupyter_vram is loaded, and imports nothing
+FRONTEND_EXPRESSION = (
+    "(lambda m: m is not None and m.frontend_draws_profiles())"
+    "(__import__('sys').modules.get('jupyter_vram._session'))"
+)
+_frontend_draws = [False]
+
+
+def frontend_draws_profiles() -> bool:
+    """Called through :data:`FRONTEND_EXPRESSION` by the ``jupyter-vram`` lab extension: this
+    kernel's page draws saved profiles itself (header, breakdown, flame graph, timeline)."""
+    _frontend_draws[0] = True
+    return True
+
+
+def saved_view_first() -> bool:
+    """Whether a profile is displayed first as its saved view, the live app one click away:
+    building the app costs ~40 ms per output, more than recording a short loop does."""
+    import os
+
+    choice = os.environ.get(FIRST_VIEW_ENV, "").strip().lower()
+    if choice in ("app", "saved"):
+        return choice == "saved"
+    return _frontend_draws[0]
+
+
 @dataclass(frozen=True)
 class Cell:
     """What a rerun needs to run a `%%vram` cell again: its code, where it ran, and the random

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -82,26 +83,46 @@ _cell: list[str | None] = [None]
 _apps_of_cell: dict[str, list[weakref.ref[Any]]] = {}
 
 
+#: cell id -> what else its previous run left to let go of (saved views' live apps)
+_forget_of_cell: dict[str, list[Callable[[], ProfileHandle | None]]] = {}
+
+
 def cell_started(cell_id: str | None) -> None:
     """A cell is about to run: the apps its previous run displayed are closed (the frontend
     replaces that output) and their profiles no longer held; later apps belong to it."""
     _cell[0] = cell_id
     if cell_id is None:
         return
+    handles = [forget() for forget in _forget_of_cell.pop(cell_id, [])]
     for ref in _apps_of_cell.pop(cell_id, []):
         app = ref()
         if app is not None:
             close_tree(app)
-            profile = getattr(app, "_handle", None)
-            if isinstance(profile, ProfileHandle):
-                _latest[:] = [e for e in _latest if e[0] is not profile.get()]
+            handles.append(getattr(app, "_handle", None))
+    gone = [h.get() for h in handles if isinstance(h, ProfileHandle)]
+    _latest[:] = [e for e in _latest if not any(e[0] is p for p in gone)]
+
+
+def current_cell() -> str | None:
+    """The id of the cell running now (None: the frontend sends none)."""
+    return _cell[0]
 
 
 def displayed_in_this_cell(app: Any) -> None:
     """Note that ``app`` belongs to the running cell (closed when that cell runs again)."""
-    cell_id = _cell[0]
+    displayed_in_cell(app, _cell[0])
+
+
+def displayed_in_cell(app: Any, cell_id: str | None) -> None:
+    """Note that ``app`` belongs to cell ``cell_id`` (closed when that cell runs again)."""
     if cell_id is not None:
         _apps_of_cell.setdefault(cell_id, []).append(weakref.ref(app))
+
+
+def on_cell_rerun(cell_id: str, forget: Callable[[], ProfileHandle | None]) -> None:
+    """Call ``forget`` when cell ``cell_id`` runs again; the handle it returns, if any, no
+    longer keeps its profile."""
+    _forget_of_cell.setdefault(cell_id, []).append(forget)
 
 
 def close_tree(root: Any) -> None:

@@ -60,3 +60,42 @@ export function vramCellCode(source: string): string {
   }
   return `%%vram\n${source}`;
 }
+
+/**
+ * The key an output's live app opens by, if the output carries a valid one. Only the kernel's
+ * own form (32 hex digits) passes: the key goes into the code the kernel evaluates, and a
+ * saved notebook's output could hold anything.
+ */
+export function liveKey(value: unknown): string | null {
+  return typeof value === 'string' && /^[0-9a-f]{32}$/.test(value) ? value : null;
+}
+
+/** The user expression that opens the live app of the output `key` (see `liveKey`). */
+export function openLiveExpression(key: string): string {
+  return (
+    "(lambda m: 'gone' if m is None else m.open_live('" +
+    key +
+    "'))(__import__('sys').modules.get('jupyter_vram._app.first_view'))"
+  );
+}
+
+/**
+ * The user expression that tells a kernel with jupyter_vram loaded that this page draws saved
+ * profiles itself (its outputs then come without the live app until asked for). It only looks
+ * at `sys.modules`: a kernel without jupyter_vram answers False and imports nothing.
+ */
+export const FRONTEND_EXPRESSION =
+  "(lambda m: m is not None and m.frontend_draws_profiles())" +
+  "(__import__('sys').modules.get('jupyter_vram._session'))";
+
+/** What the kernel's answer to `openLiveExpression` (its `text/plain` repr) says. */
+export function openOutcome(textPlain: unknown): 'opened' | 'gone' | 'unknown' {
+  if (textPlain === "'opened'") {
+    return 'opened';
+  }
+  return textPlain === "'gone'" ? 'gone' : 'unknown';
+}
+
+/** What an output whose live app cannot be opened says (its saved profile stays). */
+export const LIVE_GONE =
+  'This profile is no longer in the kernel\u2019s memory (a newer one replaced it, or the kernel restarted): run the cell again for its live app.';

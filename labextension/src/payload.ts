@@ -83,6 +83,10 @@ export interface IProfilePayload {
   top_modules: ITopModule[];
   top_sites: ITopSite[];
   estimate: { summary: string; model: string; input: string } | null;
+  /** What the recorder left out or degraded (absent in older outputs). */
+  warnings?: string[];
+  /** The key the kernel opens this output's live app by (absent: built at once, or saved). */
+  live?: string;
 }
 
 /** What `checkPayload` says about a saved output. */

@@ -12,7 +12,8 @@ import type { Kernel, KernelMessage } from '@jupyterlab/services';
 import { Panel, Widget } from '@lumino/widgets';
 
 import { loadBokehJS } from './bokeh';
-import { chooseView, KERNEL_GONE, kernelGone } from './decide';
+import { chooseView, KERNEL_GONE, kernelGone, LIVE_GONE, liveKey } from './decide';
+import { forgetKernel, openLive, tellKernel } from './live';
 import { checkPayload, PROFILE_MIME, WIDGET_MIME } from './payload';
 import { renderProfile } from './view';
 
@@ -45,6 +46,7 @@ export function trackWidgetModels(sessionContext: ISessionContext): Set<string> 
   sessionContext.statusChanged.connect((_, status) => {
     if (status === 'restarting' || status === 'dead') {
       seen.clear();
+      forgetKernel(sessionContext.session?.kernel);
     }
   });
   return seen;
@@ -122,6 +124,63 @@ export class ProfileRenderer extends Panel implements IRenderMime.IRenderer {
     if (choice === 'widget' && host !== null) {
       await this._showWidget(model, host, check, generation);
     }
+    const key = check.ok ? liveKey(check.payload.live) : null;
+    if (choice === 'saved' && key !== null && kernel !== null && model.trusted) {
+      this._offerLive(model, kernel, key, generation);
+    }
+    if (kernel !== null) {
+      void tellKernel(kernel); // this page draws saved profiles: the kernel may send them first
+    }
+  }
+
+  /**
+   * A saved view sent first (the kernel holds its profile): a button that builds its live
+   * app in the kernel, which then replaces this output.
+   */
+  private _offerLive(
+    model: IRenderMime.IMimeModel,
+    kernel: Kernel.IKernelConnection,
+    key: string,
+    generation: number
+  ): void {
+    const bar = document.createElement('div');
+    bar.className = 'jp-VramOutput-live';
+    const button = document.createElement('button');
+    button.className = 'jp-mod-styled jp-mod-accept jp-VramOutput-open';
+    button.textContent = 'Open the live app';
+    const hint = document.createElement('span');
+    hint.textContent =
+      'reruns with AMP, checkpointing or offload \u00b7 leaks \u00b7 allocator state \u00b7 ' +
+      'sortable sites \u00b7 make it fit';
+    bar.append(button, hint);
+    this.insertWidget(0, new Widget({ node: bar }));
+    const current = (): boolean => generation === this._generation && !this.isDisposed;
+    button.addEventListener('click', () => {
+      button.disabled = true;
+      hint.textContent = 'opening the live app\u2026';
+      void openLive(kernel, key).then(
+        said => {
+          if (!current()) {
+            return; // the output was replaced by the app
+          }
+          if (said.outcome === 'opened' && said.data !== null) {
+            // the kernel's update did not reach this output (a page loaded after it ran)
+            model.setData({ data: said.data as IRenderMime.IMimeModel['data'] });
+          } else if (said.outcome === 'gone') {
+            hint.textContent = LIVE_GONE;
+          } else {
+            button.disabled = false;
+            hint.textContent = `The live app could not be opened: ${said.error ?? said.outcome}`;
+          }
+        },
+        (reason: unknown) => {
+          if (current()) {
+            button.disabled = false;
+            hint.textContent = `The live app could not be opened: ${String(reason)}`;
+          }
+        }
+      );
+    });
   }
 
   /** Which view is showing: `saved` or `widget` (read by tests through the DOM). */

@@ -20,6 +20,7 @@ import { Widget } from '@lumino/widgets';
 import { PageConfig, URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+import { FRONTEND_EXPRESSION } from './decide';
 import { MEMORY_EXPRESSION, parseMemory, pickLiveDevice, statusText } from './memory';
 import type { ILiveDevice, MemoryState } from './memory';
 
@@ -39,7 +40,8 @@ export async function readMemory(
       code: '',
       silent: true,
       store_history: false,
-      user_expressions: { vram: MEMORY_EXPRESSION },
+      // (and, where jupyter_vram is loaded, that this page draws saved profiles: see live.ts)
+      user_expressions: { vram: MEMORY_EXPRESSION, vram_frontend: FRONTEND_EXPRESSION },
       allow_stdin: false,
       stop_on_error: false
     },

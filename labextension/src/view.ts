@@ -6,7 +6,7 @@
  */
 import { layoutDepth, layoutFlame, nodeLabel, pathOf } from './flame';
 import { formatBytes, formatShare, formatX } from './format';
-import type { IProfilePayload } from './payload';
+import type { IProfilePayload, ITopSite } from './payload';
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
 const ROW_PX = 18;
@@ -59,6 +59,9 @@ export function renderProfile(p: IProfilePayload, note: string | null): HTMLElem
   if (p.estimate?.summary) {
     header.appendChild(el('pre', 'jp-VramProfile-estimate', p.estimate.summary));
   }
+  for (const warning of stringsOf(p.warnings)) {
+    header.appendChild(el('div', 'jp-VramProfile-warning', warning));
+  }
   root.appendChild(header);
   if (note) {
     root.appendChild(el('div', 'jp-VramProfile-note', note));
@@ -68,6 +71,12 @@ export function renderProfile(p: IProfilePayload, note: string | null): HTMLElem
   root.appendChild(section('Timeline: live bytes by category', timeline(p)));
   if (p.top_modules?.length) {
     root.appendChild(section('Top modules (own bytes at the peak)', topModules(p)));
+  }
+  const sites = (Array.isArray(p.top_sites) ? p.top_sites : [])
+    .filter(s => typeof s?.live_at_peak_bytes === 'number' && s.live_at_peak_bytes > 0)
+    .slice(0, TOP_SITES);
+  if (sites.length) {
+    root.appendChild(section('Top allocation sites (live at the peak)', topSites(p, sites)));
   }
   return root;
 }
@@ -339,4 +348,34 @@ function topModules(p: IProfilePayload): HTMLElement {
     table.appendChild(row);
   }
   return table;
+}
+
+/** Sites listed in the saved view (the live app sorts and exports all of them). */
+const TOP_SITES = 10;
+
+function topSites(p: IProfilePayload, sites: ITopSite[]): HTMLElement {
+  const table = el('table', 'jp-VramProfile-table jp-VramProfile-sites');
+  const head = el('tr', '');
+  for (const h of ['bytes', 'share of peak', 'op', 'site', 'category']) {
+    head.appendChild(el('th', '', h));
+  }
+  table.appendChild(head);
+  for (const s of sites) {
+    const row = el('tr', '');
+    const site = el('td', '', s.site);
+    site.title = s.stack;
+    row.append(
+      el('td', 'jp-VramProfile-num', formatBytes(s.live_at_peak_bytes)),
+      el('td', 'jp-VramProfile-num', formatShare(s.live_at_peak_bytes, p.peak_bytes)),
+      el('td', '', s.op),
+      site,
+      el('td', '', s.category)
+    );
+    table.appendChild(row);
+  }
+  return table;
+}
+
+function stringsOf(v: unknown): string[] {
+  return Array.isArray(v) ? v.filter((x): x is string => typeof x === 'string') : [];
 }

@@ -3,6 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { decideBokehJS, majorMinor, scriptUrls } from '../src/bokeh';
 import { vramCellCode } from '../src/decide';
 import { chooseView, KERNEL_GONE, kernelGone } from '../src/decide';
+import { FRONTEND_EXPRESSION, liveKey, openLiveExpression, openOutcome } from '../src/decide';
 import { checkPayload } from '../src/payload';
 import { formatMemory, parseMemory, pickLiveDevice, statusText } from '../src/memory';
 
@@ -149,5 +150,34 @@ describe('a live app whose kernel goes', () => {
       expect(kernelGone(status)).toBe(false);
     }
     expect(KERNEL_GONE.startsWith('Kernel gone \u2014 showing the saved profile')).toBe(true);
+  });
+});
+
+describe('saved views first: the live app on request', () => {
+  it('takes only the kernel-made key into the code it sends', () => {
+    const key = '0123456789abcdef0123456789abcdef';
+    expect(liveKey(key)).toBe(key);
+    expect(liveKey(key.toUpperCase())).toBeNull();
+    expect(liveKey(key.slice(1))).toBeNull();
+    expect(liveKey(`${key}'); import os; ('`)).toBeNull();
+    expect(liveKey("x'); __import__('os').system('id'); ('")).toBeNull();
+    expect(liveKey(undefined)).toBeNull();
+    expect(liveKey(12)).toBeNull();
+    expect(openLiveExpression(key)).toBe(
+      "(lambda m: 'gone' if m is None else m.open_live('0123456789abcdef0123456789abcdef'))" +
+        "(__import__('sys').modules.get('jupyter_vram._app.first_view'))"
+    );
+  });
+
+  it('reads the kernel\u2019s answer', () => {
+    expect(openOutcome("'opened'")).toBe('opened');
+    expect(openOutcome("'gone'")).toBe('gone');
+    expect(openOutcome('None')).toBe('unknown');
+    expect(openOutcome(undefined)).toBe('unknown');
+  });
+
+  it('asks the kernel through sys.modules only', () => {
+    expect(FRONTEND_EXPRESSION).toContain("__import__('sys').modules.get('jupyter_vram._session')");
+    expect(FRONTEND_EXPRESSION).not.toMatch(/import jupyter_vram|__import__\('jupyter_vram/);
   });
 });

@@ -106,6 +106,9 @@ def running_lab(tmp: Path, startup_timeout: float = 60.0) -> Iterator[Lab]:
         "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
         "IPYTHONDIR": str(tmp / "ipython"),
         "JUPYTER_PLATFORM_DIRS": "1",
+        # the app at once in every output, as the tests of the app expect; a test of the
+        # saved view first sets "auto" in its kernel (tests/browser/test_saved_first.py)
+        "JUPYTER_VRAM_FIRST_VIEW": "app",
     }
     cmd = [
         sys.executable,
