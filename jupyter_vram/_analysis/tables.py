@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -70,24 +72,14 @@ def top_sites(profile: Profile, limit: int = 20, *, by: str = "peak") -> pd.Data
     its allocated bytes when none are live then), stack (full). Sites with the same bytes
     come in the order of their op's name.
     """
-    a = profile.allocations
-    t = profile.timeline
-    rows = np.flatnonzero((a.alloc_seq >= 0) & t.device_mask)
-    if len(rows) == 0:
+    sums = _site_sums(profile)
+    if sums is None:
         return pd.DataFrame(columns=SITE_COLUMNS)
     n_ops = len(profile.ops)
-    keys = (a.stack[rows].astype(np.int64) + 1) * n_ops + a.op[rows]
-    uniq, inverse = np.unique(keys, return_inverse=True)
-    sizes = a.size[rows].astype(np.float64)
-    live = t.live_mask(t.peak_index)[rows]
-    n = len(uniq)
-    peak_bytes = np.bincount(inverse, weights=np.where(live, sizes, 0), minlength=n)
-    allocated = np.bincount(inverse, weights=sizes, minlength=n)
-    counts = np.bincount(inverse, minlength=n)
-    largest = np.zeros(n)
-    np.maximum.at(largest, inverse, sizes)
-    main_cat = _main_category(inverse * len(CATEGORIES) + a.category[rows], sizes, live, n)
-    primary, secondary = (peak_bytes, allocated) if by == "peak" else (allocated, peak_bytes)
+    uniq = sums.keys
+    primary, secondary = (
+        (sums.peak_bytes, sums.allocated) if by == "peak" else (sums.allocated, sums.peak_bytes)
+    )
     # ties by op name, then by stack: not by the order stacks were first seen, which changes
     # with whether a sampled line landed (a report's rows would swap from run to run)
     op_rank = np.argsort(np.argsort(np.array(profile.ops, dtype=object), kind="stable"))
@@ -97,15 +89,60 @@ def top_sites(profile: Profile, limit: int = 20, *, by: str = "peak") -> pd.Data
         {
             "site": [stack_label(profile, int(s)) for s in stacks],
             "op": [profile.ops[int(k % n_ops)] for k in uniq[top]],
-            "live_at_peak_bytes": peak_bytes[top].astype(np.int64),
-            "allocated_bytes": allocated[top].astype(np.int64),
-            "allocations": counts[top],
-            "largest_bytes": largest[top].astype(np.int64),
-            "category": [CATEGORIES[int(c)] for c in main_cat[top]],
+            "live_at_peak_bytes": sums.peak_bytes[top].astype(np.int64),
+            "allocated_bytes": sums.allocated[top].astype(np.int64),
+            "allocations": sums.counts[top],
+            "largest_bytes": sums.largest[top].astype(np.int64),
+            "category": [CATEGORIES[int(c)] for c in sums.main_category[top]],
             "stack": [stack_label(profile, int(s), full=True) for s in stacks],
         },
         columns=SITE_COLUMNS,
     )
+
+
+@dataclass(frozen=True)
+class _SiteSums:
+    """Per site (key: (stack + 1) * ops + op): what :func:`top_sites` ranks and shows."""
+
+    keys: npt.NDArray[np.int64]
+    peak_bytes: npt.NDArray[np.float64]
+    allocated: npt.NDArray[np.float64]
+    counts: npt.NDArray[np.int64]
+    largest: npt.NDArray[np.float64]
+    main_category: npt.NDArray[np.int64]
+
+
+#: each profile's site sums, kept while it lives: a display asks for the top sites three
+#: times (the text, the saved profile, the app's table), each a pass over every allocation
+_SITE_SUMS: weakref.WeakKeyDictionary[Profile, _SiteSums | None] = weakref.WeakKeyDictionary()
+
+
+def _site_sums(profile: Profile) -> _SiteSums | None:
+    """The sums of each site of the run's allocations (None: the run allocated nothing)."""
+    if profile in _SITE_SUMS:
+        return _SITE_SUMS[profile]
+    a = profile.allocations
+    t = profile.timeline
+    rows = np.flatnonzero((a.alloc_seq >= 0) & t.device_mask)
+    sums = None
+    if len(rows):
+        keys = (a.stack[rows].astype(np.int64) + 1) * len(profile.ops) + a.op[rows]
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        sizes = a.size[rows].astype(np.float64)
+        live = t.live_mask(t.peak_index)[rows]
+        n = len(uniq)
+        largest = np.zeros(n)
+        np.maximum.at(largest, inverse, sizes)
+        sums = _SiteSums(
+            uniq,
+            np.asarray(np.bincount(inverse, np.where(live, sizes, 0), n), np.float64),
+            np.asarray(np.bincount(inverse, sizes, n), np.float64),
+            np.bincount(inverse, minlength=n),
+            largest,
+            _main_category(inverse * len(CATEGORIES) + a.category[rows], sizes, live, n),
+        )
+    _SITE_SUMS[profile] = sums
+    return sums
 
 
 def _main_category(
