@@ -45,12 +45,16 @@ def frontend_expression() -> str:
     return "".join(_literals(body))
 
 
-def open_expression(key: str) -> str:
-    """openLiveExpression(key) as decide.ts spells it: its literals around the key."""
+def open_expression(key: str, function: str = "openLiveExpression") -> str:
+    """``function(key)`` as decide.ts spells it: its literals around the key."""
     source = DECIDE_TS.read_text()
-    body = source.split("export function openLiveExpression", 1)[1].split("\n}", 1)[0]
+    body = source.split(f"export function {function}", 1)[1].split("\n}", 1)[0]
     before, after = _literals(body)
     return before + key + after
+
+
+def holds_expression(key: str) -> str:
+    return open_expression(key, "holdsLiveExpression")
 
 
 @pytest.fixture
@@ -67,6 +71,13 @@ def kernel() -> Iterator[Any]:
 def quiet(client: Any, expression: str) -> tuple[str, list[dict[str, Any]]]:
     """A silent request with one user expression, as the extension sends it: the
     expression's text/plain answer, and the iopub messages the request caused."""
+    said, sent = answer_of(client, expression)
+    return said["text/plain"], sent
+
+
+def answer_of(client: Any, expression: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A silent request with one user expression: the answer's bundle, and the iopub
+    messages the request caused."""
     msg_id = client.execute(
         "", silent=True, store_history=False, user_expressions={"e": expression}
     )
@@ -77,7 +88,7 @@ def quiet(client: Any, expression: str) -> tuple[str, list[dict[str, Any]]]:
             break
     said = reply["content"]["user_expressions"]["e"]
     assert said["status"] == "ok", said
-    return said["data"]["text/plain"], _iopub_of(client, msg_id)
+    return said["data"], _iopub_of(client, msg_id)
 
 
 def _iopub_of(client: Any, msg_id: str) -> list[dict[str, Any]]:
@@ -121,15 +132,19 @@ def test_a_told_kernel_sends_the_saved_view_and_opens_the_app_on_request(kernel:
     peak = data[PROFILE_MIME]["peak_bytes"]  # this cell's profile: x and y, 4 B each, at least
     assert peak >= 2 * 64 * 64 * 4 and run(kernel, "print(_vram.peak_bytes)").strip() == str(peak)
     assert counts(kernel) == (0, 0)  # no widget at all
+    assert quiet(kernel, holds_expression(key))[0] == "True"
+    assert quiet(kernel, holds_expression("f" * 32))[0] == "False"
 
-    answer, sent = quiet(kernel, open_expression(key))
-    assert answer == "'opened'"
+    answer, sent = answer_of(kernel, open_expression(key))
     (update,) = [m for m in sent if m["msg_type"] == "update_display_data"]
     assert update["content"]["transient"] == {"display_id": key}
     assert {WIDGET_MIME, PROFILE_MIME} <= set(update["content"]["data"])
+    # the answer is the same app's bundle (a page that gets no update applies it)
+    assert answer[WIDGET_MIME] == update["content"]["data"][WIDGET_MIME]
     widgets, apps = counts(kernel)
     assert apps == 1 and widgets > 10
     assert quiet(kernel, open_expression(key))[0] == "'gone'"  # opened once; that output is the app
+    assert quiet(kernel, holds_expression(key))[0] == "False"
 
 
 def test_rerunning_a_cell_lets_go_of_its_saved_views_and_opened_apps(kernel: Any) -> None:
@@ -139,7 +154,7 @@ def test_rerunning_a_cell_lets_go_of_its_saved_views_and_opened_apps(kernel: Any
         last = displayed(kernel, CELL, "cell-a")[0]["content"]["transient"]["display_id"]
     assert run(kernel, PENDING).strip() == "1"
     assert quiet(kernel, open_expression(first))[0] == "'gone'"  # its output was replaced
-    assert quiet(kernel, open_expression(last))[0] == "'opened'"
+    assert WIDGET_MIME in answer_of(kernel, open_expression(last))[0]
     assert counts(kernel)[1] == 1
     displayed(kernel, CELL, "cell-a")  # the opened app's output is replaced: it is closed
     assert counts(kernel)[1] == 0 and run(kernel, UNSHARED).strip() == "0"
@@ -163,6 +178,7 @@ def test_the_expressions_answer_false_where_jupyter_vram_is_not_loaded() -> None
     try:
         assert quiet(client, frontend_expression())[0] == "False"
         assert quiet(client, open_expression("0" * 32))[0] == "'gone'"
+        assert quiet(client, holds_expression("0" * 32))[0] == "False"
         assert run(client, "import sys\nprint('jupyter_vram' in sys.modules)").strip() == "False"
     finally:
         client.stop_channels()

@@ -23,6 +23,7 @@ from .holder import ProfileHandle, current_cell, on_cell_rerun
 if TYPE_CHECKING:
     from .._estimator.api import Comparison
     from .._model import Profile
+    from .profile_app import ProfileApp
 
 #: saved views whose live app can still be opened, at most (the oldest are forgotten)
 KEPT_VIEWS = 64
@@ -88,10 +89,17 @@ def show_saved(profile: Profile, comparison: Comparison | None = None) -> SavedV
     return view
 
 
-def open_live(key: str) -> str:
-    """Replace the saved view ``key`` by its live app, in place (the extension's button asks
-    for this as a user expression); returns "opened", or "gone" where its profile is no
-    longer in memory (the saved view stays; the extension says so)."""
+def holds(key: str) -> bool:
+    """Whether the live app of the saved view ``key`` can still be opened here."""
+    pending = _pending.get(key)
+    return pending is not None and pending.handle.get() is not None
+
+
+def open_live(key: str) -> ProfileApp | str:
+    """Replace the saved view ``key`` by its live app, in place, and return the app (the
+    extension's button asks for this as a user expression, whose answer is the app's bundle:
+    a page loaded after the cell ran gets no update for its output, and applies that); "gone"
+    where its profile is no longer in memory (the saved view stays; the extension says so)."""
     from IPython.display import update_display
 
     from .holder import displayed_in_cell
@@ -104,7 +112,7 @@ def open_live(key: str) -> str:
     app = ProfileApp(profile, comparison=pending.comparison)
     displayed_in_cell(app, pending.cell)
     update_display(app, display_id=key)  # type: ignore[no-untyped-call]
-    return "opened"
+    return app
 
 
 def _forget(key: str) -> ProfileHandle | None:

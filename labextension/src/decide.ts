@@ -79,6 +79,15 @@ export function openLiveExpression(key: string): string {
   );
 }
 
+/** The user expression asking whether the kernel can still open the live app of `key`. */
+export function holdsLiveExpression(key: string): string {
+  return (
+    "(lambda m: m is not None and m.holds('" +
+    key +
+    "'))(__import__('sys').modules.get('jupyter_vram._app.first_view'))"
+  );
+}
+
 /**
  * The user expression that tells a kernel with jupyter_vram loaded that this page draws saved
  * profiles itself (its outputs then come without the live app until asked for). It only looks
@@ -88,12 +97,19 @@ export const FRONTEND_EXPRESSION =
   "(lambda m: m is not None and m.frontend_draws_profiles())" +
   "(__import__('sys').modules.get('jupyter_vram._session'))";
 
-/** What the kernel's answer to `openLiveExpression` (its `text/plain` repr) says. */
-export function openOutcome(textPlain: unknown): 'opened' | 'gone' | 'unknown' {
-  if (textPlain === "'opened'") {
+/**
+ * What the kernel's answer to `openLiveExpression` says: the app's bundle (with its widget
+ * view) when it opened, the string 'gone' (its `text/plain` repr) when it cannot.
+ */
+export function openOutcome(data: unknown): 'opened' | 'gone' | 'unknown' {
+  if (typeof data !== 'object' || data === null) {
+    return 'unknown';
+  }
+  const bundle = data as Record<string, unknown>;
+  if (typeof bundle['application/vnd.jupyter.widget-view+json'] === 'object') {
     return 'opened';
   }
-  return textPlain === "'gone'" ? 'gone' : 'unknown';
+  return bundle['text/plain'] === "'gone'" ? 'gone' : 'unknown';
 }
 
 /** What an output whose live app cannot be opened says (its saved profile stays). */

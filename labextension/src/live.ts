@@ -5,7 +5,12 @@
  */
 import type { Kernel, KernelMessage } from '@jupyterlab/services';
 
-import { FRONTEND_EXPRESSION, openLiveExpression, openOutcome } from './decide';
+import {
+  FRONTEND_EXPRESSION,
+  holdsLiveExpression,
+  openLiveExpression,
+  openOutcome
+} from './decide';
 
 /** Kernels told already (a restarted kernel is a new connection state: told again). */
 const told = new WeakMap<Kernel.IKernelConnection, string>();
@@ -54,6 +59,28 @@ export async function tellKernel(kernel: Kernel.IKernelConnection): Promise<void
   }
 }
 
+/**
+ * Whether the kernel can still open the live app of the output `key` (a reopened notebook's
+ * outputs belong to an earlier kernel). Asked only of an idle kernel: a busy one is taken to
+ * hold it (the button then says so if it does not).
+ */
+export async function kernelHoldsLive(
+  kernel: Kernel.IKernelConnection,
+  key: string
+): Promise<boolean> {
+  if (kernel.status !== 'idle') {
+    return true;
+  }
+  try {
+    const reply = await quietRequest(kernel, { holds: holdsLiveExpression(key) }).done;
+    const said = (reply.content as { user_expressions?: Record<string, any> }).user_expressions
+      ?.holds;
+    return !(said?.status === 'ok' && said.data?.['text/plain'] === 'False');
+  } catch {
+    return true;
+  }
+}
+
 /** What opening a live app gave: the outcome, and the output's new data when it opened. */
 export interface ILiveOpened {
   outcome: 'opened' | 'gone' | 'unknown';
@@ -61,27 +88,18 @@ export interface ILiveOpened {
   error: string | null;
 }
 
-/** Ask the kernel for the live app of the output `key`; its replacement data comes back. */
+/** Ask the kernel for the live app of the output `key`; its bundle comes back. */
 export async function openLive(
   kernel: Kernel.IKernelConnection,
   key: string
 ): Promise<ILiveOpened> {
-  const future = quietRequest(kernel, { open: openLiveExpression(key) });
-  let data: Record<string, unknown> | null = null;
-  future.onIOPub = msg => {
-    if (msg.header.msg_type === 'update_display_data') {
-      const content = (msg as KernelMessage.IUpdateDisplayDataMsg).content;
-      if ((content.transient as { display_id?: string } | undefined)?.display_id === key) {
-        data = content.data as Record<string, unknown>;
-      }
-    }
-  };
-  const reply = await future.done;
+  const reply = await quietRequest(kernel, { open: openLiveExpression(key) }).done;
   const said = (reply.content as { user_expressions?: Record<string, any> }).user_expressions
     ?.open;
   if (reply.content.status !== 'ok' || said?.status !== 'ok') {
     const why = said?.evalue ?? 'the kernel did not run the request';
     return { outcome: 'unknown', data: null, error: String(why) };
   }
-  return { outcome: openOutcome(said.data?.['text/plain']), data, error: null };
+  const outcome = openOutcome(said.data);
+  return { outcome, data: outcome === 'opened' ? said.data : null, error: null };
 }

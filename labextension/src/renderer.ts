@@ -13,7 +13,7 @@ import { Panel, Widget } from '@lumino/widgets';
 
 import { loadBokehJS } from './bokeh';
 import { chooseView, KERNEL_GONE, kernelGone, LIVE_GONE, liveKey } from './decide';
-import { forgetKernel, openLive, tellKernel } from './live';
+import { forgetKernel, kernelHoldsLive, openLive, tellKernel } from './live';
 import { checkPayload, PROFILE_MIME, WIDGET_MIME } from './payload';
 import { renderProfile } from './view';
 
@@ -92,11 +92,12 @@ export class ProfileRenderer extends Panel implements IRenderMime.IRenderer {
     const host = this.host;
     const canWidget =
       modelId !== null && host !== null && host.rendermime.getFactory(WIDGET_MIME) !== undefined;
+    const key = check.ok ? liveKey(check.payload.live) : null;
     let kernel = host === null ? null : liveKernel(host.sessionContext);
-    if (kernel === null && host !== null && canWidget && model.trusted) {
+    if (kernel === null && host !== null && (canWidget || key !== null) && model.trusted) {
       // A notebook being opened renders its outputs before its session connects: draw the
       // saved profile now, and ask the kernel once the session is ready (a page reloaded
-      // while the kernel runs gets its app back).
+      // while the kernel runs gets its app back, or the button that opens it).
       this._showSaved(check, null);
       await host.sessionContext.ready.catch(() => undefined);
       if (generation !== this._generation || this.isDisposed) {
@@ -124,9 +125,14 @@ export class ProfileRenderer extends Panel implements IRenderMime.IRenderer {
     if (choice === 'widget' && host !== null) {
       await this._showWidget(model, host, check, generation);
     }
-    const key = check.ok ? liveKey(check.payload.live) : null;
     if (choice === 'saved' && key !== null && kernel !== null && model.trusted) {
-      this._offerLive(model, kernel, key, generation);
+      const held = await kernelHoldsLive(kernel, key);
+      if (generation !== this._generation || this.isDisposed) {
+        return;
+      }
+      if (held) {
+        this._offerLive(model, kernel, key, generation);
+      }
     }
     if (kernel !== null) {
       void tellKernel(kernel); // this page draws saved profiles: the kernel may send them first

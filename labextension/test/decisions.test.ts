@@ -170,10 +170,16 @@ describe('saved views first: the live app on request', () => {
   });
 
   it('reads the kernel\u2019s answer', () => {
-    expect(openOutcome("'opened'")).toBe('opened');
-    expect(openOutcome("'gone'")).toBe('gone');
-    expect(openOutcome('None')).toBe('unknown');
+    const app = {
+      'application/vnd.jupyter.widget-view+json': { model_id: 'abc', version_major: 2 },
+      'text/plain': '<ProfileApp: ...>'
+    };
+    expect(openOutcome(app)).toBe('opened');
+    expect(openOutcome({ 'text/plain': "'gone'" })).toBe('gone');
+    expect(openOutcome({ 'text/plain': 'None' })).toBe('unknown');
+    expect(openOutcome({ 'application/vnd.jupyter.widget-view+json': 'x' })).toBe('unknown');
     expect(openOutcome(undefined)).toBe('unknown');
+    expect(openOutcome("'gone'")).toBe('unknown');
   });
 
   it('asks the kernel through sys.modules only', () => {

@@ -10,7 +10,16 @@ import time
 import pytest
 from playwright.sync_api import Page, expect
 
-from .lab import Lab, PageLog, open_notebook, run_all_cells, widget_errors, write_notebook
+from .lab import (
+    Lab,
+    PageLog,
+    open_notebook,
+    run_all_cells,
+    save_notebook,
+    wait_for_kernel_idle,
+    widget_errors,
+    write_notebook,
+)
 from .test_app_per_cell import COUNT
 from .test_rerun import kernel_print
 
@@ -50,4 +59,17 @@ def test_the_saved_view_comes_first_and_opens_the_live_app(
     expect(output.locator(".jp-VramOutput-open")).to_have_count(0)
     assert kernel_print(page, name, COUNT).split()[1] == "1"
     assert widget_errors(page) == []
+
+    # a page loaded after the cell ran (saved, reloaded; same kernel): the button is back and
+    # opens the app, though the kernel's update is addressed to the old page's request
+    assert run_all_cells(page, name)
+    expect(output).to_have_attribute("data-vram-view", "saved", timeout=30_000)
+    save_notebook(page, name)
+    page.reload()
+    wait_for_kernel_idle(page, name)
+    output = page.locator(".jp-VramOutput")
+    expect(output.locator(".jp-VramOutput-open")).to_have_count(1, timeout=30_000)
+    output.locator(".jp-VramOutput-open").click()
+    expect(output).to_have_attribute("data-vram-view", "widget", timeout=30_000)
+    expect(page.locator(".jv-app")).to_have_count(1)
     assert [e for e in page_log.console_errors if "vram" in e.lower()] == []
