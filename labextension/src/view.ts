@@ -280,13 +280,28 @@ function timeline(p: IProfilePayload): HTMLElement {
     readout.textContent = `peak ${formatBytes(p.peak_bytes)}`;
   });
   const axis = el('div', 'jp-VramProfile-axis');
-  axis.append(
-    el('span', '', formatX(x0, t.axis)),
-    el('span', '', `max ${formatBytes(top)}`),
-    el('span', '', formatX(t.x[n - 1], t.axis))
-  );
-  box.append(chart, axis, readout);
+  axis.append(el('span', '', formatX(x0, t.axis)), el('span', '', formatX(t.x[n - 1], t.axis)));
+  box.append(chart, axis, timelineLegend(p, top), readout);
   return box;
+}
+
+/** The categories the timeline draws (any ever live, not only those at the peak), and its
+ * scale: what the chart's top edge stands for. */
+function timelineLegend(p: IProfilePayload, top: number): HTMLElement {
+  const legend = el('div', 'jp-VramProfile-legend jp-VramProfile-timelineLegend');
+  p.categories.forEach((cat, i) => {
+    const values = p.timeline.by_category?.[cat];
+    if (!Array.isArray(values) || !values.some(v => v > 0)) {
+      return;
+    }
+    const item = el('span', 'jp-VramProfile-legendItem');
+    const swatch = el('span', 'jp-VramProfile-swatch');
+    swatch.style.background = p.colors[i];
+    item.append(swatch, document.createTextNode(cat));
+    legend.appendChild(item);
+  });
+  legend.appendChild(el('span', 'jp-VramProfile-small', `top of the chart: ${formatBytes(top)}`));
+  return legend;
 }
 
 /** Index of the first x greater than v (x sorted ascending). */

@@ -48,6 +48,7 @@ def test_the_saved_view_comes_first_and_opens_the_live_app(
     expect(output).to_have_attribute("data-vram-view", "saved", timeout=30_000)
     expect(output.locator(".jp-VramProfile")).to_contain_text("Flame graph")
     expect(output.locator(".jp-VramProfile-sites")).to_contain_text("mul")
+    expect(output.locator(".jp-VramProfile-timelineLegend")).to_contain_text("top of the chart")
     expect(page.locator(".jv-app")).to_have_count(0)
     assert kernel_print(page, name, COUNT).split()[1] == "0"  # the first run's app is closed
 
