@@ -63,7 +63,8 @@ body[data-jp-theme-light="false"] .bk-Tooltip{--tooltip-color:var(--jp-layout-co
 .jv-header{display:flex;flex-wrap:wrap;gap:4px 18px;font-size:13px;padding:4px 0;line-height:1.6}
 .jv-label{color:var(--jp-ui-font-color2,#666)}
 .jv-error,.jv-gone{color:var(--jp-error-color1,#a00);margin:2px 0}
-.jv-warning{color:var(--jp-warn-color1,#8a5a00);font-size:12px;margin:2px 0}
+.jv-warning{color:var(--jp-warn-color1,#8a5a00);font-size:12px;margin:2px 0;line-height:1.4}
+.jv-app .jupyter-button:disabled{filter:grayscale(0.8)}
 .jv-table{border-collapse:collapse;font-size:12px;margin:4px 0;line-height:1.5;
 color:var(--jp-ui-font-color1,#222);background:transparent}
 .jv-table td,.jv-table th{padding:1px 8px;border-bottom:1px solid var(--jp-border-color2,#ddd);

@@ -110,11 +110,14 @@ def test_checkpointing_rerun_in_jupyterlab(lab: Lab, page: Page, page_log: PageL
     # checkpointing on: the block picker opens with "auto" chosen, Rerun turns on
     rerun = app.locator(".jv-rerun-button")
     expect(rerun).to_be_disabled()
+    # greyed, not only faded: a faded blue still reads as a button to press in a dark theme
+    assert "grayscale" in rerun.evaluate("e => getComputedStyle(e).filter")
     app.locator(".jv-rerun-checkpoint").click()
     blocks = app.locator(".jv-rerun-blocks select option")
     expect(blocks).to_have_count(5)  # auto + the model's four blocks
     expect(blocks.first).to_contain_text("auto")
     expect(rerun).to_be_enabled()
+    assert rerun.evaluate("e => getComputedStyle(e).filter") == "none"
     page.evaluate(WATCH_STATUS)
     rerun.click()
 
