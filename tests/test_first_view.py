@@ -189,3 +189,38 @@ def test_the_kernel_and_the_extension_spell_the_expression_alike() -> None:
     from jupyter_vram._session import FRONTEND_EXPRESSION
 
     assert frontend_expression() == FRONTEND_EXPRESSION
+
+
+def test_a_saved_view_that_cannot_be_made_says_so_and_the_next_cell_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The saved profile raising (a bug of ours) leaves the text summary with one line that
+    says why; the cell's profile is bound and the kernel runs the next cell."""
+    import torch
+
+    from jupyter_vram._render import static_report
+
+    from .conftest import ipython_shell
+
+    def broken(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise RuntimeError("boom")
+
+    monkeypatch.setenv("JUPYTER_VRAM_FIRST_VIEW", "saved")
+    monkeypatch.setattr(static_report, "profile_payload", broken)
+    shell = ipython_shell()
+    shell.run_line_magic("load_ext", "jupyter_vram")
+    shell.user_ns["torch"] = torch
+    shown: list[dict[str, Any]] = []
+    publish = shell.display_pub.publish
+    monkeypatch.setattr(
+        shell.display_pub,
+        "publish",
+        lambda data, *a, **k: (shown.append(data), publish(data, *a, **k)),
+    )
+    result = shell.run_cell("%%vram\nx = torch.ones(64)\n")
+    assert result.error_in_exec is None and result.error_before_exec is None
+    (data,) = shown
+    assert list(data) == ["text/plain"]
+    assert data["text/plain"].endswith("\n(the saved view failed: RuntimeError('boom'))")
+    assert shell.user_ns["_vram"].peak_bytes >= 64 * 4
+    assert shell.run_cell("y = x * 2").error_in_exec is None

@@ -57,24 +57,23 @@ class SavedView:
             on_cell_rerun(cell, functools.partial(_forget, self.key))
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
-        from .._render.mime import PROFILE_MIME, profile_payload
-        from .._render.static_report import report_html
+        from .._render.static_report import saved_views
         from .._render.text import summary
 
         profile = self._profile()
         if profile is None:
             return {"text/plain": "(a jupyter_vram profile no longer in memory)"}
-        payload = profile_payload(profile)
-        payload["live"] = self.key
-        notes = []
         text = summary(profile)
+        notes = []
         if self._comparison is not None:
             from .._render.estimate_text import comparison_text
 
             notes.append(comparison_text(self._comparison))
             text += "\n" + notes[-1]
-        return {PROFILE_MIME: payload, "text/html": report_html(payload, notes=notes),
-                "text/plain": text}  # fmt: skip
+        try:
+            return {**saved_views(profile, notes=notes, live=self.key), "text/plain": text}
+        except Exception as exc:  # noqa: BLE001 - the text still shows, and says why
+            return {"text/plain": f"{text}\n(the saved view failed: {exc!r})"}
 
     def __repr__(self) -> str:
         return f"<SavedView {self.key}>"

@@ -423,8 +423,7 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
             bundle["text/plain"] = self.text()
             profile = self._handle.get()
             if profile is not None:
-                from .._render.mime import PROFILE_MIME, profile_payload
-                from .._render.static_report import report_html
+                from .._render.static_report import saved_views
 
                 notes = [self.gpu_answer] if self.gpu_answer else []
                 if self.comparison is not None:
@@ -432,9 +431,7 @@ class ProfileApp(w.VBox):  # type: ignore[misc]
 
                     notes.append(comparison_text(self.comparison))
                 try:
-                    payload = profile_payload(profile, self.estimate)
-                    bundle[PROFILE_MIME] = payload
-                    bundle["text/html"] = report_html(payload, notes=notes)
+                    bundle.update(saved_views(profile, self.estimate, notes=notes))
                 except Exception as exc:  # noqa: BLE001 (the widget and the text still show)
                     bundle["text/plain"] += f"\n(the static report failed: {exc!r})"
         return bundle

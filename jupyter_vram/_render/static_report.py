@@ -62,6 +62,23 @@ def static_report_html(profile: Profile, estimate: Estimate | None = None) -> st
     return report_html(profile_payload(profile, estimate))
 
 
+def saved_views(
+    profile: Profile,
+    estimate: Estimate | None = None,
+    *,
+    notes: Sequence[str] = (),
+    live: str | None = None,
+) -> dict[str, Any]:
+    """The views of an output that need no kernel: the saved profile (``PROFILE_MIME``; with
+    ``live``, the key its live app opens by) and the static report made from it."""
+    from .mime import PROFILE_MIME
+
+    payload = profile_payload(profile, estimate)
+    if live is not None:
+        payload["live"] = live
+    return {PROFILE_MIME: payload, "text/html": report_html(payload, notes=notes)}
+
+
 def report_html(payload: Mapping[str, Any], *, notes: Sequence[str] = ()) -> str:
     """The report of a saved profile (:func:`.mime.profile_payload`'s dict); ``notes``:
     plain-text paragraphs shown under the header (an estimate's answer for a GPU, a
