@@ -18,13 +18,11 @@ def over_limit(profile: Profile, limit: int, *, what: str = "peak") -> str | Non
         f"{what} {format_bytes(peak)} exceeded the limit {format_bytes(limit)} by "
         f"{format_bytes(peak - limit)} ({peak:,} > {limit:,} bytes)"
     ]
-    from .tables import top_sites
+    from .tables import site_rows
 
-    sites = top_sites(profile, 3).to_dict("records")
-    for number, row in enumerate(sites, start=1):
-        live = int(row["live_at_peak_bytes"])
-        if live <= 0:
+    for number, row in enumerate(site_rows(profile, 3), start=1):
+        if row.live_at_peak_bytes <= 0:
             break
-        where = f"{row['site']} [{row['op']}, {row['category']}]"
-        lines.append(f"  {number}. {where}: {format_bytes(live)}")
+        where = f"{row.site} [{row.op}, {row.category}]"
+        lines.append(f"  {number}. {where}: {format_bytes(row.live_at_peak_bytes)}")
     return "\n".join(lines)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -15,12 +15,6 @@ from .groups import stack_label
 
 if TYPE_CHECKING:
     from .._model import Profile
-
-
-SITE_COLUMNS = [
-    "site", "op", "live_at_peak_bytes", "allocated_bytes", "allocations", "largest_bytes",
-    "category", "stack",
-]  # fmt: skip
 
 
 def allocations_frame(profile: Profile) -> pd.DataFrame:
@@ -63,18 +57,33 @@ def _unique(names: list[str] | tuple[str, ...]) -> list[str]:
     return out
 
 
-def top_sites(profile: Profile, limit: int = 20, *, by: str = "peak") -> pd.DataFrame:
-    """Allocation sites (Python stack + op), ranked by bytes live at the peak or allocated.
+@dataclass(frozen=True)
+class SiteRow:
+    """One allocation site of :func:`site_rows` (the columns of :func:`top_sites`)."""
 
-    Only allocations made during the run count: the baseline has no site. Columns: site
-    (innermost user frame), op, live_at_peak_bytes, allocated_bytes, allocations,
-    largest_bytes, category (the one holding most of the site's bytes live at the peak, or of
-    its allocated bytes when none are live then), stack (full). Sites with the same bytes
-    come in the order of their op's name.
+    site: str  # innermost user frame
+    op: str
+    live_at_peak_bytes: int
+    allocated_bytes: int
+    allocations: int
+    largest_bytes: int
+    category: str  # holding most of the site's bytes live at the peak, else of those allocated
+    stack: str  # full
+
+
+SITE_COLUMNS = [f.name for f in fields(SiteRow)]
+
+
+def site_rows(profile: Profile, limit: int = 20, *, by: str = "peak") -> list[SiteRow]:
+    """Allocation sites (Python stack + op), ranked by bytes live at the peak (``by="peak"``)
+    or allocated, as plain rows: what a display shows, without building a DataFrame.
+
+    Only allocations made during the run count: the baseline has no site. Sites with the same
+    bytes come in the order of their op's name, then of their stack.
     """
     sums = _site_sums(profile)
     if sums is None:
-        return pd.DataFrame(columns=SITE_COLUMNS)
+        return []
     n_ops = len(profile.ops)
     uniq = sums.keys
     primary, secondary = (
@@ -84,20 +93,27 @@ def top_sites(profile: Profile, limit: int = 20, *, by: str = "peak") -> pd.Data
     # with whether a sampled line landed (a report's rows would swap from run to run)
     op_rank = np.argsort(np.argsort(np.array(profile.ops, dtype=object), kind="stable"))
     top = np.lexsort((uniq // n_ops, op_rank[uniq % n_ops], -secondary, -primary))[:limit]
-    stacks = uniq[top] // n_ops - 1
-    return pd.DataFrame(
-        {
-            "site": [stack_label(profile, int(s)) for s in stacks],
-            "op": [profile.ops[int(k % n_ops)] for k in uniq[top]],
-            "live_at_peak_bytes": sums.peak_bytes[top].astype(np.int64),
-            "allocated_bytes": sums.allocated[top].astype(np.int64),
-            "allocations": sums.counts[top],
-            "largest_bytes": sums.largest[top].astype(np.int64),
-            "category": [CATEGORIES[int(c)] for c in sums.main_category[top]],
-            "stack": [stack_label(profile, int(s), full=True) for s in stacks],
-        },
-        columns=SITE_COLUMNS,
-    )
+    return [
+        SiteRow(
+            site=stack_label(profile, int(key // n_ops - 1)),
+            op=profile.ops[int(key % n_ops)],
+            live_at_peak_bytes=int(sums.peak_bytes[i]),
+            allocated_bytes=int(sums.allocated[i]),
+            allocations=int(sums.counts[i]),
+            largest_bytes=int(sums.largest[i]),
+            category=CATEGORIES[int(sums.main_category[i])],
+            stack=stack_label(profile, int(key // n_ops - 1), full=True),
+        )
+        for i, key in zip(top.tolist(), uniq[top].tolist(), strict=True)
+    ]
+
+
+def top_sites(profile: Profile, limit: int = 20, *, by: str = "peak") -> pd.DataFrame:
+    """:func:`site_rows` as a DataFrame (columns ``SITE_COLUMNS``), for users' own analysis."""
+    rows = site_rows(profile, limit, by=by)
+    if not rows:
+        return pd.DataFrame(columns=SITE_COLUMNS)
+    return pd.DataFrame([astuple(row) for row in rows], columns=SITE_COLUMNS)
 
 
 @dataclass(frozen=True)

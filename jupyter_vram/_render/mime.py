@@ -66,6 +66,7 @@ Bytes are integers; ``categories`` fixes the order of every per-category array::
 from __future__ import annotations
 
 import heapq
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -73,7 +74,7 @@ import numpy as np
 from .._analysis.allocator import has_segments, reserved_at, reserved_peak
 from .._analysis.flame import FlameNode, icicle_layout, saved_layout_columns, shared_flame_tree
 from .._analysis.groups import live_at_peak
-from .._analysis.tables import top_sites
+from .._analysis.tables import site_rows
 from .._model import CATEGORIES
 from .figures import CATEGORY_COLORS
 from .html import header_facts
@@ -262,21 +263,7 @@ def timeline_payload(profile: Profile, axis: Axis) -> dict[str, Any]:
 
 
 def _sites(profile: Profile) -> list[dict[str, Any]]:
-    frame = top_sites(profile, limit=TOP)
-    frame = frame[frame["live_at_peak_bytes"] > 0]
-    return [
-        {
-            "site": str(r["site"]),
-            "op": str(r["op"]),
-            "live_at_peak_bytes": int(r["live_at_peak_bytes"]),
-            "allocated_bytes": int(r["allocated_bytes"]),
-            "allocations": int(r["allocations"]),
-            "largest_bytes": int(r["largest_bytes"]),
-            "category": str(r["category"]),
-            "stack": str(r["stack"]),
-        }
-        for r in frame.to_dict("records")
-    ]
+    return [asdict(row) for row in site_rows(profile, limit=TOP) if row.live_at_peak_bytes > 0]
 
 
 def _int_or_none(value: Any) -> int | None:

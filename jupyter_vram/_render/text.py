@@ -45,7 +45,7 @@ def summary(profile: Profile, *, top: int = 5) -> str:
     """The plain-text report: peak, breakdown at the peak, top modules and sites, device."""
     from .._analysis.groups import live_at_peak
     from .._analysis.oom import oom_report
-    from .._analysis.tables import top_sites
+    from .._analysis.tables import site_rows
 
     t = profile.timeline
     peak = profile.peak_bytes
@@ -82,16 +82,13 @@ def summary(profile: Profile, *, top: int = 5) -> str:
         lines.extend(
             f"  {format_bytes(g.bytes):>12} {_pct(g.bytes, peak)}  {g.label}" for g in modules
         )
-    sites = top_sites(profile, limit=top)
-    sites = sites[sites["live_at_peak_bytes"] > 0]
-    if len(sites):
+    sites = [s for s in site_rows(profile, limit=top) if s.live_at_peak_bytes]
+    if sites:
         lines.append("top allocation sites (live at the peak):")
-        width = max(20, *map(len, sites["op"]))  # a long op name keeps the sites aligned
-        for _, s in sites.iterrows():
-            lines.append(
-                f"  {format_bytes(int(s['live_at_peak_bytes'])):>12}  {s['op']:<{width}} "
-                f"{s['site']}"
-            )
+        width = max(20, *(len(s.op) for s in sites))  # a long op name keeps the sites aligned
+        lines.extend(
+            f"  {format_bytes(s.live_at_peak_bytes):>12}  {s.op:<{width}} {s.site}" for s in sites
+        )
     lines.extend(device_lines(profile.device_info))
     made = profile.meta.get("blas_workspaces")
     if isinstance(made, list) and made:
