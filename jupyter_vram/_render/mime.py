@@ -250,7 +250,7 @@ def timeline_payload(profile: Profile, axis: Axis) -> dict[str, Any]:
     totals = by_cat.sum(axis=1)
     out: dict[str, Any] = {
         "axis": axis,
-        "x": [round(float(v), 3) for v in x],
+        "x": np.round(np.asarray(x, np.float64), 3).tolist(),
         "total": totals.tolist(),
         "by_category": {
             c: by_cat[:, i].tolist() for i, c in enumerate(CATEGORIES) if by_cat[:, i].any()

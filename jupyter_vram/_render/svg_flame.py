@@ -13,6 +13,8 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from .._analysis.flame import saved_flame_layout
 from .._units import format_bytes
 from .figures import BLOCK_LINE, CRUMB_SEP, ROOT_COLOR, fit_label
@@ -139,13 +141,15 @@ def timeline_svg(timeline: Mapping[str, Any], peak_bytes: int, peak_x: float | N
     def px(x: float) -> float:
         return round(1000 * (x - xs[0]) / span, 1)
 
-    def py(v: int) -> float:
-        return round(100 - 95 * v / peak_bytes, 1)
-
+    # each step: (x, level) to (next x, level), as one string per step (about 1,000 steps)
+    left = np.round(1000 * (np.asarray(xs, np.float64) - xs[0]) / span, 1)
+    right = np.append(left[1:], left[-1])
+    level = np.round(100 - 95 * np.asarray(totals, np.float64) / peak_bytes, 1)
     points = ["0,100"]
-    for i, (x, v) in enumerate(zip(xs, totals, strict=True)):
-        nxt = xs[i + 1] if i + 1 < len(xs) else xs[-1]
-        points.append(f"{px(x)},{py(v)} {px(nxt)},{py(v)}")
+    points.extend(
+        f"{a},{v} {b},{v}"
+        for a, b, v in zip(left.tolist(), right.tolist(), level.tolist(), strict=True)
+    )
     points.append("1000,100")
     marker = ""
     if peak_x is not None:
