@@ -16,13 +16,15 @@ re-run cell's previous app is closed, as in a notebook. Peak
 RSS: the kernel's high-water mark during the cell (``/proc/<pid>/clear_refs`` resets it)
 minus its resident size before; "extra" is the recorded run's minus the plain run's. The
 machine's load average is printed with the results, since a loaded machine inflates both.
-Where recorded / plain of the two runs of one round (same moment, same load) ranges across
-a cell's bound in its middle half, the table says the bound is not resolved there.
+Under the table, each bounded cell's ratio of the two runs of one round (same moment, same
+load): its median, a 95 % distribution-free interval of that median (order statistics), and
+the middle half of the rounds; the bound is resolved where the interval lies on one side.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import queue
@@ -30,6 +32,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -218,9 +221,8 @@ class Result:
     recorded_rss: int
     quiet_s: float  # under ``%%vram -q``: recorded, no app displayed
     app_s: float  # under ``%%vram`` with the live app built at once
-    #: recorded / plain of the runs of each round (interleaved: the same moment's load), first
-    #: and third quartile: how well the ratio of medians is resolved
-    paired: tuple[float, float]
+    #: recorded / plain of the runs of each round (interleaved: the same moment's load)
+    paired: tuple[float, ...]
 
     @property
     def ratio(self) -> float:
@@ -281,15 +283,35 @@ def measure(kernel: Kernel, cell: Cell, repeats: int) -> Result:
         int(median("recorded", 1)),
         median("quiet", 0),
         median("app", 0),
-        _quartiles([r[0] / p[0] for r, p in zip(runs["recorded"], runs["plain"], strict=True)]),
+        tuple(r[0] / p[0] for r, p in zip(runs["recorded"], runs["plain"], strict=True)),
     )
 
 
-def _quartiles(values: list[float]) -> tuple[float, float]:
+def quartiles(values: Sequence[float]) -> tuple[float, float]:
+    """First and third quartile (the middle half of the values)."""
     if len(values) < 2:
         return values[0], values[0]
     q1, _, q3 = statistics.quantiles(values, n=4)
     return q1, q3
+
+
+def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median: the order statistics k and
+    n + 1 - k, k the largest with P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2 (each
+    value is below the median with probability 1/2, whatever the distribution)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    tail = (1 - confidence) / 2
+    below = 0.0  # P(Binomial(n, 1/2) < k), for k = 1, 2, ...
+    k = 0
+    while k < n // 2:
+        below += math.comb(n, k) / 2**n
+        if below > tail:
+            break
+        k += 1
+    if k == 0:  # too few values for this confidence: all of them
+        return ordered[0], ordered[-1]
+    return ordered[k - 1], ordered[n - k]
 
 
 def empty_start_stop_ms(kernel: Kernel, repeats: int) -> float:
@@ -316,15 +338,23 @@ def table(results: list[Result], empty_ms: float | None) -> str:
             f"{bound} | {extra:+.0f} | {r.app_s:.3f} | {r.app_s / r.plain_s:.2f}x | "
             f"{r.quiet_s:.3f} | {r.quiet_s / r.plain_s:.2f}x |"
         )
-    for r in results:  # where run-to-run noise is as large as the margin to the bound
-        lo, hi = r.paired
-        if r.cell.target and lo <= r.cell.target <= hi:
-            rows.append(
-                f"\n{r.cell.name}: recorded / plain of the runs of one round ranges "
-                f"{lo:.2f}-{hi:.2f}x (middle half), across the bound: the cell's own time "
-                "varies from run to run by about what recording adds, so the ratio of medians "
-                "does not resolve the bound on this machine."
-            )
+    for r in results:  # the uncertainty of each bounded ratio, from the rounds' own ratios
+        if not r.cell.target:
+            continue
+        lo, hi = median_interval(r.paired)
+        q1, q3 = quartiles(r.paired)
+        verdict = (
+            "within the bound"
+            if hi <= r.cell.target
+            else "over the bound"
+            if lo > r.cell.target
+            else "across the bound: not resolved on this machine"
+        )
+        rows.append(
+            f"\n{r.cell.name}: recorded / plain of the runs of one round: median "
+            f"{statistics.median(r.paired):.2f}x, 95 % interval of the median "
+            f"{lo:.2f}-{hi:.2f}x ({verdict}); middle half of the rounds {q1:.2f}-{q3:.2f}x."
+        )
     if empty_ms is not None:
         rows.append(
             f"\nStart + stop of an empty `jv.record()` with that list and dict in the namespace "
