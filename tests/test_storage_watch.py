@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 import jupyter_vram as jv
-from jupyter_vram._capture.leaks import storage_keys
+from jupyter_vram._capture.leaks import RowMatcher, SizeMatcher, made_by_run, storage_keys
 from jupyter_vram._capture.storage_watch import StorageWatch
 from jupyter_vram._capture.tagging import one_scan, storage_watch
 
@@ -89,6 +89,26 @@ def test_a_variable_remade_in_the_cell_is_a_leak_of_the_cell() -> None:
     leaks = recording.profile.leaks()
     assert sorted(leaks["holders"]) == ["kept", "x"]
     assert list(leaks["bytes"]) == [4096 * 4, 4096 * 4]
+
+
+def test_a_storage_at_a_key_the_baseline_knew_is_new_when_that_reference_is_dead() -> None:
+    """The allocator often gives a new storage the key (``_cdata``) of one that died in the
+    cell; the baseline's reference for that key then gives nothing back, and the new storage
+    is the run's. Made certain here: the baseline holds a dead reference at the new key."""
+    gone = torch.ones(16).untyped_storage()
+    dead = weakref.ref(gone)
+    del gone
+    assert dead() is None
+    x = torch.ones(4096)
+    storage = x.untyped_storage()
+    rows = RowMatcher({storage.data_ptr(): (7, storage.nbytes())}, SizeMatcher({}, cuda=False))
+    namespace = {"x": x}
+    made, exact, _ = made_by_run(namespace, "cpu", {storage._cdata: dead}, rows)
+    assert made[storage._cdata]() is storage
+    assert exact == {storage._cdata: 7}
+    # the same key with a live reference to that very storage: held before the run
+    made, exact, _ = made_by_run(namespace, "cpu", {storage._cdata: weakref.ref(storage)}, rows)
+    assert (made, exact) == ({}, {})
 
 
 def test_the_leak_baseline_shares_the_watch_and_tells_a_new_storage_at_an_old_key() -> None:
