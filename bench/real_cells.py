@@ -247,10 +247,12 @@ def run_variant(kernel: Kernel, cell: Cell, variant: str, cell_id: str) -> tuple
             kernel.run(APP_OFF)
 
 
-#: a cell whose plain run is shorter than this gets SHORT_FACTOR times the repeats: a shared
-#: machine's hiccups are a larger share of it
+#: a cell with a bound, or whose plain run is shorter than SHORT_S, gets MORE_ROUNDS times
+#: the repeats: a shared machine's hiccups are a larger share of a short cell, and a bound is
+#: judged by an interval of the median whose ends are order statistics (with 11 rounds the
+#: 2nd and 10th: one slow run of a 1 s step on either side decides; with 33 the 11th and 23rd)
 SHORT_S = 0.5
-SHORT_FACTOR = 3
+MORE_ROUNDS = 3
 
 
 def measure(kernel: Kernel, cell: Cell, repeats: int) -> Result:
@@ -262,7 +264,8 @@ def measure(kernel: Kernel, cell: Cell, repeats: int) -> Result:
     plain_s = kernel.run(cell.body, cell_id=ids["plain"])  # warm now: is the cell short?
     kernel.run(cell.after or "pass")
     runs: dict[str, list[tuple[float, int]]] = {variant: [] for variant in VARIANTS}
-    for r in range(repeats * (SHORT_FACTOR if plain_s < SHORT_S else 1)):
+    more = cell.target > 0 or plain_s < SHORT_S
+    for r in range(repeats * (MORE_ROUNDS if more else 1)):
         for variant in list(VARIANTS) if r % 2 == 0 else list(VARIANTS)[::-1]:
             runs[variant].append(run_variant(kernel, cell, variant, ids[variant]))
             if cell.after:
@@ -384,7 +387,8 @@ def main() -> None:
     load = os.getloadavg()
     text = (
         f"Made by `python bench/real_cells.py --readme` ({args.repeats} interleaved runs "
-        f"each, {args.repeats * SHORT_FACTOR} for a cell under {SHORT_S:g} s, medians) with "
+        f"each, {args.repeats * MORE_ROUNDS} for a cell with a bound or under {SHORT_S:g} s, "
+        f"medians) with "
         f"torch {torch.__version__}, Python {platform.python_version()}, "
         f"on {os.cpu_count()} CPU cores; load average at the end {load[0]:.1f} / "
         f"{load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min).\n\n" + table(results, empty_ms)
