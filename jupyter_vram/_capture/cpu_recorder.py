@@ -202,6 +202,7 @@ class ProfilerRecorder:
             on_exit=self._exit_module,
             on_step=self._on_step,
             on_wake=self._on_wake,
+            on_engine_call=self._on_engine_call,
             tag_graph=False,
         )
         self._notes: list[Note] = []
@@ -423,6 +424,13 @@ class ProfilerRecorder:
 
     def _exit_module(self) -> None:
         self._chunks.exit()
+
+    def _on_engine_call(self, begins: bool) -> None:
+        """An optimizer step or backward begins / ends: sample the line that called it."""
+        if begins:
+            self._chunks.engine_call_enter(sys._getframe(2))  # the frame above our hooks
+        else:
+            self._chunks.engine_call_exit()
 
     def _on_step(self, module_id: int) -> bool:
         """A top-level module call begins: whether the loop's steps repeat (the tagger then

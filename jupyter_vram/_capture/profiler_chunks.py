@@ -19,6 +19,7 @@ import contextlib
 import gc
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -160,6 +161,8 @@ class ChunkedProfiler:
         self._t0 = 0
         self._call_samples: list[int] = []  # the sample of each module call open now
         self._call_frames: list[int] = []  # and the id of its frame (alive while it is open)
+        self._engine_samples: list[int] = []  # where each open step's or backward's sample is
+        self._thread = 0  # the recording thread
         self._keep = FrameFilter().keep
 
     def start(
@@ -185,6 +188,7 @@ class ChunkedProfiler:
                 self._library_raises = self.session.raises()
         self.session.start(stacks=traced)
         self._t0 = time.time_ns()
+        self._thread = threading.get_ident()
         chunk = LIGHT_CHUNK_REPORTS if lib is not None else CHUNK_REPORTS
         self.budget = Budget(self.budget.ops, chunk)
         self.ticker = Ticker(boundary, self.on_due, sample=sampled, from_thread=from_thread)
@@ -250,10 +254,16 @@ class ChunkedProfiler:
             ready = due and time.monotonic_ns() >= due and self._allowed()
             if ready and not _unsafe_to_restart(frame):
                 self.flush()
-            sampled = ticker.sampling and not self.session.stacks  # the call's place
+        self._open_sample(frame)
+        self.session.enter(module_id)
+
+    def _open_sample(self, frame: Any) -> None:
+        """A call begins (``frame``: its caller's): the call's place, as a sample."""
+        ticker = self.ticker
+        if ticker is not None:
+            sampled = ticker.sampling and not self.session.stacks
             self._call_samples.append(self._call_sample(frame) if sampled else -1)
             self._call_frames.append(id(frame))
-        self.session.enter(module_id)
 
     def _call_sample(self, frame: Any) -> int:
         """A module call's sample: the enclosing call's again where only frames a profile
@@ -274,16 +284,37 @@ class ChunkedProfiler:
         return ticker.sample(frame)
 
     def exit(self) -> None:
-        """A module call returns: a sample closes what it made (a short cell's last call).
-        Its caller is on the line that made the call still: the call's own sample again, a
-        way out of it when no other call is open (the caller goes on from there)."""
-        ticker = self.ticker
-        if ticker is not None and self._call_samples:
-            chain = self._call_samples.pop()
-            self._call_frames.pop()
-            if chain >= 0:
-                ticker.samples.again(time.time_ns(), chain, leaving=not self._call_samples)
+        """A module call returns (see :meth:`_close_sample`)."""
+        self._close_sample(len(self._call_samples) - 1)
         self.session.exit()
+
+    def _close_sample(self, at: int) -> None:
+        """The call whose sample is ``at`` in the open calls' returns, with any call opened
+        inside it that never said it ended: a sample closes what it made (a short cell's last
+        call). Its caller is on the line that made the call still: the call's own sample
+        again, a way out of it when no other call is open (the caller goes on from there)."""
+        ticker = self.ticker
+        if ticker is None or not 0 <= at < len(self._call_samples):
+            return
+        chain = self._call_samples[at]
+        del self._call_samples[at:], self._call_frames[at:]
+        if chain >= 0:
+            ticker.samples.again(time.time_ns(), chain, leaving=not self._call_samples)
+
+    def engine_call_enter(self, frame: Any) -> None:
+        """An optimizer step or a backward begins on the recording thread (``frame``: on the
+        stack of the line that called it): that line is the place of what it allocates, as a
+        module call's is (a sample as it begins and one as it ends, both on that line). No
+        chunk is read here: the step's or backward's range is open."""
+        if threading.get_ident() == self._thread:
+            self._engine_samples.append(len(self._call_samples))
+            self._open_sample(frame)
+
+    def engine_call_exit(self) -> None:
+        """The optimizer step or backward that began last ends (its sample, and those of
+        calls opened inside it that never said they ended, close)."""
+        if threading.get_ident() == self._thread and self._engine_samples:
+            self._close_sample(self._engine_samples.pop())
 
     # -- chunks --------------------------------------------------------------------------------
 

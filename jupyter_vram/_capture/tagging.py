@@ -674,6 +674,9 @@ class Tagger:
     repeat (see ``steady``): every hook goes but one that watches module calls, and the call
     goes untagged. That one asks ``on_wake()`` at the next call of the same module (or of any
     module once ``wake_any`` is set) whether to put them all back, and tags that call.
+    ``on_engine_call(True)`` / ``on_engine_call(False)`` are called as an optimizer step or a
+    backward (seen at its first saved tensor) begins and ends: recorders sample the line that
+    called it.
     ``tag_graph``: mark the autograd nodes each module call created, for recorders that ask
     for the module of a backward op while it runs.
     """
@@ -688,6 +691,7 @@ class Tagger:
         on_exit: Callable[[], None] | None = None,
         on_step: Callable[[int], bool] | None = None,
         on_wake: Callable[[], bool] | None = None,
+        on_engine_call: Callable[[bool], None] | None = None,
         tag_graph: bool = True,
     ) -> None:
         self._on_role = on_role
@@ -720,6 +724,7 @@ class Tagger:
         self._on_exit = on_exit
         self._on_step = on_step
         self._on_wake = on_wake
+        self._on_engine_call = on_engine_call
         self._step_module: weakref.ref[nn.Module] | None = None  # while steps repeat
         self.wake_any = False
         self._tag_graph_enabled = tag_graph
@@ -954,12 +959,17 @@ class Tagger:
     def _backward_started(self, task: int) -> None:
         self.backward_task = task
         self.forward_sticky = False
-        # not inside the engine after all? then the next scan catches the grads
-        with contextlib.suppress(RuntimeError):
+        try:
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_finished)
+        except RuntimeError:  # not inside the engine after all: the next scan gets the grads
+            return
+        if self._on_engine_call is not None:
+            self._on_engine_call(True)
 
     def _backward_finished(self) -> None:
         self.backward_task = -1
+        if self._on_engine_call is not None:
+            self._on_engine_call(False)
         with contextlib.suppress(Exception):
             self.scan_gradients()
 
@@ -1117,11 +1127,15 @@ class Tagger:
         with contextlib.suppress(Exception):  # bookkeeping must never break the user's step
             self.optimizer_module = self._modules(f"{type(opt).__name__}.step")
             self.adopt((), [opt])
+        if self._on_engine_call is not None:
+            self._on_engine_call(True)
 
     def _post_step(self, opt: Optimizer, args: Any, kwargs: Any) -> None:
         """The step made its state (on the first step); parameters and gradients were
         reported as it began, and a step updates them in place."""
         self.optimizer_depth = max(0, self.optimizer_depth - 1)
+        if self._on_engine_call is not None:
+            self._on_engine_call(False)
         with contextlib.suppress(Exception):  # bookkeeping must never break the user's step
             self._optimizers.add(opt)
             self._report_optimizer(opt, state_only=True)
