@@ -385,3 +385,15 @@ def test_what_the_recorder_left_out_is_one_line_each_in_every_header() -> None:
     plain = quiet.build(device="cpu", source="test", wall_ns=10)
     assert not re.findall("class=.jv-warning", header_html(plain))
     assert not re.findall("class=.jvs-warning", static_report_html(plain))
+
+
+def test_the_timeline_outline_steps_through_each_slice_and_marks_the_peak() -> None:
+    """Four slices over 0-4 ms in a 1000 x 100 box: x scales by 250 per ms; a level is
+    100 - 95 * bytes / peak (8 -> 81.0, 40 -> 5.0, 20 -> 52.5, 0 -> 100.0), each held from
+    its x to the next one's; the peak at 1 ms is the dotted line at 250."""
+    from jupyter_vram._render.svg_flame import timeline_svg
+
+    svg = timeline_svg({"x": [0.0, 1.0, 2.5, 4.0], "total": [8, 40, 20, 0]}, 40, 1.0)
+    steps = "0.0,81.0 250.0,81.0 250.0,5.0 625.0,5.0 625.0,52.5 1000.0,52.5 1000.0,100.0"
+    assert f"points='0,100 {steps} 1000.0,100.0 1000,100'" in svg
+    assert "<line x1='250.0' x2='250.0'" in svg

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from .._analysis.flame import saved_flame_layout
 from .._units import format_bytes
@@ -138,11 +139,11 @@ def timeline_svg(timeline: Mapping[str, Any], peak_bytes: int, peak_x: float | N
         return ""
     span = xs[-1] - xs[0]
 
-    def px(x: float) -> float:
-        return round(1000 * (x - xs[0]) / span, 1)
+    def px(x: Sequence[float]) -> npt.NDArray[np.float64]:
+        return np.round(1000 * (np.asarray(x, np.float64) - xs[0]) / span, 1)
 
     # each step: (x, level) to (next x, level), as one string per step (about 1,000 steps)
-    left = np.round(1000 * (np.asarray(xs, np.float64) - xs[0]) / span, 1)
+    left = px(xs)
     right = np.append(left[1:], left[-1])
     level = np.round(100 - 95 * np.asarray(totals, np.float64) / peak_bytes, 1)
     points = ["0,100"]
@@ -153,7 +154,7 @@ def timeline_svg(timeline: Mapping[str, Any], peak_bytes: int, peak_x: float | N
     points.append("1000,100")
     marker = ""
     if peak_x is not None:
-        mx = px(peak_x)
+        mx = float(px([peak_x])[0])
         marker = (
             f"<line x1='{mx}' x2='{mx}' y1='0' y2='100' stroke='#C44E52' stroke-width='2' "
             "stroke-dasharray='4 3' vector-effect='non-scaling-stroke'/>"
